@@ -1,0 +1,105 @@
+"""The one backend protocol shared by engines, providers and composites.
+
+A backend serves one configured model. Its capabilities are data, declared up front; the
+service layer refuses anything a backend has not declared, so no backend ever needs to raise
+NotImplementedError for a feature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from gengate.domain import (
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    GenerationResult,
+    ModelCapabilities,
+    StreamEvent,
+    StreamStart,
+    Usage,
+)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One served model.
+
+    `generate_stream` yields exactly one StreamStart, then GenerationDelta events, and one
+    GenerationEnd per generation index. Requests arrive validated against `capabilities`
+    with defaults filled in (n, seed). Cancelling the iterator (task cancellation or
+    `aclose()` on the generator) must abort the engine or upstream request.
+    """
+
+    name: str
+    kind: str
+    capabilities: ModelCapabilities
+
+    async def start(self) -> None:
+        """Load the model / open clients. Called once before the first request."""
+        ...
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+    def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]: ...
+
+    async def aclose(self) -> None:
+        """Release the model, worker processes and connections."""
+        ...
+
+
+async def collect_stream(events: AsyncIterator[StreamEvent]) -> GenerationResult:
+    """Builds a unary result from a stream; lets stream-native backends implement generate."""
+    from gengate.domain import Generation, Timings
+
+    start: StreamStart | None = None
+    texts: dict[int, list[str]] = {}
+    logprobs: dict[int, list] = {}
+    ends: dict[int, GenerationEnd] = {}
+    counts: dict[int, int] = {}
+    async for event in events:
+        if isinstance(event, StreamStart):
+            start = event
+        elif isinstance(event, GenerationDelta):
+            texts.setdefault(event.index, []).append(event.text)
+            counts[event.index] = counts.get(event.index, 0) + event.token_count
+            if event.logprobs is not None:
+                logprobs.setdefault(event.index, []).extend(event.logprobs)
+        elif isinstance(event, GenerationEnd):
+            ends[event.index] = event
+    if start is None:
+        raise RuntimeError("backend stream ended without a start event")
+    generations = []
+    output_tokens = 0
+    last_total: float | None = None
+    first_token: float | None = None
+    for index in sorted(ends):
+        end = ends[index]
+        generations.append(
+            Generation(
+                index=index,
+                text="".join(texts.get(index, [])),
+                finish_reason=end.finish_reason,
+                output_tokens=end.usage.output_tokens,
+                matched_stop=end.matched_stop,
+                logprobs=tuple(logprobs[index]) if index in logprobs else None,
+            )
+        )
+        output_tokens += end.usage.output_tokens
+        if end.timings.total_s is not None:
+            last_total = max(last_total or 0.0, end.timings.total_s)
+        if end.timings.time_to_first_token_s is not None:
+            ttft = end.timings.time_to_first_token_s
+            first_token = ttft if first_token is None else min(first_token, ttft)
+    queue = next((e.timings.queue_s for e in ends.values() if e.timings.queue_s is not None), None)
+    return GenerationResult(
+        request_id=start.request_id,
+        model=start.model,
+        generations=tuple(generations),
+        usage=Usage(start.input_tokens, output_tokens),
+        enforcement=start.enforcement,
+        effective_sampling=start.effective_sampling,
+        effective_stopping=start.effective_stopping,
+        timings=Timings(queue_s=queue, time_to_first_token_s=first_token, total_s=last_total),
+    )

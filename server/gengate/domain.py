@@ -1,0 +1,292 @@
+"""Domain objects of gengate: what every layer below the api speaks. No protobuf here.
+
+The api layer converts protobuf to these (api/convert.py) and back; backends, the router and
+the constraint engine only ever see these types.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias, Union
+
+
+class Role(enum.StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+@dataclass(frozen=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """Image input: inline bytes (with mime_type) or a URL."""
+
+    data: bytes | None = None
+    url: str | None = None
+    mime_type: str = ""
+
+
+ContentPart: TypeAlias = Union[TextPart, ImagePart]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Role
+    content: tuple[ContentPart, ...]
+    name: str = ""
+
+    @property
+    def text(self) -> str:
+        """The message's text parts joined; images are left out."""
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    @property
+    def has_images(self) -> bool:
+        return any(isinstance(p, ImagePart) for p in self.content)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling fields; None means "not set" (the backend's default applies)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class StoppingCriteria:
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+class GrammarSyntax(enum.StrEnum):
+    LARK = "lark"
+    GBNF = "gbnf"
+    EBNF = "ebnf"
+
+
+class ConstraintKind(enum.StrEnum):
+    JSON_SCHEMA = "json_schema"
+    REGEX = "regex"
+    CHOICE = "choice"
+    GRAMMAR = "grammar"
+    JSON_OBJECT = "json_object"
+
+
+@dataclass(frozen=True)
+class JsonSchemaConstraint:
+    schema: dict[str, Any]
+    name: str = ""
+    strict: bool = False
+    kind: ConstraintKind = field(default=ConstraintKind.JSON_SCHEMA, init=False)
+
+
+@dataclass(frozen=True)
+class RegexConstraint:
+    pattern: str
+    kind: ConstraintKind = field(default=ConstraintKind.REGEX, init=False)
+
+
+@dataclass(frozen=True)
+class ChoiceConstraint:
+    choices: tuple[str, ...]
+    kind: ConstraintKind = field(default=ConstraintKind.CHOICE, init=False)
+
+
+@dataclass(frozen=True)
+class GrammarConstraint:
+    syntax: GrammarSyntax
+    definition: str
+    kind: ConstraintKind = field(default=ConstraintKind.GRAMMAR, init=False)
+
+
+@dataclass(frozen=True)
+class JsonObjectConstraint:
+    kind: ConstraintKind = field(default=ConstraintKind.JSON_OBJECT, init=False)
+
+
+Constraint: TypeAlias = Union[
+    JsonSchemaConstraint, RegexConstraint, ChoiceConstraint, GrammarConstraint, JsonObjectConstraint
+]
+
+
+class Whitespace(enum.StrEnum):
+    COMPACT = "compact"
+    FLEXIBLE = "flexible"
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """The shape the output must have, plus compile options."""
+
+    constraint: Constraint
+    whitespace: Whitespace | None = None
+    additional_properties: bool | None = None
+
+
+class Enforcement(enum.StrEnum):
+    NONE = "none"
+    ENGINE = "engine"
+    NATIVE = "native"
+    VALIDATED = "validated"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    STOP_SEQUENCE = "stop_sequence"
+    CONTENT_FILTER = "content_filter"
+    CANCELLED = "cancelled"
+    TIME_LIMIT = "time_limit"
+    ERROR = "error"
+    REFUSAL = "refusal"
+
+
+class Modality(enum.StrEnum):
+    TEXT = "text"
+    IMAGE = "image"
+
+
+BackendOptionValue: TypeAlias = Union[str, int, float, bool]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request for n generations from one model. Exactly one of prompt / messages is set."""
+
+    model: str
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    sampling: SamplingParams = SamplingParams()
+    stopping: StoppingCriteria = StoppingCriteria()
+    n: int = 1
+    logprobs: int | None = None
+    structured_output: StructuredOutput | None = None
+    backend_options: dict[str, BackendOptionValue] = field(default_factory=dict)
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token: str
+    logprob: float
+    token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    token_id: int | None = None
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds since the request arrived; None where not measured."""
+
+    queue_s: float | None = None
+    time_to_first_token_s: float | None = None
+    total_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    index: int
+    text: str
+    finish_reason: FinishReason
+    output_tokens: int = 0
+    matched_stop: str | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Every generation of one request, as the api returns it."""
+
+    request_id: str
+    model: str
+    generations: tuple[Generation, ...]
+    usage: Usage
+    enforcement: Enforcement = Enforcement.NONE
+    effective_sampling: SamplingParams = SamplingParams()
+    effective_stopping: StoppingCriteria = StoppingCriteria()
+    timings: Timings = Timings()
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """First event of every stream."""
+
+    request_id: str
+    model: str
+    input_tokens: int
+    enforcement: Enforcement = Enforcement.NONE
+    effective_sampling: SamplingParams = SamplingParams()
+    effective_stopping: StoppingCriteria = StoppingCriteria()
+
+
+@dataclass(frozen=True)
+class GenerationDelta:
+    """New text of generation `index`."""
+
+    index: int
+    text: str
+    token_count: int = 1
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True)
+class GenerationEnd:
+    """Last event for generation `index`."""
+
+    index: int
+    finish_reason: FinishReason
+    usage: Usage
+    matched_stop: str | None = None
+    timings: Timings = Timings()
+
+
+StreamEvent: TypeAlias = Union[StreamStart, GenerationDelta, GenerationEnd]
+
+
+@dataclass(frozen=True)
+class ModelCapabilities:
+    """What a model can do, declared up front; the router refuses what is not here."""
+
+    constraints: dict[ConstraintKind, Enforcement] = field(default_factory=dict)
+    grammar_syntaxes: frozenset[GrammarSyntax] = frozenset()
+    max_n: int = 1
+    logprobs: bool = False
+    max_top_logprobs: int = 0
+    input_modalities: frozenset[Modality] = frozenset({Modality.TEXT})
+    context_length: int = 0
+    seed: bool = False
+    chat: bool = True
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    backend: str
+    capabilities: ModelCapabilities

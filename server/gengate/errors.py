@@ -1,0 +1,110 @@
+"""Errors every layer raises; the api layer maps them to gRPC status codes with google.rpc details.
+
+A backend or the router raises one of these with a machine-readable `reason` (ErrorInfo) and,
+for bad input, the offending fields. Nothing below the api layer knows about gRPC.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class StatusCode(enum.StrEnum):
+    """The gRPC codes gengate uses, by name (mapped to grpc.StatusCode in api/status.py)."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    UNIMPLEMENTED = "UNIMPLEMENTED"
+    UNAVAILABLE = "UNAVAILABLE"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    CANCELLED = "CANCELLED"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    ABORTED = "ABORTED"
+    INTERNAL = "INTERNAL"
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One bad field of a request: `field` is a dotted proto path such as `sampling.temperature`."""
+
+    field: str
+    description: str
+
+
+class GengateError(Exception):
+    """Base error: a status code, a reason, a message and optional details."""
+
+    code: StatusCode = StatusCode.INTERNAL
+    default_reason: str = "INTERNAL"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str | None = None,
+        violations: tuple[FieldViolation, ...] | list[FieldViolation] = (),
+        retry_after_s: float | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason or self.default_reason
+        self.violations = tuple(violations)
+        self.retry_after_s = retry_after_s
+        self.metadata = dict(metadata or {})
+
+
+class InvalidArgument(GengateError):
+    code = StatusCode.INVALID_ARGUMENT
+    default_reason = "INVALID_ARGUMENT"
+
+    @classmethod
+    def field(cls, field: str, description: str, *, reason: str = "INVALID_FIELD") -> InvalidArgument:
+        """A one-field error whose message names the field."""
+        return cls(f"{field}: {description}", reason=reason, violations=[FieldViolation(field, description)])
+
+
+class NotFound(GengateError):
+    code = StatusCode.NOT_FOUND
+    default_reason = "NOT_FOUND"
+
+
+class Unimplemented(GengateError):
+    code = StatusCode.UNIMPLEMENTED
+    default_reason = "UNSUPPORTED"
+
+
+class Unavailable(GengateError):
+    code = StatusCode.UNAVAILABLE
+    default_reason = "UNAVAILABLE"
+
+
+class ResourceExhausted(GengateError):
+    code = StatusCode.RESOURCE_EXHAUSTED
+    default_reason = "RESOURCE_EXHAUSTED"
+
+
+class DeadlineExceeded(GengateError):
+    code = StatusCode.DEADLINE_EXCEEDED
+    default_reason = "DEADLINE_EXCEEDED"
+
+
+class Cancelled(GengateError):
+    code = StatusCode.CANCELLED
+    default_reason = "CANCELLED"
+
+
+class Aborted(GengateError):
+    code = StatusCode.ABORTED
+    default_reason = "ABORTED"
+
+
+class Internal(GengateError):
+    code = StatusCode.INTERNAL
+    default_reason = "INTERNAL"
+
+
+class ConfigError(Exception):
+    """The configuration file is wrong; raised at start-up with the file and key named."""
