@@ -175,6 +175,16 @@ class GenerationRequest:
     structured_output: StructuredOutput | None = None
     backend_options: dict[str, BackendOptionValue] = field(default_factory=dict)
     request_id: str = ""
+    # Absolute time.monotonic() by which the caller needs the answer (from the gRPC deadline).
+    deadline: float | None = None
+
+    def time_left(self) -> float | None:
+        """Seconds until the caller's deadline, or None when there is none."""
+        if self.deadline is None:
+            return None
+        import time
+
+        return self.deadline - time.monotonic()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,151 @@
+"""Server configuration: one YAML file whose `models:` list says what is served and by what.
+
+    models:
+      - name: tiny
+        backend: llamacpp
+        tiny: true            # backend options: validated by the backend's own Options model
+        max_concurrency: 4    # common keys: see ModelConfig
+
+Unknown keys are an error at start-up, naming the file, the entry and the key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gengate.errors import ConfigError
+from gengate.registry import backend_class
+
+# Keys every model entry may have, whatever its backend.
+COMMON_MODEL_KEYS = frozenset({"name", "backend", "max_concurrency", "max_queue"})
+SERVER_KEYS = frozenset({"host", "port", "max_batch_items", "max_message_mb", "request_timeout_s"})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One served model: its name, backend kind, limits and validated backend options."""
+
+    name: str
+    backend: str
+    options: BaseModel
+    max_concurrency: int = 64
+    max_queue: int = 1024
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    max_batch_items: int = 4096
+    max_message_mb: int = 64
+    request_timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    models: tuple[ModelConfig, ...]
+    server: ServerSettings = field(default_factory=ServerSettings)
+    source: str = "<default>"
+
+
+def load_config(path: str | Path | None) -> ServerConfig:
+    """Reads a YAML config file, or returns the embedded default when `path` is None."""
+    if path is None:
+        return default_config()
+    source = str(path)
+    try:
+        text = Path(path).expanduser().read_text()
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read config: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    return parse_config(data, source=source)
+
+
+def parse_config(data: Any, *, source: str = "<config>") -> ServerConfig:
+    """Validates a config mapping; every error names `source` and where in it."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping with a 'models' list")
+    unknown = set(data) - {"models", "server"}
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level key(s) {sorted(unknown)}; expected 'models', 'server'")
+    entries = data.get("models")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{source}: 'models' must be a non-empty list")
+    models = tuple(_parse_model(entry, i, source) for i, entry in enumerate(entries))
+    names = [m.name for m in models]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"{source}: duplicate model name(s) {duplicates}")
+    return ServerConfig(models=models, server=_parse_server(data.get("server") or {}, source), source=source)
+
+
+def _parse_server(raw: Any, source: str) -> ServerSettings:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: 'server' must be a mapping")
+    unknown = set(raw) - SERVER_KEYS
+    if unknown:
+        raise ConfigError(f"{source}: server: unknown key(s) {sorted(unknown)}; known: {sorted(SERVER_KEYS)}")
+    try:
+        return ServerSettings(**raw)
+    except TypeError as exc:
+        raise ConfigError(f"{source}: server: {exc}") from exc
+
+
+def _parse_model(raw: Any, index: int, source: str) -> ModelConfig:
+    where = f"{source}: models[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a mapping with at least 'name' and 'backend'")
+    name, kind = raw.get("name"), raw.get("backend")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}: 'name' is required and must be a non-empty string")
+    where = f"{where} ({name})"
+    if not isinstance(kind, str) or not kind:
+        raise ConfigError(f"{where}: 'backend' is required")
+    cls = backend_class(kind)
+    options_model: type[BaseModel] = cls.Options
+    backend_keys = {k: v for k, v in raw.items() if k not in COMMON_MODEL_KEYS}
+    allowed = set(options_model.model_fields) | COMMON_MODEL_KEYS
+    unknown = sorted(set(backend_keys) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {unknown} for backend {kind!r}; known: {sorted(allowed)}"
+        )
+    try:
+        options = options_model.model_validate(backend_keys)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<entry>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"{where}: {problems}") from exc
+    limits: dict[str, int] = {}
+    for key in ("max_concurrency", "max_queue"):
+        if key in raw:
+            value = raw[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{where}: {key!r} must be a positive integer")
+            limits[key] = value
+    return ModelConfig(name=name, backend=kind, options=options, **limits)
+
+
+def default_config(env: Mapping[str, str] | None = None) -> ServerConfig:
+    """The embedded default: the tiny local model on llama.cpp, plus every provider whose
+    standard API-key variable is set in the environment."""
+    env = os.environ if env is None else env
+    entries: list[dict[str, Any]] = [{"name": "tiny", "backend": "llamacpp", "tiny": True}]
+    try:
+        from gengate.providers.defaults import default_provider_entries
+    except ImportError:
+        pass
+    else:
+        entries.extend(default_provider_entries(env))
+    return parse_config({"models": entries}, source="<default>")
