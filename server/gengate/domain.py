@@ -293,6 +293,8 @@ class ModelCapabilities:
     context_length: int = 0
     seed: bool = False
     chat: bool = True
+    # Keys accepted in GenerateRequest.backend_options; anything else is refused.
+    backend_options: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

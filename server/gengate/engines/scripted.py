@@ -1,0 +1,130 @@
+"""A model-free backend: answers configured text (or echoes the prompt) at a set latency and
+token rate. For users' own tests and for measuring the service's overhead; it enforces no
+constraint, and its capabilities say so."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gengate.backend import collect_stream
+from gengate.domain import (
+    FinishReason,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    GenerationResult,
+    ModelCapabilities,
+    StreamEvent,
+    StreamStart,
+    Timings,
+    Usage,
+)
+
+_TOKEN = re.compile(r"\s*\S+|\s+")
+
+
+class ScriptedOptions(BaseModel):
+    """Config keys of a `scripted` model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = Field(default=None, description="Answer text; the prompt is echoed when unset.")
+    latency_s: float = Field(default=0.0, ge=0, description="Delay before the first token.")
+    tokens_per_s: float | None = Field(default=None, gt=0, description="Token rate; unset = instant.")
+    max_n: int = Field(default=16, ge=1)
+
+
+def split_tokens(text: str) -> list[str]:
+    """Whitespace-word "tokens": each token carries its leading whitespace."""
+    return _TOKEN.findall(text)
+
+
+class ScriptedBackend:
+    """Serves scripted text; stops at max_tokens and at stop strings like a real engine."""
+
+    kind: ClassVar[str] = "scripted"
+    Options: ClassVar[type[BaseModel]] = ScriptedOptions
+
+    def __init__(self, name: str, options: ScriptedOptions) -> None:
+        self.name = name
+        self.options = options
+        self.capabilities = ModelCapabilities(max_n=options.max_n, chat=True)
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await collect_stream(self.generate_stream(request))
+
+    def _answer(self, request: GenerationRequest) -> str:
+        if self.options.text is not None:
+            return self.options.text
+        if request.prompt is not None:
+            return request.prompt
+        return request.messages[-1].text if request.messages else ""
+
+    def _prompt_tokens(self, request: GenerationRequest) -> int:
+        if request.prompt is not None:
+            return len(split_tokens(request.prompt))
+        return sum(len(split_tokens(m.text)) for m in request.messages or ())
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        arrived = time.monotonic()
+        input_tokens = self._prompt_tokens(request)
+        yield StreamStart(
+            request_id=request.request_id or uuid.uuid4().hex,
+            model=self.name,
+            input_tokens=input_tokens,
+            effective_sampling=request.sampling,
+            effective_stopping=request.stopping,
+        )
+        if self.options.latency_s:
+            await asyncio.sleep(self.options.latency_s)
+        tokens = split_tokens(self._answer(request))
+        delay = 1.0 / self.options.tokens_per_s if self.options.tokens_per_s else 0.0
+        for index in range(request.n):
+            first_token_at: float | None = None
+            text = ""
+            emitted = 0
+            finish, matched = FinishReason.STOP, None
+            for token in tokens:
+                if request.stopping.max_tokens is not None and emitted >= request.stopping.max_tokens:
+                    finish = FinishReason.LENGTH
+                    break
+                candidate = text + token
+                hit = next((s for s in request.stopping.stop if s in candidate), None)
+                if hit is not None:
+                    tail = candidate[: candidate.index(hit)][len(text) :]
+                    if tail:
+                        yield GenerationDelta(index=index, text=tail, token_count=1)
+                    emitted += 1
+                    finish, matched = FinishReason.STOP_SEQUENCE, hit
+                    break
+                if delay:
+                    await asyncio.sleep(delay)
+                first_token_at = first_token_at or time.monotonic()
+                yield GenerationDelta(index=index, text=token, token_count=1)
+                text = candidate
+                emitted += 1
+            now = time.monotonic()
+            yield GenerationEnd(
+                index=index,
+                finish_reason=finish,
+                matched_stop=matched,
+                usage=Usage(input_tokens, emitted),
+                timings=Timings(
+                    queue_s=0.0,
+                    time_to_first_token_s=(first_token_at or now) - arrived,
+                    total_s=now - arrived,
+                ),
+            )
