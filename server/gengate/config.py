@@ -77,7 +77,9 @@ def parse_config(data: Any, *, source: str = "<config>") -> ServerConfig:
         raise ConfigError(f"{source}: the top level must be a mapping with a 'models' list")
     unknown = set(data) - {"models", "server"}
     if unknown:
-        raise ConfigError(f"{source}: unknown top-level key(s) {sorted(unknown)}; expected 'models', 'server'")
+        raise ConfigError(
+            f"{source}: unknown top-level key(s) {sorted(unknown)}; expected 'models', 'server'"
+        )
     entries = data.get("models")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{source}: 'models' must be a non-empty list")
@@ -117,9 +119,7 @@ def _parse_model(raw: Any, index: int, source: str) -> ModelConfig:
     allowed = set(options_model.model_fields) | COMMON_MODEL_KEYS
     unknown = sorted(set(backend_keys) - allowed)
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {unknown} for backend {kind!r}; known: {sorted(allowed)}"
-        )
+        raise ConfigError(f"{where}: unknown key(s) {unknown} for backend {kind!r}; known: {sorted(allowed)}")
     try:
         options = options_model.model_validate(backend_keys)
     except ValidationError as exc:

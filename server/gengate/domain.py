@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, Union
+from typing import Any, TypeAlias
 
 
 class Role(enum.StrEnum):
@@ -31,7 +31,7 @@ class ImagePart:
     mime_type: str = ""
 
 
-ContentPart: TypeAlias = Union[TextPart, ImagePart]
+ContentPart: TypeAlias = TextPart | ImagePart
 
 
 @dataclass(frozen=True)
@@ -116,9 +116,9 @@ class JsonObjectConstraint:
     kind: ConstraintKind = field(default=ConstraintKind.JSON_OBJECT, init=False)
 
 
-Constraint: TypeAlias = Union[
-    JsonSchemaConstraint, RegexConstraint, ChoiceConstraint, GrammarConstraint, JsonObjectConstraint
-]
+Constraint: TypeAlias = (
+    JsonSchemaConstraint | RegexConstraint | ChoiceConstraint | GrammarConstraint | JsonObjectConstraint
+)
 
 
 class Whitespace(enum.StrEnum):
@@ -158,7 +158,7 @@ class Modality(enum.StrEnum):
     IMAGE = "image"
 
 
-BackendOptionValue: TypeAlias = Union[str, int, float, bool]
+BackendOptionValue: TypeAlias = str | int | float | bool
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,7 @@ class GenerationEnd:
     timings: Timings = Timings()
 
 
-StreamEvent: TypeAlias = Union[StreamStart, GenerationDelta, GenerationEnd]
+StreamEvent: TypeAlias = StreamStart | GenerationDelta | GenerationEnd
 
 
 @dataclass(frozen=True)

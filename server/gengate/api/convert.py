@@ -1,0 +1,445 @@
+"""The one place where protobuf meets domain objects, in both directions.
+
+Round trips are tested in tests/unit/test_convert.py. Presence matters: an unset optional
+proto field becomes None, never 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gengate_client._proto.gengate.v1 import generation_pb2 as gpb
+from gengate_client._proto.gengate.v1 import types_pb2 as pb
+from google.protobuf import duration_pb2, struct_pb2
+from google.protobuf.json_format import MessageToDict
+
+from gengate import domain as d
+from gengate.errors import InvalidArgument
+
+_ROLE_FROM_PB = {
+    pb.ROLE_SYSTEM: d.Role.SYSTEM,
+    pb.ROLE_USER: d.Role.USER,
+    pb.ROLE_ASSISTANT: d.Role.ASSISTANT,
+}
+_ROLE_TO_PB = {v: k for k, v in _ROLE_FROM_PB.items()}
+_SYNTAX_FROM_PB = {
+    pb.GRAMMAR_SYNTAX_LARK: d.GrammarSyntax.LARK,
+    pb.GRAMMAR_SYNTAX_GBNF: d.GrammarSyntax.GBNF,
+    pb.GRAMMAR_SYNTAX_EBNF: d.GrammarSyntax.EBNF,
+}
+_SYNTAX_TO_PB = {v: k for k, v in _SYNTAX_FROM_PB.items()}
+_WHITESPACE_FROM_PB = {
+    pb.WHITESPACE_COMPACT: d.Whitespace.COMPACT,
+    pb.WHITESPACE_FLEXIBLE: d.Whitespace.FLEXIBLE,
+}
+_WHITESPACE_TO_PB = {v: k for k, v in _WHITESPACE_FROM_PB.items()}
+_FINISH_TO_PB = {
+    d.FinishReason.STOP: pb.FINISH_REASON_STOP,
+    d.FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    d.FinishReason.STOP_SEQUENCE: pb.FINISH_REASON_STOP_SEQUENCE,
+    d.FinishReason.CONTENT_FILTER: pb.FINISH_REASON_CONTENT_FILTER,
+    d.FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+    d.FinishReason.TIME_LIMIT: pb.FINISH_REASON_TIME_LIMIT,
+    d.FinishReason.ERROR: pb.FINISH_REASON_ERROR,
+    d.FinishReason.REFUSAL: pb.FINISH_REASON_REFUSAL,
+}
+_FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+_ENFORCEMENT_TO_PB = {
+    d.Enforcement.NONE: pb.ENFORCEMENT_NONE,
+    d.Enforcement.ENGINE: pb.ENFORCEMENT_ENGINE,
+    d.Enforcement.NATIVE: pb.ENFORCEMENT_NATIVE,
+    d.Enforcement.VALIDATED: pb.ENFORCEMENT_VALIDATED,
+}
+_ENFORCEMENT_FROM_PB = {v: k for k, v in _ENFORCEMENT_TO_PB.items()}
+_KIND_TO_PB = {
+    d.ConstraintKind.JSON_SCHEMA: pb.CONSTRAINT_KIND_JSON_SCHEMA,
+    d.ConstraintKind.REGEX: pb.CONSTRAINT_KIND_REGEX,
+    d.ConstraintKind.CHOICE: pb.CONSTRAINT_KIND_CHOICE,
+    d.ConstraintKind.GRAMMAR: pb.CONSTRAINT_KIND_GRAMMAR,
+    d.ConstraintKind.JSON_OBJECT: pb.CONSTRAINT_KIND_JSON_OBJECT,
+}
+_MODALITY_TO_PB = {d.Modality.TEXT: pb.MODALITY_TEXT, d.Modality.IMAGE: pb.MODALITY_IMAGE}
+
+
+# ---- requests: proto → domain -------------------------------------------------------------
+
+
+def request_from_pb(
+    msg: gpb.GenerateRequest, *, deadline: float | None = None, prefix: str = ""
+) -> d.GenerationRequest:
+    """Converts a GenerateRequest; malformed enums/oneofs raise InvalidArgument naming the field.
+
+    `prefix` is prepended to field paths (e.g. "requests[3]." inside a batch).
+    """
+    which = msg.WhichOneof("input")
+    prompt: str | None = None
+    messages: tuple[d.ChatMessage, ...] | None = None
+    if which == "prompt":
+        prompt = msg.prompt
+    elif which == "messages":
+        messages = tuple(_message_from_pb(m, i, prefix) for i, m in enumerate(msg.messages.messages))
+    return d.GenerationRequest(
+        model=msg.model,
+        prompt=prompt,
+        messages=messages,
+        sampling=sampling_from_pb(msg.sampling),
+        stopping=stopping_from_pb(msg.stopping),
+        n=msg.n if msg.HasField("n") else 1,
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        structured_output=structured_from_pb(msg.structured_output, prefix)
+        if msg.HasField("structured_output")
+        else None,
+        backend_options={
+            k: _option_from_pb(v, f"{prefix}backend_options[{k}]") for k, v in msg.backend_options.items()
+        },
+        request_id=msg.request_id,
+        deadline=deadline,
+    )
+
+
+def _message_from_pb(msg: pb.ChatMessage, index: int, prefix: str) -> d.ChatMessage:
+    where = f"{prefix}messages.messages[{index}]"
+    role = _ROLE_FROM_PB.get(msg.role)
+    if role is None:
+        raise InvalidArgument.field(f"{where}.role", "must be ROLE_SYSTEM, ROLE_USER or ROLE_ASSISTANT")
+    parts: list[d.ContentPart] = []
+    for j, part in enumerate(msg.content):
+        kind = part.WhichOneof("part")
+        if kind == "text":
+            parts.append(d.TextPart(part.text))
+        elif kind == "image":
+            source = part.image.WhichOneof("source")
+            parts.append(
+                d.ImagePart(
+                    data=part.image.data if source == "data" else None,
+                    url=part.image.url if source == "url" else None,
+                    mime_type=part.image.mime_type,
+                )
+            )
+        else:
+            raise InvalidArgument.field(f"{where}.content[{j}]", "set text or image")
+    return d.ChatMessage(role=role, content=tuple(parts), name=msg.name)
+
+
+def _optional(msg: Any, name: str) -> Any:
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def sampling_from_pb(msg: pb.SamplingParams) -> d.SamplingParams:
+    return d.SamplingParams(**{f: _optional(msg, f) for f in _SAMPLING_FIELDS})
+
+
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+)
+
+
+def stopping_from_pb(msg: pb.StoppingCriteria) -> d.StoppingCriteria:
+    return d.StoppingCriteria(max_tokens=_optional(msg, "max_tokens"), stop=tuple(msg.stop))
+
+
+def structured_from_pb(msg: pb.StructuredOutput, prefix: str = "") -> d.StructuredOutput:
+    kind = msg.WhichOneof("kind")
+    where = f"{prefix}structured_output"
+    constraint: d.Constraint
+    if kind == "json_schema":
+        if not msg.json_schema.HasField("schema"):
+            raise InvalidArgument.field(f"{where}.json_schema.schema", "is required", reason="INVALID_SCHEMA")
+        constraint = d.JsonSchemaConstraint(
+            schema=struct_to_dict(msg.json_schema.schema),
+            name=msg.json_schema.name,
+            strict=msg.json_schema.strict,
+        )
+    elif kind == "regex":
+        constraint = d.RegexConstraint(msg.regex.pattern)
+    elif kind == "choice":
+        constraint = d.ChoiceConstraint(tuple(msg.choice.choices))
+    elif kind == "grammar":
+        syntax = _SYNTAX_FROM_PB.get(msg.grammar.syntax)
+        if syntax is None:
+            raise InvalidArgument.field(
+                f"{where}.grammar.syntax",
+                "must be GRAMMAR_SYNTAX_LARK, _GBNF or _EBNF",
+                reason="INVALID_GRAMMAR",
+            )
+        constraint = d.GrammarConstraint(syntax, msg.grammar.definition)
+    elif kind == "json_object":
+        constraint = d.JsonObjectConstraint()
+    else:
+        raise InvalidArgument.field(
+            f"{where}.kind", "set one of json_schema, regex, choice, grammar, json_object"
+        )
+    options = msg.options
+    return d.StructuredOutput(
+        constraint=constraint,
+        whitespace=_WHITESPACE_FROM_PB.get(options.whitespace),
+        additional_properties=_optional(options, "additional_properties"),
+    )
+
+
+def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """Struct → dict, turning integral floats back into ints (Struct stores every number as a double)."""
+    return _restore_ints(MessageToDict(struct))  # type: ignore[no-any-return]
+
+
+def _restore_ints(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _restore_ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore_ints(v) for v in value]
+    return value
+
+
+def _option_from_pb(value: pb.BackendOptionValue, where: str) -> d.BackendOptionValue:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        raise InvalidArgument.field(where, "has no value")
+    result: d.BackendOptionValue = getattr(value, kind)
+    return result
+
+
+# ---- domain → proto -------------------------------------------------------------------------
+
+
+def request_to_pb(req: d.GenerationRequest) -> gpb.GenerateRequest:
+    """Domain request → proto (used by round-trip tests and composites that call over gRPC)."""
+    msg = gpb.GenerateRequest(model=req.model, request_id=req.request_id)
+    if req.prompt is not None:
+        msg.prompt = req.prompt
+    elif req.messages is not None:
+        msg.messages.SetInParent()
+        for m in req.messages:
+            out = msg.messages.messages.add(role=_ROLE_TO_PB[m.role], name=m.name)
+            for part in m.content:
+                if isinstance(part, d.TextPart):
+                    out.content.add(text=part.text)
+                elif part.data is not None:
+                    out.content.add(image=pb.Image(data=part.data, mime_type=part.mime_type))
+                else:
+                    out.content.add(image=pb.Image(url=part.url or "", mime_type=part.mime_type))
+    msg.sampling.CopyFrom(sampling_to_pb(req.sampling))
+    msg.stopping.CopyFrom(stopping_to_pb(req.stopping))
+    msg.n = req.n
+    if req.logprobs is not None:
+        msg.logprobs = req.logprobs
+    if req.structured_output is not None:
+        msg.structured_output.CopyFrom(structured_to_pb(req.structured_output))
+    for key, value in req.backend_options.items():
+        msg.backend_options[key].CopyFrom(_option_to_pb(value))
+    return msg
+
+
+def _option_to_pb(value: d.BackendOptionValue) -> pb.BackendOptionValue:
+    if isinstance(value, bool):
+        return pb.BackendOptionValue(bool_value=value)
+    if isinstance(value, int):
+        return pb.BackendOptionValue(int_value=value)
+    if isinstance(value, float):
+        return pb.BackendOptionValue(double_value=value)
+    return pb.BackendOptionValue(string_value=value)
+
+
+def structured_to_pb(so: d.StructuredOutput) -> pb.StructuredOutput:
+    msg = pb.StructuredOutput()
+    c = so.constraint
+    if isinstance(c, d.JsonSchemaConstraint):
+        msg.json_schema.name = c.name
+        msg.json_schema.strict = c.strict
+        msg.json_schema.schema.update(c.schema)
+    elif isinstance(c, d.RegexConstraint):
+        msg.regex.pattern = c.pattern
+    elif isinstance(c, d.ChoiceConstraint):
+        msg.choice.choices.extend(c.choices)
+    elif isinstance(c, d.GrammarConstraint):
+        msg.grammar.syntax = _SYNTAX_TO_PB[c.syntax]
+        msg.grammar.definition = c.definition
+    else:
+        msg.json_object.SetInParent()
+    if so.whitespace is not None:
+        msg.options.whitespace = _WHITESPACE_TO_PB[so.whitespace]
+    if so.additional_properties is not None:
+        msg.options.additional_properties = so.additional_properties
+    return msg
+
+
+def sampling_to_pb(s: d.SamplingParams) -> pb.SamplingParams:
+    msg = pb.SamplingParams()
+    for name in _SAMPLING_FIELDS:
+        value = getattr(s, name)
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def stopping_to_pb(s: d.StoppingCriteria) -> pb.StoppingCriteria:
+    msg = pb.StoppingCriteria(stop=list(s.stop))
+    if s.max_tokens is not None:
+        msg.max_tokens = s.max_tokens
+    return msg
+
+
+def _duration(seconds: float | None) -> duration_pb2.Duration | None:
+    if seconds is None:
+        return None
+    out = duration_pb2.Duration()
+    out.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
+    return out
+
+
+def timings_to_pb(t: d.Timings) -> pb.Timings:
+    msg = pb.Timings()
+    for field, value in (
+        ("queue", t.queue_s),
+        ("time_to_first_token", t.time_to_first_token_s),
+        ("total", t.total_s),
+    ):
+        duration = _duration(value)
+        if duration is not None:
+            getattr(msg, field).CopyFrom(duration)
+    return msg
+
+
+def usage_to_pb(u: d.Usage) -> pb.Usage:
+    return pb.Usage(input_tokens=u.input_tokens, output_tokens=u.output_tokens)
+
+
+def logprobs_to_pb(entries: tuple[d.TokenLogprob, ...]) -> pb.Logprobs:
+    msg = pb.Logprobs()
+    for e in entries:
+        token = msg.tokens.add(token=e.token, logprob=e.logprob)
+        if e.token_id is not None:
+            token.token_id = e.token_id
+        for alt in e.top:
+            top = token.top.add(token=alt.token, logprob=alt.logprob)
+            if alt.token_id is not None:
+                top.token_id = alt.token_id
+    return msg
+
+
+def generation_to_pb(g: d.Generation) -> pb.Generation:
+    msg = pb.Generation(
+        index=g.index,
+        text=g.text,
+        finish_reason=_FINISH_TO_PB[g.finish_reason],
+        output_tokens=g.output_tokens,
+    )
+    if g.matched_stop is not None:
+        msg.matched_stop = g.matched_stop
+    if g.logprobs is not None:
+        msg.logprobs.CopyFrom(logprobs_to_pb(g.logprobs))
+    return msg
+
+
+def result_to_pb(r: d.GenerationResult) -> gpb.GenerateResponse:
+    return gpb.GenerateResponse(
+        request_id=r.request_id,
+        model=r.model,
+        generations=[generation_to_pb(g) for g in r.generations],
+        usage=usage_to_pb(r.usage),
+        enforcement=_ENFORCEMENT_TO_PB[r.enforcement],
+        effective_sampling=sampling_to_pb(r.effective_sampling),
+        effective_stopping=stopping_to_pb(r.effective_stopping),
+        timings=timings_to_pb(r.timings),
+    )
+
+
+def result_from_pb(msg: gpb.GenerateResponse) -> d.GenerationResult:
+    """Proto → domain result (round-trip tests, composites)."""
+    return d.GenerationResult(
+        request_id=msg.request_id,
+        model=msg.model,
+        generations=tuple(
+            d.Generation(
+                index=g.index,
+                text=g.text,
+                finish_reason=_FINISH_FROM_PB[g.finish_reason],
+                output_tokens=g.output_tokens,
+                matched_stop=g.matched_stop if g.HasField("matched_stop") else None,
+                logprobs=tuple(
+                    d.TokenLogprob(
+                        token=t.token,
+                        logprob=t.logprob,
+                        token_id=t.token_id if t.HasField("token_id") else None,
+                        top=tuple(
+                            d.TopLogprob(a.token, a.logprob, a.token_id if a.HasField("token_id") else None)
+                            for a in t.top
+                        ),
+                    )
+                    for t in g.logprobs.tokens
+                )
+                if g.HasField("logprobs")
+                else None,
+            )
+            for g in msg.generations
+        ),
+        usage=d.Usage(msg.usage.input_tokens, msg.usage.output_tokens),
+        enforcement=_ENFORCEMENT_FROM_PB[msg.enforcement],
+        effective_sampling=sampling_from_pb(msg.effective_sampling),
+        effective_stopping=stopping_from_pb(msg.effective_stopping),
+        timings=d.Timings(
+            queue_s=msg.timings.queue.ToNanoseconds() / 1e9 if msg.timings.HasField("queue") else None,
+            time_to_first_token_s=msg.timings.time_to_first_token.ToNanoseconds() / 1e9
+            if msg.timings.HasField("time_to_first_token")
+            else None,
+            total_s=msg.timings.total.ToNanoseconds() / 1e9 if msg.timings.HasField("total") else None,
+        ),
+    )
+
+
+def event_to_pb(event: d.StreamEvent) -> gpb.GenerateStreamResponse:
+    if isinstance(event, d.StreamStart):
+        return gpb.GenerateStreamResponse(
+            start=pb.StreamStart(
+                request_id=event.request_id,
+                model=event.model,
+                input_tokens=event.input_tokens,
+                enforcement=_ENFORCEMENT_TO_PB[event.enforcement],
+                effective_sampling=sampling_to_pb(event.effective_sampling),
+                effective_stopping=stopping_to_pb(event.effective_stopping),
+            )
+        )
+    if isinstance(event, d.GenerationDelta):
+        delta = pb.GenerationDelta(index=event.index, text=event.text, token_count=event.token_count)
+        if event.logprobs is not None:
+            delta.logprobs.CopyFrom(logprobs_to_pb(event.logprobs))
+        return gpb.GenerateStreamResponse(delta=delta)
+    end = pb.GenerationEnd(
+        index=event.index,
+        finish_reason=_FINISH_TO_PB[event.finish_reason],
+        usage=usage_to_pb(event.usage),
+        timings=timings_to_pb(event.timings),
+    )
+    if event.matched_stop is not None:
+        end.matched_stop = event.matched_stop
+    return gpb.GenerateStreamResponse(end=end)
+
+
+def model_info_to_pb(info: d.ModelInfo) -> pb.ModelInfo:
+    caps = info.capabilities
+    return pb.ModelInfo(
+        name=info.name,
+        backend=info.backend,
+        capabilities=pb.ModelCapabilities(
+            constraints=[
+                pb.ConstraintSupport(kind=_KIND_TO_PB[k], enforcement=_ENFORCEMENT_TO_PB[e])
+                for k, e in sorted(caps.constraints.items(), key=lambda kv: _KIND_TO_PB[kv[0]])
+            ],
+            grammar_syntaxes=sorted(_SYNTAX_TO_PB[s] for s in caps.grammar_syntaxes),
+            max_n=caps.max_n,
+            logprobs=caps.logprobs,
+            max_top_logprobs=caps.max_top_logprobs,
+            input_modalities=sorted(_MODALITY_TO_PB[m] for m in caps.input_modalities),
+            context_length=caps.context_length,
+            seed=caps.seed,
+            chat=caps.chat,
+        ),
+    )

@@ -1,0 +1,136 @@
+"""Builds and runs the grpc.aio server: GenerationService, health, reflection, tracing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from gengate_client._proto.gengate.v1 import generation_pb2, generation_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from gengate.api.servicer import GenerationServicer
+from gengate.config import ServerConfig
+from gengate.router import Router
+from gengate.service import GenerationCore
+
+log = logging.getLogger("gengate")
+
+SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name
+
+
+def model_health_name(model: str) -> str:
+    """Health-check service name of one model: clients may watch a single model's state."""
+    return f"{SERVICE_NAME}/{model}"
+
+
+@dataclass
+class RunningServer:
+    """A started server: its bound port and how to stop it."""
+
+    server: grpc.aio.Server
+    router: Router
+    health: health.aio.HealthServicer
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stops taking calls, lets in-flight ones finish for `grace` seconds, closes backends."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await self.router.close_all()
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()
+
+
+def _interceptors() -> list[grpc.aio.ServerInterceptor]:
+    try:
+        from opentelemetry.instrumentation.grpc import aio_server_interceptor
+    except ImportError:  # tracing is optional at run time
+        return []
+    return [aio_server_interceptor()]
+
+
+async def start_server(
+    config: ServerConfig, *, host: str | None = None, port: int | None = None
+) -> RunningServer:
+    """Loads every configured model, then binds and starts serving. Port 0 picks a free port."""
+    settings = config.server
+    host = host or settings.host
+    port = settings.port if port is None else port
+    router = Router.from_config(config)
+    await router.start_all()
+    max_bytes = settings.max_message_mb * 1024 * 1024
+    server = grpc.aio.server(
+        interceptors=_interceptors(),
+        options=[
+            ("grpc.max_receive_message_length", max_bytes),
+            ("grpc.max_send_message_length", max_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    core = GenerationCore(router, max_batch_items=settings.max_batch_items)
+    generation_pb2_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(core), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        await router.close_all()
+        raise OSError(f"cannot bind {host}:{port}")
+    await server.start()
+    serving = health_pb2.HealthCheckResponse.SERVING
+    await health_servicer.set("", serving)
+    await health_servicer.set(SERVICE_NAME, serving)
+    for route in router.routes:
+        await health_servicer.set(model_health_name(route.name), serving)
+        _watch_model_health(route.backend, route.name, health_servicer)
+    return RunningServer(server=server, router=router, health=health_servicer, host=host, port=bound)
+
+
+def _watch_model_health(backend: object, name: str, servicer: health.aio.HealthServicer) -> None:
+    """Backends that can go down (worker processes) report it; health follows per model."""
+    add_listener = getattr(backend, "add_serving_listener", None)
+    if add_listener is None:
+        return
+    loop = asyncio.get_running_loop()
+
+    def changed(serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        loop.call_soon_threadsafe(
+            lambda: asyncio.ensure_future(servicer.set(model_health_name(name), status))
+        )
+
+    add_listener(changed)
+
+
+def serve(config: ServerConfig, host: str | None = None, port: int | None = None) -> None:
+    """Runs the server until SIGINT/SIGTERM (the `gengate serve` command)."""
+
+    async def main() -> None:
+        running = await start_server(config, host=host, port=port)
+        names = ", ".join(r.name for r in running.router.routes)
+        log.info("gengate serving on %s (models: %s)", running.address, names)
+        print(f"gengate serving on {running.address} (models: {names})", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down")
+        await running.stop()
+
+    asyncio.run(main())

@@ -1,0 +1,59 @@
+"""GengateError → gRPC status with google.rpc details (ErrorInfo, BadRequest, RetryInfo)."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from gengate.errors import GengateError, StatusCode
+
+log = logging.getLogger(__name__)
+
+ERROR_DOMAIN = "gengate.dev"
+
+GRPC_CODES: dict[StatusCode, grpc.StatusCode] = {
+    code: getattr(grpc.StatusCode, code.value) for code in StatusCode
+}
+
+
+def to_rpc_status(error: GengateError) -> status_pb2.Status:
+    """The google.rpc.Status for an error: used for RPC trailers and per-item batch errors."""
+    details: list[any_pb2.Any] = []
+    info = error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata)
+    details.append(_pack(info))
+    if error.violations:
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                for v in error.violations
+            ]
+        )
+        details.append(_pack(bad))
+    if error.retry_after_s is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(error.retry_after_s * 1e9))
+        details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
+    return status_pb2.Status(code=getattr(code_pb2, error.code.value), message=error.message, details=details)
+
+
+def _pack(message: object) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)  # type: ignore[arg-type]
+    return packed
+
+
+def trailing_metadata(status: status_pb2.Status) -> tuple[tuple[str, bytes], ...]:
+    """The `grpc-status-details-bin` trailer clients decode with grpc_status.rpc_status."""
+    return (("grpc-status-details-bin", status.SerializeToString()),)
+
+
+async def abort(context: grpc.aio.ServicerContext[object, object], error: GengateError) -> None:
+    """Ends the RPC with the error's code, message and details."""
+    status = to_rpc_status(error)
+    if error.code in (StatusCode.INTERNAL, StatusCode.UNAVAILABLE):
+        log.warning("%s: %s (%s)", error.code.value, error.message, error.reason)
+    context.set_trailing_metadata(trailing_metadata(status))
+    await context.abort(GRPC_CODES[error.code], error.message)

@@ -1,0 +1,123 @@
+"""Model name → backend, with per-model concurrency limits and a bounded queue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from gengate.backend import Backend
+from gengate.config import ModelConfig, ServerConfig
+from gengate.domain import ModelInfo
+from gengate.errors import InvalidArgument, NotFound, ResourceExhausted
+from gengate.registry import backend_class
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Route:
+    """A served model: its backend and the limits around it."""
+
+    config: ModelConfig
+    backend: Backend
+    slots: asyncio.Semaphore
+    waiting: int = 0
+    in_flight: int = 0
+    served: int = 0
+    started: bool = False
+    start_error: str | None = field(default=None)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[float]:
+        """Holds one concurrency slot; yields the seconds spent queueing for it."""
+        if self.waiting >= self.config.max_queue:
+            raise ResourceExhausted(
+                f"model {self.name!r} has {self.waiting} requests queued (max_queue {self.config.max_queue})",
+                reason="QUEUE_FULL",
+                retry_after_s=1.0,
+            )
+        queued_at = time.monotonic()
+        self.waiting += 1
+        try:
+            await self.slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.in_flight += 1
+        try:
+            yield time.monotonic() - queued_at
+        finally:
+            self.in_flight -= 1
+            self.served += 1
+            self.slots.release()
+
+
+BackendFactory = Callable[[ModelConfig], Backend]
+
+
+def build_backend(config: ModelConfig) -> Backend:
+    """Instantiates the configured backend class (cheap; loading happens in start())."""
+    cls = backend_class(config.backend)
+    backend: Backend = cls(config.name, config.options)
+    return backend
+
+
+class Router:
+    """Owns every served backend; looks them up by name."""
+
+    def __init__(self, routes: Sequence[Route]) -> None:
+        self._routes = {r.name: r for r in routes}
+
+    @classmethod
+    def from_config(cls, config: ServerConfig, factory: BackendFactory = build_backend) -> Router:
+        return cls([Route(m, factory(m), asyncio.Semaphore(m.max_concurrency)) for m in config.models])
+
+    @property
+    def routes(self) -> list[Route]:
+        return list(self._routes.values())
+
+    def route(self, model: str) -> Route:
+        if not model:
+            raise InvalidArgument.field("model", "is required: name a served model (see ListModels)")
+        route = self._routes.get(model)
+        if route is None:
+            known = ", ".join(sorted(self._routes)) or "none"
+            raise NotFound(
+                f"model {model!r} is not served here (served: {known})",
+                reason="MODEL_NOT_FOUND",
+                metadata={"model": model},
+            )
+        return route
+
+    def models(self) -> list[ModelInfo]:
+        return [
+            ModelInfo(name=r.name, backend=r.config.backend, capabilities=r.backend.capabilities)
+            for r in self._routes.values()
+        ]
+
+    async def start_all(self) -> None:
+        """Starts every backend concurrently; any failure stops the server start with its reason."""
+
+        async def start(route: Route) -> None:
+            began = time.monotonic()
+            await route.backend.start()
+            route.started = True
+            log.info(
+                "model %s (%s) ready in %.1fs", route.name, route.config.backend, time.monotonic() - began
+            )
+
+        await asyncio.gather(*(start(r) for r in self._routes.values()))
+
+    async def close_all(self) -> None:
+        for route in self._routes.values():
+            try:
+                await route.backend.aclose()
+            except Exception:
+                log.exception("closing model %s failed", route.name)

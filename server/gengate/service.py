@@ -1,0 +1,185 @@
+"""The service core: checks, routing, validation of every structured result, timings, tracing.
+
+Sits between the api layer (protobuf, gRPC) and the backends (domain objects only). Whatever
+enforced a constraint, each finished structured generation is validated here against the
+original constraint before it is returned: an invalid result is never a success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+
+from gengate.checks import prepare
+from gengate.domain import (
+    FinishReason,
+    Generation,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    GenerationResult,
+    ModelInfo,
+    StreamEvent,
+    StreamStart,
+    StructuredOutput,
+    Timings,
+)
+from gengate.errors import Aborted, DeadlineExceeded, GengateError, Internal, InvalidArgument
+from gengate.router import Route, Router
+from gengate.telemetry import backend_span
+
+# Outcome of one batch item: the result, or the error that ended it.
+BatchItem = tuple[int, GenerationResult | GengateError]
+
+
+class GenerationCore:
+    """What the gRPC servicer calls; owns nothing but the router."""
+
+    def __init__(self, router: Router, *, max_batch_items: int = 4096, batch_parallelism: int = 256) -> None:
+        self.router = router
+        self.max_batch_items = max_batch_items
+        self.batch_parallelism = batch_parallelism
+
+    def list_models(self) -> list[ModelInfo]:
+        return self.router.models()
+
+    def _prepare(self, request: GenerationRequest) -> tuple[Route, GenerationRequest]:
+        route = self.router.route(request.model)
+        request = prepare(request, route.backend.capabilities)
+        if not request.request_id:
+            request = dataclasses.replace(request, request_id=uuid.uuid4().hex)
+        return route, request
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        arrived = time.monotonic()
+        route, request = self._prepare(request)
+        with backend_span(route, request) as span:
+            async with route.slot() as queued_s:
+                result = await _with_deadline(route.backend.generate(request), request)
+            span.record_result(result)
+        for generation in result.generations:
+            _check_structured(request.structured_output, generation, result.enforcement.value)
+        total = time.monotonic() - arrived
+        ttft = result.timings.time_to_first_token_s
+        timings = Timings(
+            queue_s=queued_s + (result.timings.queue_s or 0.0),
+            time_to_first_token_s=None if ttft is None else ttft + queued_s,
+            total_s=total,
+        )
+        return dataclasses.replace(result, request_id=request.request_id, model=route.name, timings=timings)
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        arrived = time.monotonic()
+        route, request = self._prepare(request)
+        with backend_span(route, request) as span:
+            async with route.slot() as queued_s:
+                texts: dict[int, list[str]] = {}
+                enforcement = "none"
+                stream = route.backend.generate_stream(request)
+                try:
+                    async for event in _iter_with_deadline(stream, request):
+                        if isinstance(event, StreamStart):
+                            enforcement = event.enforcement.value
+                            event = dataclasses.replace(
+                                event, request_id=request.request_id, model=route.name
+                            )
+                        elif isinstance(event, GenerationDelta):
+                            texts.setdefault(event.index, []).append(event.text)
+                        elif isinstance(event, GenerationEnd):
+                            generation = Generation(
+                                index=event.index,
+                                text="".join(texts.pop(event.index, [])),
+                                finish_reason=event.finish_reason,
+                            )
+                            _check_structured(request.structured_output, generation, enforcement)
+                            span.record_end(event)
+                            event = dataclasses.replace(
+                                event, timings=_shift(event.timings, queued_s, time.monotonic() - arrived)
+                            )
+                        yield event
+                finally:
+                    await stream.aclose()  # type: ignore[attr-defined]
+
+    async def batch(self, requests: Sequence[GenerationRequest]) -> AsyncIterator[BatchItem]:
+        """Runs every item concurrently (bounded); yields (index, result or error) as each finishes."""
+        if len(requests) > self.max_batch_items:
+            raise InvalidArgument.field(
+                "requests", f"at most {self.max_batch_items} items per batch, got {len(requests)}"
+            )
+        if not requests:
+            raise InvalidArgument.field("requests", "must contain at least one request")
+        gate = asyncio.Semaphore(self.batch_parallelism)
+        done: asyncio.Queue[BatchItem] = asyncio.Queue()
+
+        async def run(index: int, request: GenerationRequest) -> None:
+            async with gate:
+                try:
+                    outcome: GenerationResult | GengateError = await self.generate(request)
+                except GengateError as exc:
+                    outcome = exc
+                except Exception as exc:  # one broken item never fails the batch
+                    outcome = Internal(f"item failed: {type(exc).__name__}: {exc}")
+            await done.put((index, outcome))
+
+        tasks = [asyncio.create_task(run(i, r)) for i, r in enumerate(requests)]
+        try:
+            for _ in tasks:
+                yield await done.get()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _shift(timings: Timings, queued_s: float, total_s: float) -> Timings:
+    ttft = timings.time_to_first_token_s
+    return Timings(
+        queue_s=queued_s + (timings.queue_s or 0.0),
+        time_to_first_token_s=None if ttft is None else ttft + queued_s,
+        total_s=total_s,
+    )
+
+
+def _check_structured(structured: StructuredOutput | None, generation: Generation, enforcement: str) -> None:
+    """Validates a finished generation against the original constraint.
+
+    Generations cut by max_tokens or a stop string are incomplete and returned as such (their
+    finish reason says so); a complete one that does not validate is an error, never a success.
+    """
+    if structured is None or generation.finish_reason is not FinishReason.STOP:
+        return
+    from gengate.constraints import validate_output
+
+    problem = validate_output(structured, generation.text)
+    if problem is None:
+        return
+    kind = structured.constraint.kind.value
+    detail = f"generation {generation.index} does not satisfy the {kind} constraint: {problem}"
+    if enforcement in ("engine", "native"):
+        raise Internal(detail, reason="CONSTRAINT_VIOLATED", metadata={"enforcement": enforcement})
+    raise Aborted(detail, reason="VALIDATION_FAILED", metadata={"enforcement": enforcement})
+
+
+async def _with_deadline(awaitable: object, request: GenerationRequest) -> GenerationResult:
+    left = request.time_left()
+    try:
+        return await asyncio.wait_for(awaitable, timeout=None if left is None else max(left, 0.0))  # type: ignore[arg-type]
+    except TimeoutError as exc:
+        raise DeadlineExceeded("the request's deadline passed before the model finished") from exc
+
+
+async def _iter_with_deadline(
+    stream: AsyncIterator[StreamEvent], request: GenerationRequest
+) -> AsyncIterator[StreamEvent]:
+    while True:
+        left = request.time_left()
+        try:
+            event = await asyncio.wait_for(anext(stream), timeout=None if left is None else max(left, 0.0))
+        except StopAsyncIteration:
+            return
+        except TimeoutError as exc:
+            raise DeadlineExceeded("the request's deadline passed before the model finished") from exc
+        yield event
