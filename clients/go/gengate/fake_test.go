@@ -1,0 +1,184 @@
+package gengate_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	gengatev1 "github.com/gengate/gengate/clients/go/gen/gengate/v1"
+)
+
+// fakeServer is an in-process GenerationService that answers by simple rules and records
+// what it received, so the wrapper is tested without the real server.
+type fakeServer struct {
+	gengatev1.UnimplementedGenerationServiceServer
+	mu        sync.Mutex
+	metadata  []metadata.MD
+	requests  []*gengatev1.GenerateRequest
+	cancelled chan struct{}
+	// jsonText is what a json_schema request gets back.
+	jsonText string
+}
+
+func (f *fakeServer) record(ctx context.Context, req *gengatev1.GenerateRequest) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.metadata = append(f.metadata, md)
+	f.requests = append(f.requests, req)
+}
+
+func (f *fakeServer) lastMetadata() metadata.MD {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.metadata[len(f.metadata)-1]
+}
+
+func (f *fakeServer) lastRequest() *gengatev1.GenerateRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.requests[len(f.requests)-1]
+}
+
+func check(req *gengatev1.GenerateRequest) error {
+	if req.GetModel() != "tiny" {
+		st, _ := status.New(codes.NotFound, "unknown model "+req.GetModel()).WithDetails(
+			&errdetails.ErrorInfo{Reason: "MODEL_NOT_FOUND", Domain: "gengate.dev"})
+		return st.Err()
+	}
+	if p := req.GetStructuredOutput().GetRegex().GetPattern(); strings.Count(p, "(") != strings.Count(p, ")") {
+		st, _ := status.New(codes.InvalidArgument, "invalid regex").WithDetails(&errdetails.BadRequest{
+			FieldViolations: []*errdetails.BadRequest_FieldViolation{{
+				Field: "structured_output.regex.pattern", Description: "unbalanced parenthesis",
+			}},
+		})
+		return st.Err()
+	}
+	return nil
+}
+
+func (f *fakeServer) answer(req *gengatev1.GenerateRequest) *gengatev1.GenerateResponse {
+	text := "echo: " + req.GetPrompt()
+	if req.GetStructuredOutput().GetJsonSchema() != nil {
+		text = f.jsonText
+	}
+	resp := &gengatev1.GenerateResponse{RequestId: req.GetRequestId(), Model: req.GetModel()}
+	for i := range max(req.GetN(), 1) {
+		resp.Generations = append(resp.Generations, &gengatev1.Generation{
+			Index: i, Text: text, FinishReason: gengatev1.FinishReason_FINISH_REASON_STOP,
+		})
+	}
+	return resp
+}
+
+func (f *fakeServer) Generate(ctx context.Context, req *gengatev1.GenerateRequest) (*gengatev1.GenerateResponse, error) {
+	f.record(ctx, req)
+	if req.GetPrompt() == "slow" {
+		select {
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		case <-time.After(5 * time.Second):
+		}
+	}
+	if err := check(req); err != nil {
+		return nil, err
+	}
+	return f.answer(req), nil
+}
+
+func (f *fakeServer) GenerateStream(req *gengatev1.GenerateStreamRequest, stream grpc.ServerStreamingServer[gengatev1.GenerateStreamResponse]) error {
+	inner := req.GetRequest()
+	f.record(stream.Context(), inner)
+	if err := check(inner); err != nil {
+		return err
+	}
+	send := func(frame *gengatev1.GenerateStreamResponse) error { return stream.Send(frame) }
+	if err := send(&gengatev1.GenerateStreamResponse{Frame: &gengatev1.GenerateStreamResponse_Start{
+		Start: &gengatev1.StreamStart{Model: inner.GetModel(), RequestId: "r1"},
+	}}); err != nil {
+		return err
+	}
+	words := strings.Fields(inner.GetPrompt())
+	if inner.GetPrompt() == "endless" {
+		words = make([]string, 1000)
+	}
+	for _, w := range words {
+		select {
+		case <-stream.Context().Done():
+			close(f.cancelled)
+			return stream.Context().Err()
+		case <-time.After(time.Millisecond):
+		}
+		if err := send(&gengatev1.GenerateStreamResponse{Frame: &gengatev1.GenerateStreamResponse_Delta{
+			Delta: &gengatev1.GenerationDelta{Text: w + " ", TokenCount: 1},
+		}}); err != nil {
+			return err
+		}
+	}
+	return send(&gengatev1.GenerateStreamResponse{Frame: &gengatev1.GenerateStreamResponse_End{
+		End: &gengatev1.GenerationEnd{FinishReason: gengatev1.FinishReason_FINISH_REASON_STOP,
+			Usage: &gengatev1.Usage{OutputTokens: uint32(len(words))}},
+	}})
+}
+
+func (f *fakeServer) BatchGenerate(req *gengatev1.BatchGenerateRequest, stream grpc.ServerStreamingServer[gengatev1.BatchGenerateResponse]) error {
+	for i, item := range req.GetRequests() {
+		f.record(stream.Context(), item)
+		out := &gengatev1.BatchGenerateResponse{Index: uint32(i)}
+		if err := check(item); err != nil {
+			out.Result = &gengatev1.BatchGenerateResponse_Error{Error: status.Convert(err).Proto()}
+		} else {
+			out.Result = &gengatev1.BatchGenerateResponse_Response{Response: f.answer(item)}
+		}
+		if err := stream.Send(out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *fakeServer) ListModels(ctx context.Context, _ *gengatev1.ListModelsRequest) (*gengatev1.ListModelsResponse, error) {
+	f.record(ctx, nil)
+	return &gengatev1.ListModelsResponse{Models: []*gengatev1.ModelInfo{{
+		Name: "tiny", Backend: "fake", Capabilities: &gengatev1.ModelCapabilities{MaxN: 4, Seed: true},
+	}}}, nil
+}
+
+// startFake serves a fakeServer on a loopback port (with TLS when creds is set).
+func startFake(t *testing.T, creds credentials.TransportCredentials) (*fakeServer, string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opts []grpc.ServerOption
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
+	}
+	srv := grpc.NewServer(opts...)
+	fake := &fakeServer{cancelled: make(chan struct{}), jsonText: `{"name":"Ada","age":36}`}
+	gengatev1.RegisterGenerationServiceServer(srv, fake)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return fake, lis.Addr().String()
+}
+
+func schemaOf(t *testing.T, req *gengatev1.GenerateRequest) string {
+	t.Helper()
+	raw, err := protojson.Marshal(req.GetStructuredOutput().GetJsonSchema().GetSchema())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(raw)
+}
