@@ -1,0 +1,49 @@
+"""A real grpc.aio server on port 0 per test module, and raw stubs to call it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+from gengate.api.server import RunningServer, start_server
+from gengate.config import parse_config
+from gengate_client._proto.gengate.v1 import generation_pb2_grpc
+
+ServerFactory = Callable[[dict[str, Any]], Awaitable[RunningServer]]
+
+
+@pytest.fixture
+async def make_server() -> AsyncIterator[ServerFactory]:
+    """Starts servers from config dicts; stops them all at the end of the test."""
+    started: list[RunningServer] = []
+
+    async def make(config: dict[str, Any]) -> RunningServer:
+        server = await start_server(parse_config(config), host="127.0.0.1", port=0)
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        await server.stop(grace=0.5)
+
+
+@pytest.fixture
+async def scripted_server(make_server: ServerFactory) -> RunningServer:
+    return await make_server(
+        {
+            "models": [
+                {"name": "echo", "backend": "scripted", "tokens_per_s": 2000},
+                {"name": "slow", "backend": "scripted", "text": "a b c d e f g h", "tokens_per_s": 4},
+                {"name": "narrow", "backend": "scripted", "max_concurrency": 1, "max_queue": 1,
+                 "text": "x y z", "tokens_per_s": 10},
+            ]
+        }
+    )
+
+
+@pytest.fixture
+async def stub(scripted_server: RunningServer) -> AsyncIterator[generation_pb2_grpc.GenerationServiceStub]:
+    async with grpc.aio.insecure_channel(scripted_server.address) as channel:
+        yield generation_pb2_grpc.GenerationServiceStub(channel)

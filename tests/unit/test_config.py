@@ -1,0 +1,56 @@
+"""Config parsing: strict keys, errors naming file, entry and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gengate.config import default_config, load_config, parse_config
+from gengate.errors import ConfigError
+
+
+def test_loads_yaml_file(tmp_path: Path) -> None:
+    path = tmp_path / "gengate.yaml"
+    path.write_text("models:\n  - name: e\n    backend: scripted\n    text: hi\n    max_concurrency: 2\n")
+    config = load_config(path)
+    assert config.models[0].name == "e" and config.models[0].max_concurrency == 2
+    assert config.models[0].options.text == "hi"  # type: ignore[attr-defined]
+
+
+def test_unknown_key_names_file_entry_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("models:\n  - name: e\n    backend: scripted\n    tempurature: 1\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert str(path) in message and "models[0] (e)" in message and "tempurature" in message
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ({}, "'models' must be a non-empty list"),
+        ({"models": [], "x": 1}, "unknown top-level key"),
+        ({"models": [{"backend": "scripted"}]}, "'name' is required"),
+        ({"models": [{"name": "a"}]}, "'backend' is required"),
+        ({"models": [{"name": "a", "backend": "nope"}]}, "unknown backend 'nope'"),
+        ({"models": [{"name": "a", "backend": "scripted"}] * 2}, "duplicate model name"),
+        ({"models": [{"name": "a", "backend": "scripted", "max_concurrency": 0}]}, "positive integer"),
+        ({"models": [{"name": "a", "backend": "scripted", "latency_s": -1}]}, "latency_s"),
+        ({"models": [{"name": "a", "backend": "scripted"}], "server": {"prot": 1}}, "server: unknown key"),
+    ],
+)
+def test_config_errors(data: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(data, source="cfg.yaml")
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_default_serves_tiny_on_llamacpp() -> None:
+    config = default_config(env={})
+    assert [m.name for m in config.models][0] == "tiny"
+    assert config.models[0].backend == "llamacpp"
