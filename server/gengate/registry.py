@@ -26,7 +26,6 @@ BACKEND_CLASSES: dict[str, str] = {
     "gemini": "gengate.providers.gemini:GeminiBackend",
     "tgi": "gengate.providers.tgi:TGIBackend",
     "litellm": "gengate.providers.litellm:LiteLLMBackend",
-    "mixture_of_agents": "gengate.composites.mixture:MixtureOfAgentsBackend",
 }
 
 
