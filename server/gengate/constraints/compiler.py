@@ -1,0 +1,164 @@
+"""ConstraintCompiler: lowers and compiles constraints for one tokenizer, off the event loop, cached."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from llguidance import LLMatcher, LLTokenizer
+
+from gengate import errors
+from gengate.constraints import lowering
+from gengate.constraints.lowering import FIELD_CHOICES, FIELD_GRAMMAR, FIELD_REGEX, FIELD_SCHEMA
+from gengate.constraints.matcher import ConstraintMatcher
+from gengate.domain import ConstraintKind, Enforcement, StructuredOutput
+
+_FIELD_BY_KIND = {
+    ConstraintKind.JSON_SCHEMA: FIELD_SCHEMA,
+    ConstraintKind.JSON_OBJECT: FIELD_SCHEMA,
+    ConstraintKind.REGEX: FIELD_REGEX,
+    ConstraintKind.CHOICE: FIELD_CHOICES,
+    ConstraintKind.GRAMMAR: FIELD_GRAMMAR,
+}
+
+
+@dataclass(frozen=True)
+class CompiledConstraint:
+    """A constraint compiled for one tokenizer; `new_matcher()` gives each generation its own state."""
+
+    structured: StructuredOutput
+    lowered: lowering.LoweredConstraint
+    _template: LLMatcher = field(repr=False)
+    _vocab_size: int = field(repr=False)
+
+    @property
+    def grammar(self) -> str:
+        return self.lowered.grammar
+
+    @property
+    def enforcement(self) -> Enforcement:
+        return self.lowered.enforcement
+
+    @property
+    def relaxations(self) -> tuple[str, ...]:
+        return self.lowered.relaxations
+
+    def new_matcher(self) -> ConstraintMatcher:
+        """A fresh matcher at the start of the output (a copy of the compiled template)."""
+        return ConstraintMatcher(self._template.deep_copy(), self._vocab_size)
+
+
+@dataclass
+class CompilerStats:
+    lowerings: int = 0
+    hits: int = 0
+    misses: int = 0
+
+
+def constraint_key(structured: StructuredOutput) -> str:
+    """Canonical text of a structured-output request (constraint and options), for cache keys."""
+
+    def default(value: Any) -> Any:
+        return sorted(value) if isinstance(value, frozenset | set) else str(value)
+
+    return json.dumps(asdict(structured), sort_keys=True, default=default, ensure_ascii=False)
+
+
+class ConstraintCompiler:
+    """Compiles constraints for one tokenizer; cached by (tokenizer_key, constraint).
+
+    Compilation runs in a small thread pool with a timeout; a timed-out compile keeps running
+    in its thread (llguidance cannot be interrupted) but the caller gets its answer at once.
+    """
+
+    def __init__(
+        self,
+        ll_tokenizer: LLTokenizer,
+        tokenizer_key: str,
+        *,
+        timeout_s: float = 30.0,
+        cache_size: int = 256,
+        max_workers: int = 2,
+    ) -> None:
+        self.ll_tokenizer = ll_tokenizer
+        self.tokenizer_key = tokenizer_key
+        self.timeout_s = timeout_s
+        self.cache_size = cache_size
+        self.stats = CompilerStats()
+        self._cache: OrderedDict[tuple[str, str], CompiledConstraint] = OrderedDict()
+        self._lock = threading.Lock()
+        self._inflight: dict[tuple[str, str], asyncio.Future[CompiledConstraint]] = {}
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gengate-compile")
+
+    async def compile(self, structured: StructuredOutput) -> CompiledConstraint:
+        """The compiled constraint, or InvalidArgument naming the field and what is wrong."""
+        key = (self.tokenizer_key, constraint_key(structured))
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self.stats.hits += 1
+                return hit
+        work = self._inflight.get(key)
+        if work is None:
+            self.stats.misses += 1
+            work = asyncio.get_running_loop().run_in_executor(self._executor, self.compile_sync, structured)
+            self._inflight[key] = work
+            work.add_done_callback(lambda done: self._finished(key, done))
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), timeout=self.timeout_s)
+        except TimeoutError:
+            raise errors.InvalidArgument.field(
+                _FIELD_BY_KIND[structured.constraint.kind],
+                f"the constraint did not compile within {self.timeout_s:g} s",
+                reason="CONSTRAINT_COMPILE_TIMEOUT",
+            ) from None
+
+    def _finished(self, key: tuple[str, str], done: asyncio.Future[CompiledConstraint]) -> None:
+        """Caches a successful compile; errors are not cached (they are cheap to find again)."""
+        self._inflight.pop(key, None)
+        if done.cancelled() or done.exception() is not None:
+            return
+        with self._lock:
+            self._cache[key] = done.result()
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    def compile_sync(self, structured: StructuredOutput) -> CompiledConstraint:
+        """Lowers and compiles in the calling thread (no cache); raises InvalidArgument."""
+        self.stats.lowerings += 1
+        lowered = lowering.lower(structured)
+        field_name = _FIELD_BY_KIND[lowered.kind]
+        error = LLMatcher.validate_grammar(lowered.grammar, self.ll_tokenizer)
+        if error:
+            raise errors.InvalidArgument.field(
+                field_name,
+                f"not supported by the grammar engine: {error.strip()}",
+                reason=_reason(lowered.kind),
+            )
+        template = LLMatcher(self.ll_tokenizer, lowered.grammar, log_level=0)
+        if template.is_error():
+            raise errors.InvalidArgument.field(
+                field_name,
+                f"not supported by the grammar engine: {template.get_error().strip()}",
+                reason=_reason(lowered.kind),
+            )
+        return CompiledConstraint(structured, lowered, template, self.ll_tokenizer.vocab_size)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _reason(kind: ConstraintKind) -> str:
+    return {
+        ConstraintKind.JSON_SCHEMA: "UNSUPPORTED_SCHEMA",
+        ConstraintKind.JSON_OBJECT: "UNSUPPORTED_SCHEMA",
+        ConstraintKind.REGEX: "INVALID_REGEX",
+        ConstraintKind.CHOICE: "INVALID_CHOICES",
+        ConstraintKind.GRAMMAR: "INVALID_GRAMMAR",
+    }[kind]

@@ -1,0 +1,291 @@
+"""Lowering: a domain StructuredOutput becomes one llguidance grammar string.
+
+Pure and tokenizer-free: the result is checked with `LLMatcher.validate_grammar` (no tokenizer),
+so a bad constraint is refused here with a field violation; the compiler checks it again
+against a real tokenizer. JSON Schemas llguidance cannot enforce exactly are relaxed (oneOf as
+anyOf, unknown formats, uniqueItems, dependencies dropped) and marked VALIDATED: the result is
+then checked against the original schema after generation.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+from llguidance import LLMatcher
+from llguidance.gbnf_to_lark import any_to_lark
+
+from gengate import errors
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+from gengate.domain import (
+    ChoiceConstraint,
+    ConstraintKind,
+    Enforcement,
+    GrammarConstraint,
+    GrammarSyntax,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    StructuredOutput,
+    Whitespace,
+)
+
+FIELD_SCHEMA = "structured_output.json_schema.schema"
+FIELD_REGEX = "structured_output.regex.pattern"
+FIELD_CHOICES = "structured_output.choice.choices"
+FIELD_GRAMMAR = "structured_output.grammar.definition"
+
+# Keywords whose value is one subschema, a list of subschemas, or a map name -> subschema.
+_SCHEMA_VALUED = (
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "additionalItems",
+)
+_LIST_VALUED = ("allOf", "anyOf", "oneOf", "prefixItems")
+_MAP_VALUED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+# Keywords llguidance reports as unimplemented that can be dropped and checked afterwards.
+_DROPPABLE_KEYWORDS = frozenset({"uniqueItems", "dependencies", "dependentRequired", "dependentSchemas"})
+_MAX_RELAXATION_ROUNDS = 8
+
+
+@dataclass(frozen=True)
+class LoweredConstraint:
+    """A constraint as llguidance grammar text, plus how it will be enforced.
+
+    `schema` is the JSON Schema results must satisfy (the original, with compile options
+    applied) when the constraint is a JSON Schema or JSON object; validation uses it.
+    """
+
+    kind: ConstraintKind
+    grammar: str
+    enforcement: Enforcement = Enforcement.ENGINE
+    relaxations: tuple[str, ...] = ()
+    schema: dict[str, Any] | None = None
+
+    @property
+    def key(self) -> str:
+        """Canonical text identifying the grammar; equal keys compile to equal matchers."""
+        return self.grammar
+
+
+def lower(structured: StructuredOutput) -> LoweredConstraint:
+    """Lowers a domain structured-output request to an llguidance grammar, or raises InvalidArgument."""
+    c = structured.constraint
+    if isinstance(c, JsonSchemaConstraint):
+        return _lower_json_schema(c, structured)
+    if isinstance(c, JsonObjectConstraint):
+        schema: dict[str, Any] = {"type": "object"}
+        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=_json_options(structured))
+        _check(grammar, FIELD_SCHEMA, "INVALID_SCHEMA")
+        return LoweredConstraint(ConstraintKind.JSON_OBJECT, grammar, schema=schema)
+    if isinstance(c, RegexConstraint):
+        grammar = LLMatcher.grammar_from_regex(c.pattern)
+        _check(grammar, FIELD_REGEX, "INVALID_REGEX", what="invalid regex")
+        return LoweredConstraint(ConstraintKind.REGEX, grammar)
+    if isinstance(c, ChoiceConstraint):
+        return _lower_choice(c)
+    if isinstance(c, GrammarConstraint):
+        return _lower_grammar(c)
+    raise errors.InvalidArgument.field("structured_output", f"unknown constraint {c!r}", reason="UNSUPPORTED")
+
+
+def choice_lark(choices: tuple[str, ...] | list[str]) -> str:
+    """A Lark grammar matching exactly one of `choices` (JSON string escaping is valid Lark)."""
+    return "start: " + " | ".join(json.dumps(choice) for choice in choices)
+
+
+def grammar_to_lark(syntax: GrammarSyntax, definition: str) -> str:
+    """Lark text for a grammar constraint; GBNF and EBNF (`::=` rules) go through llguidance's converter."""
+    if syntax is GrammarSyntax.LARK:
+        return definition
+    try:
+        return any_to_lark(definition)
+    except Exception as exc:  # the converter raises plain exceptions of several types
+        raise errors.InvalidArgument.field(
+            FIELD_GRAMMAR, f"invalid {syntax.value.upper()} grammar: {exc}", reason="INVALID_GRAMMAR"
+        ) from exc
+
+
+def _lower_choice(c: ChoiceConstraint) -> LoweredConstraint:
+    if not c.choices:
+        raise errors.InvalidArgument.field(FIELD_CHOICES, "the choice list is empty", reason="EMPTY_CHOICES")
+    grammar = LLMatcher.grammar_from_lark(choice_lark(c.choices))
+    _check(grammar, FIELD_CHOICES, "INVALID_CHOICES")
+    return LoweredConstraint(ConstraintKind.CHOICE, grammar)
+
+
+def _lower_grammar(c: GrammarConstraint) -> LoweredConstraint:
+    if not c.definition.strip():
+        raise errors.InvalidArgument.field(FIELD_GRAMMAR, "the grammar is empty", reason="INVALID_GRAMMAR")
+    grammar = LLMatcher.grammar_from_lark(grammar_to_lark(c.syntax, c.definition))
+    _check(grammar, FIELD_GRAMMAR, "INVALID_GRAMMAR", what=f"invalid {c.syntax.value.upper()} grammar")
+    return LoweredConstraint(ConstraintKind.GRAMMAR, grammar)
+
+
+def _check(grammar: str, field: str, reason: str, *, what: str = "not supported") -> None:
+    error = LLMatcher.validate_grammar(grammar)
+    if error:
+        raise errors.InvalidArgument.field(field, f"{what}: {error.strip()}", reason=reason)
+
+
+def _json_options(structured: StructuredOutput) -> JsonCompileOptions:
+    """llguidance JSON compile options; whitespace defaults to compact (fewer wasted tokens)."""
+    return {"whitespace_flexible": structured.whitespace is Whitespace.FLEXIBLE}
+
+
+def effective_schema(c: JsonSchemaConstraint, structured: StructuredOutput) -> dict[str, Any]:
+    """The schema results must satisfy: the caller's, with `additional_properties` applied."""
+    schema = copy.deepcopy(c.schema)
+    if structured.additional_properties is not None:
+        _apply_additional_properties(schema, structured.additional_properties)
+    return schema
+
+
+def _lower_json_schema(c: JsonSchemaConstraint, structured: StructuredOutput) -> LoweredConstraint:
+    if not isinstance(c.schema, dict):
+        raise errors.InvalidArgument.field(
+            FIELD_SCHEMA, "the schema must be a JSON object", reason="INVALID_SCHEMA"
+        )
+    schema = effective_schema(c, structured)
+    check_schema(schema)
+    options = _json_options(structured)
+    relaxed = copy.deepcopy(schema)
+    relaxed.pop("x-guidance", None)
+    relaxations: list[str] = []
+    for _ in range(_MAX_RELAXATION_ROUNDS):
+        grammar = LLMatcher.grammar_from_json_schema(relaxed, overrides=options)
+        error = LLMatcher.validate_grammar(grammar)
+        if not error:
+            enforcement = Enforcement.VALIDATED if relaxations else Enforcement.ENGINE
+            return LoweredConstraint(
+                ConstraintKind.JSON_SCHEMA, grammar, enforcement, tuple(relaxations), schema=schema
+            )
+        found = _relax(relaxed, error, options)
+        if not found:
+            break
+        if c.strict:
+            raise errors.InvalidArgument.field(
+                FIELD_SCHEMA,
+                f"unsupported by the grammar engine and strict is set: {error.strip()}",
+                reason="UNSUPPORTED_SCHEMA",
+            )
+        relaxations.extend(found)
+    raise errors.InvalidArgument.field(
+        FIELD_SCHEMA, f"unsupported by the grammar engine: {error.strip()}", reason="UNSUPPORTED_SCHEMA"
+    )
+
+
+def check_schema(schema: dict[str, Any]) -> None:
+    """Checks the schema against its metaschema ($schema, else Draft 2020-12)."""
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/" + "/".join(str(p) for p in exc.path)
+        raise errors.InvalidArgument.field(
+            FIELD_SCHEMA, f"not a valid JSON Schema at {where}: {exc.message}", reason="INVALID_SCHEMA"
+        ) from exc
+
+
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
+_UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[([^\]]*)\]")
+
+
+def _relax(schema: dict[str, Any], error: str, options: JsonCompileOptions) -> list[str]:
+    """Relaxes `schema`/`options` in place for llguidance's `error`; returns what was relaxed, or []."""
+    if "oneOf" in error and "coerce_one_of" in error and not options.get("coerce_one_of"):
+        options["coerce_one_of"] = True
+        return [f"oneOf served as anyOf at {path}" for path, _ in _keyword_sites(schema, "oneOf")]
+    if m := _UNKNOWN_FORMAT.search(error):
+        fmt = m.group(1).strip("\"'")
+        sites = [path for path, node in _keyword_sites(schema, "format") if node.get("format") == fmt]
+        for path in sites:
+            _node_at(schema, path).pop("format", None)
+        return [f"unknown format {fmt!r} served as a plain string at {path}" for path in sites]
+    if m := _UNIMPLEMENTED.search(error):
+        keys = {k.strip().strip("\"'") for k in m.group(1).split(",")}
+        if not keys or not keys <= _DROPPABLE_KEYWORDS:
+            return []
+        done: list[str] = []
+        for key in sorted(keys):
+            for path, node in list(_keyword_sites(schema, key)):
+                node.pop(key, None)
+                done.append(f"{key} not enforced at {path}")
+        return done
+    return []
+
+
+def _keyword_sites(schema: Any, keyword: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yields (JSON pointer, subschema) for every subschema that uses `keyword` as a keyword."""
+    for path, node in _subschemas(schema, ""):
+        if keyword in node:
+            yield (path or "/", node)
+
+
+def _subschemas(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    if not isinstance(node, dict):
+        return
+    yield path, node
+    for key in _SCHEMA_VALUED:
+        if key in node:
+            yield from _subschemas(node[key], f"{path}/{_escape(key)}")
+    for key in _LIST_VALUED:
+        if isinstance(node.get(key), list):
+            for i, sub in enumerate(node[key]):
+                yield from _subschemas(sub, f"{path}/{key}/{i}")
+    for key in _MAP_VALUED:
+        if isinstance(node.get(key), dict):
+            for name, sub in node[key].items():
+                yield from _subschemas(sub, f"{path}/{key}/{_escape(name)}")
+    items = node.get("items")
+    if isinstance(items, list):
+        for i, sub in enumerate(items):
+            yield from _subschemas(sub, f"{path}/items/{i}")
+    elif items is not None:
+        yield from _subschemas(items, f"{path}/items")
+    deps = node.get("dependencies")
+    if isinstance(deps, dict):
+        for name, sub in deps.items():
+            yield from _subschemas(sub, f"{path}/dependencies/{_escape(name)}")
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _node_at(schema: dict[str, Any], pointer: str) -> dict[str, Any]:
+    node: Any = schema
+    for raw in pointer.strip("/").split("/") if pointer.strip("/") else []:
+        token = raw.replace("~1", "/").replace("~0", "~")
+        node = node[int(token)] if isinstance(node, list) else node[token]
+    result: dict[str, Any] = node
+    return result
+
+
+def _apply_additional_properties(schema: dict[str, Any], allowed: bool) -> None:
+    """Sets additionalProperties on object subschemas that do not say.
+
+    allOf members and schemas combining allOf/$ref are left alone: closing them would make the
+    conjunction unsatisfiable.
+    """
+    for path, node in list(_subschemas(schema, "")):
+        is_object = node.get("type") == "object" or "properties" in node
+        says = any(k in node for k in ("additionalProperties", "unevaluatedProperties", "patternProperties"))
+        in_all_of = re.search(r"/allOf/\d+$", path) is not None
+        if is_object and not says and not in_all_of and "allOf" not in node and "$ref" not in node:
+            node["additionalProperties"] = allowed

@@ -1,0 +1,69 @@
+"""ConstraintMatcher: one generation's view of a compiled grammar (wraps llguidance's LLMatcher)."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from llguidance import LLMatcher
+
+from gengate import errors
+
+
+class ConstraintMatcher:
+    """Per-generation token mask and state; never shared between generations.
+
+    The mask covers the grammar tokenizer's vocabulary (`vocab_size`); logits beyond it
+    (padded model vocabularies) must be treated as disallowed by the caller.
+    """
+
+    def __init__(self, matcher: LLMatcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self.vocab_size = vocab_size
+        self._words = (vocab_size + 31) // 32
+        self._bitmask = np.zeros(self._words, dtype=np.int32)
+        if matcher.is_error():
+            raise errors.Internal(f"constraint matcher failed to start: {matcher.get_error()}")
+
+    def fill_mask(self, bitmask_row: npt.NDArray[np.int32]) -> None:
+        """Writes the allowed-token bitmask (bit i of word i//32 = token i) into a contiguous int32 row."""
+        if bitmask_row.dtype != np.int32 or not bitmask_row.flags["C_CONTIGUOUS"]:
+            raise ValueError("bitmask row must be a contiguous int32 array")
+        if bitmask_row.size < self._words:
+            raise ValueError(f"bitmask row needs {self._words} words, got {bitmask_row.size}")
+        self._matcher.unsafe_compute_mask_ptr(bitmask_row.ctypes.data, self._words * 4)
+        self._raise_if_error()
+
+    def allowed_token_mask(self) -> npt.NDArray[np.bool_]:
+        """Booleans over the grammar vocabulary: True where the next token may be that id."""
+        self.fill_mask(self._bitmask)
+        bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
+        return bits[: self.vocab_size].astype(np.bool_)
+
+    def consume(self, token_id: int) -> None:
+        """Advances past `token_id`; raises Internal if the grammar does not allow it."""
+        if not self._matcher.consume_token(token_id):
+            raise errors.Internal(
+                f"constraint rejected token {token_id}: {self._matcher.get_error()}",
+                reason="CONSTRAINT_REJECTED_TOKEN",
+            )
+
+    def is_accepting(self) -> bool:
+        """True when the output so far is complete (EOS may end the generation here)."""
+        return bool(self._matcher.is_accepting())
+
+    def is_stopped(self) -> bool:
+        """True when nothing more can follow: the generation is complete (FinishReason.STOP)."""
+        return bool(self._matcher.is_stopped()) and not self._matcher.is_error()
+
+    def is_error(self) -> bool:
+        return bool(self._matcher.is_error())
+
+    def forced_bytes(self) -> bytes:
+        """Bytes the grammar forces next, whatever the model says."""
+        return bytes(self._matcher.compute_ff_bytes())
+
+    def _raise_if_error(self) -> None:
+        if self._matcher.is_error():
+            raise errors.Internal(
+                f"constraint matcher error: {self._matcher.get_error()}", reason="CONSTRAINT_ERROR"
+            )

@@ -1,0 +1,51 @@
+"""llguidance tokenizers for the engines' tokenizers, built once per tokenizer object.
+
+Building one walks the whole vocabulary (~1-2 s for large vocabularies), so each is cached for
+the life of the tokenizer object it was made from.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from llguidance import LLTokenizer
+
+_lock = threading.Lock()
+# id(source) -> (source, LLTokenizer); the source is kept alive so its id is never reused.
+_cache: dict[int, tuple[object, LLTokenizer]] = {}
+
+
+def _cached(source: object, build: Any) -> LLTokenizer:
+    with _lock:
+        hit = _cache.get(id(source))
+        if hit is not None and hit[0] is source:
+            return hit[1]
+    built: LLTokenizer = build()
+    with _lock:
+        _cache[id(source)] = (source, built)
+    return built
+
+
+def make_ll_tokenizer_from_hf(tokenizer: Any, *, n_vocab: int | None = None) -> LLTokenizer:
+    """llguidance tokenizer for a Hugging Face fast tokenizer (cached per tokenizer object)."""
+
+    def build() -> LLTokenizer:
+        from llguidance.hf import from_tokenizer
+
+        return from_tokenizer(tokenizer, n_vocab=n_vocab)
+
+    return _cached(tokenizer, build)
+
+
+def make_ll_tokenizer_from_llama(llama: Any) -> LLTokenizer:
+    """llguidance tokenizer for a `llama_cpp.Llama` model (cached per model object)."""
+
+    def build() -> LLTokenizer:
+        import llama_cpp
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        return lltokenizer_from_vocab(vocab)
+
+    return _cached(llama, build)

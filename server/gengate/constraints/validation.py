@@ -1,0 +1,139 @@
+"""Checks a finished output against the ORIGINAL constraint, independently of the grammar engine.
+
+JSON Schema: jsonschema with the schema's own draft ($schema, else Draft 2020-12) and format
+checking for the formats jsonschema knows. Regex: full match with the `regex` module, whose
+syntax is closest to llguidance's Rust regex dialect (Unicode classes `\\p{L}`, POSIX classes
+`[[:alpha:]]`); a pattern Python cannot read is checked by walking llguidance over the bytes.
+Lark grammars: parsed by the `lark` package (Earley); GBNF/EBNF and Lark text using llguidance
+extensions lark cannot read are checked with an llguidance byte walk.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import jsonschema
+import lark
+import regex
+from llguidance import LLMatcher, LLTokenizer
+
+from gengate.constraints.lowering import choice_lark, effective_schema, grammar_to_lark
+from gengate.domain import (
+    ChoiceConstraint,
+    GrammarConstraint,
+    GrammarSyntax,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    StructuredOutput,
+)
+
+_MAX_REASON = 300
+
+
+def validate_output(structured: StructuredOutput, text: str) -> str | None:
+    """None when `text` satisfies the constraint, else a short human-readable reason."""
+    c = structured.constraint
+    if isinstance(c, JsonSchemaConstraint):
+        return _validate_json(text, effective_schema(c, structured))
+    if isinstance(c, JsonObjectConstraint):
+        return _validate_json(text, {"type": "object"})
+    if isinstance(c, RegexConstraint):
+        return _validate_regex(c.pattern, text)
+    if isinstance(c, ChoiceConstraint):
+        return None if text in c.choices else f"{_short(text)} is not one of the {len(c.choices)} choices"
+    if isinstance(c, GrammarConstraint):
+        return _validate_grammar(c, text)
+    return f"unknown constraint {c!r}"
+
+
+def _validate_json(text: str, schema: dict[str, Any]) -> str | None:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON: {exc}"
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if error is None:
+        return None
+    where = "/" + "/".join(str(p) for p in error.absolute_path)
+    return _clip(f"does not match the schema at {where}: {error.message}")
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_regex(pattern: str) -> regex.Pattern[str] | None:
+    try:
+        return regex.compile(pattern, regex.VERSION1)
+    except regex.error:
+        return None
+
+
+def _validate_regex(pattern: str, text: str) -> str | None:
+    compiled = _compile_regex(pattern)
+    if compiled is not None:
+        ok = compiled.fullmatch(text) is not None
+    else:
+        ok = _llguidance_accepts(LLMatcher.grammar_from_regex(pattern), text)
+    return None if ok else f"{_short(text)} does not fully match the pattern"
+
+
+@functools.lru_cache(maxsize=64)
+def _lark_parser(definition: str) -> lark.Lark | None:
+    try:
+        return lark.Lark(definition, parser="earley", lexer="dynamic", start="start")
+    except Exception:  # lark raises many types for grammars it cannot read (llguidance extensions)
+        return None
+
+
+def _validate_grammar(c: GrammarConstraint, text: str) -> str | None:
+    if c.syntax is GrammarSyntax.LARK:
+        parser = _lark_parser(c.definition)
+        if parser is not None:
+            try:
+                parser.parse(text)
+            except lark.exceptions.LarkError as exc:
+                return _clip(f"does not match the grammar: {exc}")
+            return None
+    grammar = LLMatcher.grammar_from_lark(grammar_to_lark(c.syntax, c.definition))
+    return None if _llguidance_accepts(grammar, text) else "does not match the grammar"
+
+
+def choice_grammar(choices: tuple[str, ...]) -> str:
+    """The llguidance grammar for a choice list (shared with lowering for tests)."""
+    return LLMatcher.grammar_from_lark(choice_lark(choices))
+
+
+@functools.lru_cache(maxsize=1)
+def byte_tokenizer() -> LLTokenizer:
+    """A tokenizer whose tokens are the 256 single bytes (plus EOS): a canonical byte walker."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    vocab["<eos>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<eos>"])
+    return LLTokenizer(tok.to_str(), eos_token=vocab["<eos>"])
+
+
+def _llguidance_accepts(grammar: str, text: str) -> bool:
+    """Walks an llguidance matcher over the text's bytes; True when it ends in an accepting state."""
+    tokenizer = byte_tokenizer()
+    matcher = LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        return False
+    tokens = tokenizer.tokenize_bytes(text.encode("utf-8"))
+    return matcher.consume_tokens(tokens) and matcher.is_accepting()
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= _MAX_REASON else message[: _MAX_REASON - 3] + "..."
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."

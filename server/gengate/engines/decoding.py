@@ -1,0 +1,339 @@
+"""SequenceDecoder: the per-token logic every local engine shares, so they all behave alike.
+
+Given the model's next-token logits, a decoder applies penalties, the constraint mask,
+temperature / top-k / top-p / min-p, samples with its own seeded generator, detokenizes
+incrementally (UTF-8 safe), holds back text that may begin a stop string, and decides when the
+generation ends. Engines only run the model and feed logits.
+
+Semantics (documented, shared by all engines):
+- temperature None means 1.0; 0 means greedy (argmax).
+- repetition_penalty (HF/vLLM style: divide positive logits, multiply negative ones) applies to
+  tokens of the prompt and the output; frequency_penalty (x count) and presence_penalty (once)
+  apply to output tokens only, as in OpenAI and vLLM.
+- logprobs are the log-softmax of the model's raw logits (before penalties, temperature and the
+  constraint mask), as OpenAI reports them; `logprobs=k` adds the k most likely alternatives.
+- the random generator of generation `index` is PCG64 seeded with (seed, index), so generations
+  of one request differ and a seeded request is reproducible on every engine.
+- EOS ends the generation with STOP (counted in output tokens, never in the text); a stop string
+  ends it with STOP_SEQUENCE and is cut from the text; a constraint that can take nothing more
+  ends it with STOP; max_tokens ends it with LENGTH.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from gengate import errors
+from gengate.constraints.matcher import ConstraintMatcher
+from gengate.domain import FinishReason, SamplingParams, StoppingCriteria, TokenLogprob, TopLogprob
+
+FloatArray = npt.NDArray[np.float32]
+_MASK64 = (1 << 64) - 1
+# top-p without top-k: look at this many best tokens first and widen only if their mass is short.
+_TOP_P_WINDOWS = (64, 1024)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step produced. `token_id` is None only when the step ended without sampling."""
+
+    token_id: int | None
+    text_delta: str
+    finished: FinishReason | None = None
+    matched_stop: str | None = None
+    logprob: TokenLogprob | None = None
+
+
+class SequenceDecoder:
+    """Chooses tokens and builds the text of one generation; one instance per generation."""
+
+    def __init__(
+        self,
+        *,
+        index: int,
+        detokenize: Callable[[list[int]], bytes | str],
+        eos_token_ids: frozenset[int],
+        sampling: SamplingParams,
+        stopping: StoppingCriteria,
+        logprobs: int | None,
+        matcher: ConstraintMatcher | None,
+        prompt_token_ids: Sequence[int],
+        vocab_size: int,
+    ) -> None:
+        self.index = index
+        self._detokenize = detokenize
+        self._eos = np.array(sorted(t for t in eos_token_ids if 0 <= t < vocab_size), dtype=np.int64)
+        self._eos_set = frozenset(eos_token_ids)
+        self._matcher = matcher
+        self._vocab_size = vocab_size
+        self._logprobs = logprobs
+        self._max_tokens = stopping.max_tokens
+        self._stops = tuple(s for s in stopping.stop if s)
+        self._max_stop = max((len(s) for s in self._stops), default=0)
+
+        temperature = 1.0 if sampling.temperature is None else float(sampling.temperature)
+        self._greedy = temperature <= 0.0
+        self._temperature = temperature
+        self._top_k = sampling.top_k if sampling.top_k and sampling.top_k > 0 else None
+        self._top_p = sampling.top_p if sampling.top_p is not None and 0.0 < sampling.top_p < 1.0 else None
+        self._min_p = sampling.min_p if sampling.min_p and sampling.min_p > 0.0 else None
+        self._repetition = sampling.repetition_penalty
+        if self._repetition is not None and (self._repetition <= 0.0 or self._repetition == 1.0):
+            self._repetition = None
+        self._frequency = sampling.frequency_penalty or 0.0
+        self._presence = sampling.presence_penalty or 0.0
+        seed = 0 if sampling.seed is None else sampling.seed
+        self._rng = np.random.Generator(np.random.PCG64([seed & _MASK64, index]))
+
+        self._seen: set[int] = {t for t in prompt_token_ids if 0 <= t < vocab_size}
+        self._seen_ids: npt.NDArray[np.int64] | None = None
+        self._counts: dict[int, int] = {}
+        if matcher is not None:
+            self._bitmask = np.zeros((matcher.vocab_size + 31) // 32, dtype=np.int32)
+
+        self._tokens: list[int] = []
+        self._finished: FinishReason | None = None
+        self._matched_stop: str | None = None
+        # Detokenization: bytes mode decodes token by token; str mode diffs a sliding window.
+        self._mode: str | None = None
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._text_tokens: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._full = ""  # all decoded text (stop string excluded once matched)
+        self._emitted = 0  # how much of _full has been handed out
+        self._piece_cache: dict[int, str] = {}
+
+    # -- public state ---------------------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        """The text handed out so far (the final text once finished)."""
+        return self._full[: self._emitted]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return list(self._tokens)
+
+    @property
+    def finished(self) -> FinishReason | None:
+        return self._finished
+
+    @property
+    def matched_stop(self) -> str | None:
+        return self._matched_stop
+
+    # -- stepping -------------------------------------------------------------------------
+
+    def step(self, logits: npt.NDArray[np.floating]) -> StepResult:
+        """Chooses the next token from the model's logits for this sequence and advances."""
+        if self._finished is not None:
+            raise RuntimeError("step() called on a finished generation")
+        matcher = self._matcher
+        if matcher is not None and matcher.is_stopped():
+            return self._finish(None, FinishReason.STOP, None)
+        raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self._vocab_size]
+        work = raw.copy()
+        self._apply_penalties(work)
+        if matcher is not None:
+            self._apply_mask(work, matcher)
+        token = self._choose(work)
+        logprob = self._logprob(raw, token) if self._logprobs is not None else None
+
+        self._tokens.append(token)
+        if token in self._eos_set:
+            return self._finish(token, FinishReason.STOP, logprob)
+        if matcher is not None:
+            matcher.consume(token)
+        self._record(token)
+        self._decode(token)
+        stop = self._find_stop()
+        if stop is not None:
+            return self._finish(token, FinishReason.STOP_SEQUENCE, logprob, stop)
+        if matcher is not None and matcher.is_stopped():
+            return self._finish(token, FinishReason.STOP, logprob)
+        if self._max_tokens is not None and len(self._tokens) >= self._max_tokens:
+            return self._finish(token, FinishReason.LENGTH, logprob)
+        return StepResult(token, self._release(), logprob=logprob)
+
+    def finalize(self) -> str:
+        """Flushes held-back text (for ends the engine decides, e.g. cancellation); idempotent."""
+        if self._matched_stop is None:
+            tail = self._utf8.decode(b"", final=True) if self._mode == "bytes" else ""
+            self._full += tail
+        delta = self._full[self._emitted :]
+        self._emitted = len(self._full)
+        return delta
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _finish(
+        self, token: int | None, reason: FinishReason, logprob: TokenLogprob | None, stop: str | None = None
+    ) -> StepResult:
+        self._finished = reason
+        self._matched_stop = stop
+        return StepResult(token, self.finalize(), reason, stop, logprob)
+
+    def _record(self, token: int) -> None:
+        self._counts[token] = self._counts.get(token, 0) + 1
+        if token not in self._seen and 0 <= token < self._vocab_size:
+            self._seen.add(token)
+            self._seen_ids = None
+
+    def _apply_penalties(self, work: FloatArray) -> None:
+        if self._repetition is not None and self._seen:
+            if self._seen_ids is None:
+                self._seen_ids = np.fromiter(self._seen, dtype=np.int64, count=len(self._seen))
+            ids = self._seen_ids
+            values = work[ids]
+            work[ids] = np.where(values > 0, values / self._repetition, values * self._repetition)
+        if (self._frequency or self._presence) and self._counts:
+            ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
+            counts = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
+            work[ids] -= counts * np.float32(self._frequency) + np.float32(self._presence)
+
+    def _apply_mask(self, work: FloatArray, matcher: ConstraintMatcher) -> None:
+        eos_values = work[self._eos] if self._eos.size else None
+        matcher.fill_mask(self._bitmask)
+        allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
+        n = min(matcher.vocab_size, work.shape[0])
+        work[:n][allowed[:n] == 0] = -np.inf
+        work[n:] = -np.inf
+        if eos_values is not None:
+            work[self._eos] = eos_values if matcher.is_accepting() else -np.inf
+
+    def _choose(self, work: FloatArray) -> int:
+        if self._greedy:
+            token = int(np.argmax(work))
+            if not np.isfinite(work[token]):
+                raise self._nothing_allowed()
+            return token
+        scaled = work / np.float32(self._temperature) if self._temperature != 1.0 else work
+        if self._top_k is not None and self._top_k < scaled.shape[0]:
+            ids = np.argpartition(scaled, -self._top_k)[-self._top_k :]
+        else:
+            ids = None
+        cand = scaled if ids is None else scaled[ids]
+        top = float(cand.max())
+        if not np.isfinite(top):
+            raise self._nothing_allowed()
+        probs = np.exp(cand - top)
+        probs /= probs.sum()
+        if self._top_p is not None:
+            keep = _top_p_keep(probs, self._top_p)
+            ids = keep if ids is None else ids[keep]
+            probs = probs[keep]
+        if self._min_p is not None:
+            keep = np.flatnonzero(probs >= self._min_p * probs.max())
+            ids = keep if ids is None else ids[keep]
+            probs = probs[keep]
+        cdf = np.cumsum(probs, dtype=np.float64)
+        pick = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
+        pick = min(pick, cdf.shape[0] - 1)
+        return int(pick if ids is None else ids[pick])
+
+    def _nothing_allowed(self) -> errors.Internal:
+        return errors.Internal(
+            "no token is allowed by the constraint at this point", reason="CONSTRAINT_DEAD_END"
+        )
+
+    def _logprob(self, raw: FloatArray, token: int) -> TokenLogprob:
+        top = float(raw.max())
+        log_z = top + float(np.log(np.exp(raw - top, dtype=np.float32).sum(dtype=np.float64)))
+        alternatives: tuple[TopLogprob, ...] = ()
+        k = min(self._logprobs or 0, raw.shape[0])
+        if k > 0:
+            best = np.argpartition(raw, -k)[-k:]
+            best = best[np.argsort(-raw[best], kind="stable")]
+            alternatives = tuple(TopLogprob(self._piece(int(t)), float(raw[t]) - log_z, int(t)) for t in best)
+        return TokenLogprob(self._piece(token), float(raw[token]) - log_z, token, alternatives)
+
+    def _piece(self, token: int) -> str:
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            out = self._detokenize([token])
+            piece = out.decode("utf-8", errors="replace") if isinstance(out, bytes) else out
+            self._piece_cache[token] = piece
+        return piece
+
+    def _decode(self, token: int) -> None:
+        if self._mode is None:
+            first = self._detokenize([token])
+            if isinstance(first, bytes):
+                self._mode = "bytes"
+                self._full += self._utf8.decode(first)
+                return
+            self._mode = "str"
+        if self._mode == "bytes":
+            out = self._detokenize([token])
+            assert isinstance(out, bytes)
+            self._full += self._utf8.decode(out)
+            return
+        # str mode: decode a short window so tokenizers that merge pieces (SentencePiece
+        # spaces, multi-token characters) give the same text as decoding everything at once.
+        self._text_tokens.append(token)
+        prefix = self._as_str(self._text_tokens[self._prefix_offset : self._read_offset])
+        current = self._as_str(self._text_tokens[self._prefix_offset :])
+        if len(current) > len(prefix) and not current.endswith("\ufffd"):
+            self._full += current[len(prefix) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._text_tokens)
+
+    def _as_str(self, tokens: list[int]) -> str:
+        if not tokens:
+            return ""
+        out = self._detokenize(tokens)
+        return out.decode("utf-8", errors="replace") if isinstance(out, bytes) else out
+
+    def _find_stop(self) -> str | None:
+        """Cuts _full at the earliest stop string that appeared; returns it, or None."""
+        if not self._stops:
+            return None
+        start = max(0, self._emitted - self._max_stop + 1)
+        best: tuple[int, str] | None = None
+        for stop in self._stops:
+            at = self._full.find(stop, start)
+            if at >= 0 and (best is None or at < best[0]):
+                best = (at, stop)
+        if best is None:
+            return None
+        self._full = self._full[: best[0]]
+        self._emitted = min(self._emitted, best[0])
+        return best[1]
+
+    def _release(self) -> str:
+        """Hands out new text, keeping back a tail that could still become a stop string."""
+        end = len(self._full)
+        if self._stops:
+            hold = 0
+            pending = end - self._emitted
+            for stop in self._stops:
+                for k in range(min(len(stop) - 1, pending), hold, -1):
+                    if self._full.endswith(stop[:k]):
+                        hold = k
+                        break
+            end -= hold
+        delta = self._full[self._emitted : end]
+        self._emitted = end
+        return delta
+
+
+def _top_p_keep(probs: npt.NDArray[np.float32], top_p: float) -> npt.NDArray[np.int64]:
+    """Indices of the smallest set of most likely entries whose mass reaches top_p."""
+    size = probs.shape[0]
+    for window in (*_TOP_P_WINDOWS, size):
+        if window >= size:
+            order = np.argsort(-probs, kind="stable")
+        else:
+            part = np.argpartition(probs, -window)[-window:]
+            order = part[np.argsort(-probs[part], kind="stable")]
+        cdf = np.cumsum(probs[order], dtype=np.float64)
+        if cdf[-1] >= top_p or window >= size:
+            cut = int(np.searchsorted(cdf, top_p, side="left")) + 1
+            return order[: min(cut, order.shape[0])].astype(np.int64)
+    raise AssertionError("unreachable")

@@ -1,0 +1,137 @@
+"""ConstraintCompiler: compile against a real tokenizer, cache, timeout, matcher behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import numpy as np
+import pytest
+from gengate import errors
+from gengate.constraints import ConstraintCompiler, lowering
+from gengate.domain import (
+    ChoiceConstraint,
+    Enforcement,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    StructuredOutput,
+)
+from llguidance import LLTokenizer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def compiler(ll_tokenizer: LLTokenizer) -> ConstraintCompiler:
+    return ConstraintCompiler(ll_tokenizer, "tiny")
+
+
+async def test_second_compile_is_a_cache_hit(compiler: ConstraintCompiler) -> None:
+    structured = StructuredOutput(RegexConstraint("[ab]{2}"))
+    first = await compiler.compile(structured)
+    second = await compiler.compile(StructuredOutput(RegexConstraint("[ab]{2}")))
+    assert second is first
+    assert compiler.stats.lowerings == 1
+    assert (compiler.stats.hits, compiler.stats.misses) == (1, 1)
+    await compiler.compile(StructuredOutput(RegexConstraint("[ab]{3}")))
+    assert compiler.stats.lowerings == 2
+
+
+async def test_concurrent_compiles_of_one_constraint_share_the_work(compiler: ConstraintCompiler) -> None:
+    structured = StructuredOutput(ChoiceConstraint(("red", "green")))
+    results = await asyncio.gather(*(compiler.compile(structured) for _ in range(5)))
+    assert all(r is results[0] for r in results)
+    assert compiler.stats.lowerings == 1
+
+
+async def test_cache_is_bounded(ll_tokenizer: LLTokenizer) -> None:
+    compiler = ConstraintCompiler(ll_tokenizer, "tiny", cache_size=2)
+    for n in range(3):
+        await compiler.compile(StructuredOutput(RegexConstraint(f"a{{{n + 1}}}")))
+    await compiler.compile(StructuredOutput(RegexConstraint("a{1}")))  # evicted: compiled again
+    assert compiler.stats.lowerings == 4
+
+
+async def test_timeout_is_invalid_argument(
+    compiler: ConstraintCompiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_lower = lowering.lower
+
+    def slow_lower(structured: StructuredOutput) -> lowering.LoweredConstraint:
+        time.sleep(0.5)
+        return real_lower(structured)
+
+    monkeypatch.setattr(lowering, "lower", slow_lower)
+    compiler.timeout_s = 0.05
+    with pytest.raises(errors.InvalidArgument) as info:
+        await compiler.compile(StructuredOutput(RegexConstraint("x+")))
+    assert info.value.reason == "CONSTRAINT_COMPILE_TIMEOUT"
+    assert info.value.violations[0].field == "structured_output.regex.pattern"
+
+
+async def test_refusals_are_not_cached_and_keep_the_field(compiler: ConstraintCompiler) -> None:
+    for _ in range(2):
+        with pytest.raises(errors.InvalidArgument) as info:
+            await compiler.compile(StructuredOutput(RegexConstraint("(")))
+        assert info.value.reason == "INVALID_REGEX"
+    assert compiler.stats.lowerings == 2
+
+
+async def test_relaxed_schema_compiles_as_validated(compiler: ConstraintCompiler) -> None:
+    compiled = await compiler.compile(
+        StructuredOutput(
+            JsonSchemaConstraint({"type": "array", "uniqueItems": True, "items": {"type": "integer"}})
+        )
+    )
+    assert compiled.enforcement is Enforcement.VALIDATED
+    assert compiled.relaxations == ("uniqueItems not enforced at /",)
+
+
+def _walk(compiler: ConstraintCompiler, structured: StructuredOutput, text: str) -> bool:
+    """Feeds `text` token by token through a fresh matcher, checking the mask allows each."""
+    compiled = compiler.compile_sync(structured)
+    matcher = compiled.new_matcher()
+    for token in compiler.ll_tokenizer.tokenize_str(text):
+        if not matcher.allowed_token_mask()[token]:
+            return False
+        matcher.consume(token)
+    return matcher.is_accepting()
+
+
+def test_matcher_masks_and_consumes(compiler: ConstraintCompiler, eos_id: int) -> None:
+    compiled = compiler.compile_sync(StructuredOutput(ChoiceConstraint(("yes", "no"))))
+    matcher = compiled.new_matcher()
+    mask = matcher.allowed_token_mask()
+    assert mask.dtype == np.bool_ and mask.shape == (compiler.ll_tokenizer.vocab_size,)
+    allowed = {compiler.ll_tokenizer.decode_str([int(t)]) for t in np.flatnonzero(mask)}
+    assert allowed and all("yes".startswith(a) or "no".startswith(a) for a in allowed)
+    assert not mask[eos_id] and not matcher.is_accepting()
+    for token in compiler.ll_tokenizer.tokenize_str("no"):
+        matcher.consume(token)
+    assert matcher.is_accepting() and matcher.is_stopped()
+    with pytest.raises(errors.Internal):
+        matcher.consume(compiler.ll_tokenizer.tokenize_str("x")[0])
+
+
+def test_matchers_are_independent(compiler: ConstraintCompiler) -> None:
+    compiled = compiler.compile_sync(StructuredOutput(RegexConstraint("ab|cd")))
+    one, two = compiled.new_matcher(), compiled.new_matcher()
+    one.consume(compiler.ll_tokenizer.tokenize_str("a")[0])
+    assert two.allowed_token_mask()[compiler.ll_tokenizer.tokenize_str("c")[0]]
+
+
+def test_matcher_fill_mask_checks_its_row(compiler: ConstraintCompiler) -> None:
+    matcher = compiler.compile_sync(StructuredOutput(RegexConstraint("a"))).new_matcher()
+    with pytest.raises(ValueError):
+        matcher.fill_mask(np.zeros(1, dtype=np.int32))
+    row = np.zeros((compiler.ll_tokenizer.vocab_size + 31) // 32, dtype=np.int32)
+    matcher.fill_mask(row)
+    assert int(np.unpackbits(row.view(np.uint8)).sum()) >= 1
+
+
+def test_schema_walks(compiler: ConstraintCompiler) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 150}}, "required": ["n"]}
+    structured = StructuredOutput(JsonSchemaConstraint(schema))
+    assert _walk(compiler, structured, json.dumps({"n": 42}, separators=(",", ":")))
+    assert not _walk(compiler, structured, json.dumps({"n": 501}, separators=(",", ":")))

@@ -1,0 +1,348 @@
+"""SequenceDecoder: sampling, penalties, stop strings, limits, logprobs and constraint masks."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from gengate.constraints import ConstraintCompiler
+from gengate.domain import (
+    FinishReason,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    SamplingParams,
+    StoppingCriteria,
+    StructuredOutput,
+)
+from gengate.engines.decoding import SequenceDecoder, StepResult
+from gengate.models.tiny import EOS_TOKEN, TinyModelPaths
+from llguidance import LLTokenizer
+from tokenizers import Tokenizer
+
+# A synthetic vocabulary: token i is PIECES[i]; 0 is EOS.
+PIECES = ["<eos>", "a", "b", "c", "ab", "X", "Y", "é"[:1], " ", "STOP", "ST", "OP", "\n"]
+EOS = 0
+
+
+def detok_bytes(ids: list[int]) -> bytes:
+    return b"".join(PIECES[i].encode() if i else b"" for i in ids)
+
+
+def make(
+    *,
+    sampling: SamplingParams | None = None,
+    stop: tuple[str, ...] = (),
+    max_tokens: int | None = 50,
+    logprobs: int | None = None,
+    prompt: tuple[int, ...] = (),
+    detokenize: Callable[[list[int]], bytes | str] = detok_bytes,
+    vocab: int = len(PIECES),
+    index: int = 0,
+    matcher: Any = None,
+    eos: frozenset[int] = frozenset({EOS}),
+) -> SequenceDecoder:
+    return SequenceDecoder(
+        index=index,
+        detokenize=detokenize,
+        eos_token_ids=eos,
+        sampling=sampling or SamplingParams(temperature=0.0, seed=1),
+        stopping=StoppingCriteria(max_tokens=max_tokens, stop=stop),
+        logprobs=logprobs,
+        matcher=matcher,
+        prompt_token_ids=prompt,
+        vocab_size=vocab,
+    )
+
+
+def one_hot(token: int, vocab: int = len(PIECES), high: float = 10.0) -> np.ndarray:
+    logits = np.zeros(vocab, dtype=np.float32)
+    logits[token] = high
+    return logits
+
+
+def feed(decoder: SequenceDecoder, tokens: list[int]) -> list[StepResult]:
+    results = []
+    for token in tokens:
+        results.append(decoder.step(one_hot(token)))
+        if results[-1].finished:
+            break
+    return results
+
+
+def test_greedy_follows_the_logits_and_eos_stops() -> None:
+    decoder = make()
+    results = feed(decoder, [1, 2, 3, EOS])
+    assert "".join(r.text_delta for r in results) == "abc" == decoder.text
+    assert results[-1].finished is FinishReason.STOP and results[-1].token_id == EOS
+    assert decoder.output_token_ids == [1, 2, 3, EOS]
+    with pytest.raises(RuntimeError):
+        decoder.step(one_hot(1))
+
+
+def test_max_tokens_finishes_with_length() -> None:
+    decoder = make(max_tokens=3)
+    results = feed(decoder, [1, 1, 1, 1])
+    assert len(results) == 3 and results[-1].finished is FinishReason.LENGTH
+    assert decoder.text == "aaa"
+
+
+def test_stop_string_across_tokens_is_held_back_and_cut() -> None:
+    decoder = make(stop=("STOP",))
+    results = feed(decoder, [1, 10, 11, 2])
+    assert [r.text_delta for r in results] == ["a", "", ""]
+    assert results[-1].finished is FinishReason.STOP_SEQUENCE
+    assert results[-1].matched_stop == "STOP" == decoder.matched_stop
+    assert decoder.text == "a"
+
+
+def test_held_back_text_is_released_when_it_is_not_a_stop() -> None:
+    decoder = make(stop=("STOP",))
+    results = feed(decoder, [1, 10, 2, EOS])
+    assert [r.text_delta for r in results] == ["a", "", "STb", ""]
+    assert decoder.text == "aSTb"
+
+
+def test_held_back_text_is_flushed_at_the_end() -> None:
+    decoder = make(stop=("STOP",), max_tokens=2)
+    results = feed(decoder, [1, 10])
+    assert results[-1].finished is FinishReason.LENGTH and results[-1].text_delta == "ST"
+    assert decoder.finalize() == "" and decoder.text == "aST"
+
+
+def test_stop_inside_one_token_keeps_the_text_before_it() -> None:
+    decoder = make(stop=("bc",))
+    results = feed(decoder, [4, 3, 1])  # "ab" "c" -> "abc" contains "bc"
+    assert results[-1].finished is FinishReason.STOP_SEQUENCE
+    assert decoder.text == "a"
+
+
+def test_earliest_stop_wins() -> None:
+    decoder = make(stop=("c", "ab"))
+    feed(decoder, [1, 2, 3])
+    assert decoder.matched_stop == "ab" and decoder.text == ""
+
+
+def test_utf8_split_across_tokens_is_joined() -> None:
+    pieces = {1: "é".encode()[:1], 2: "é".encode()[1:], 3: b"!"}
+
+    def detok(ids: list[int]) -> bytes:
+        return b"".join(pieces.get(i, b"") for i in ids)
+
+    decoder = make(detokenize=detok)
+    deltas = [decoder.step(one_hot(t)).text_delta for t in (1, 2, 3)]
+    assert deltas == ["", "é", "!"]
+
+
+def test_str_detokenizer_uses_a_window() -> None:
+    # A SentencePiece-like decoder that drops the leading space of a lone piece.
+    pieces = {1: "▁hello", 2: "▁world", 3: "!"}
+
+    def detok(ids: list[int]) -> str:
+        return "".join(pieces[i] for i in ids).replace("▁", " ").lstrip(" ")
+
+    decoder = make(detokenize=detok)
+    text = "".join(decoder.step(one_hot(t)).text_delta for t in (1, 2, 3))
+    assert text == "hello world!"
+
+
+def sampled(seed: int, index: int = 0, n: int = 30, **sampling: Any) -> list[int]:
+    decoder = make(sampling=SamplingParams(seed=seed, **sampling), max_tokens=None, index=index)
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(n, len(PIECES))).astype(np.float32)
+    logits[:, EOS] = -100
+    return [decoder.step(row).token_id for row in logits]  # type: ignore[misc]
+
+
+def test_seeded_sampling_is_reproducible_and_index_dependent() -> None:
+    assert sampled(7) == sampled(7)
+    assert sampled(7) != sampled(8)
+    assert sampled(7, index=0) != sampled(7, index=1)
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(20, len(PIECES))).astype(np.float32)
+    logits[:, EOS] = -100
+    greedy = [int(np.argmax(row)) for row in logits]
+    for sampling in (dict(top_k=1), dict(top_p=1e-6), dict(min_p=0.9999)):
+        decoder = make(sampling=SamplingParams(seed=3, temperature=1.0, **sampling), max_tokens=None)
+        assert [decoder.step(row).token_id for row in logits] == greedy, sampling
+
+
+def test_sampling_distribution_matches_softmax() -> None:
+    logits = np.log(np.array([1e-9, 0.5, 0.3, 0.2] + [1e-9] * (len(PIECES) - 4), dtype=np.float32))
+    counts = np.zeros(len(PIECES))
+    decoder = make(sampling=SamplingParams(seed=5), max_tokens=None)
+    for _ in range(3000):
+        counts[decoder.step(logits).token_id] += 1  # type: ignore[index]
+    assert np.allclose(counts[1:4] / 3000, [0.5, 0.3, 0.2], atol=0.04)
+
+
+def test_top_p_keeps_the_nucleus_only() -> None:
+    logits = np.log(np.array([1e-9, 0.5, 0.3, 0.2] + [1e-9] * (len(PIECES) - 4), dtype=np.float32))
+    decoder = make(sampling=SamplingParams(seed=5, top_p=0.7), max_tokens=None)
+    seen = {decoder.step(logits).token_id for _ in range(300)}
+    assert seen == {1, 2}
+
+
+def test_penalties_change_the_choice() -> None:
+    logits = np.zeros(len(PIECES), dtype=np.float32)
+    logits[1], logits[2] = 2.0, 1.5
+    assert make().step(logits).token_id == 1
+    assert (
+        make(sampling=SamplingParams(temperature=0, seed=1, repetition_penalty=2.0), prompt=(1,))
+        .step(logits)
+        .token_id
+        == 2
+    )
+    for penalty in (dict(frequency_penalty=1.0), dict(presence_penalty=1.0)):
+        decoder = make(sampling=SamplingParams(temperature=0, seed=1, **penalty), prompt=(1,))
+        assert decoder.step(logits).token_id == 1  # the prompt does not count for these
+        assert decoder.step(logits).token_id == 2
+
+
+def test_frequency_penalty_grows_with_count() -> None:
+    logits = np.zeros(len(PIECES), dtype=np.float32)
+    logits[1], logits[2] = 2.0, 0.5
+    decoder = make(sampling=SamplingParams(temperature=0, seed=1, frequency_penalty=0.6))
+    assert [decoder.step(logits).token_id for _ in range(4)] == [1, 1, 1, 2]
+
+
+def test_logprobs_are_raw_log_softmax_with_alternatives() -> None:
+    logits = np.array([0.0, 3.0, 2.0, 1.0] + [-5.0] * (len(PIECES) - 4), dtype=np.float32)
+    result = make(logprobs=2, sampling=SamplingParams(temperature=0, seed=1, presence_penalty=9)).step(logits)
+    log_z = math.log(np.exp(logits.astype(np.float64)).sum())
+    assert result.logprob is not None
+    assert result.logprob.token == "a" and result.logprob.token_id == 1
+    assert result.logprob.logprob == pytest.approx(3.0 - log_z, abs=1e-5)
+    assert [t.token_id for t in result.logprob.top] == [1, 2]
+    assert result.logprob.top[1].logprob == pytest.approx(2.0 - log_z, abs=1e-5)
+    assert make(logprobs=0).step(logits).logprob.top == ()  # type: ignore[union-attr]
+    assert make().step(logits).logprob is None
+
+
+def test_hot_path_is_fast() -> None:
+    for vocab, budget in ((2048, 1e-3), (128_000, 10e-3)):
+        decoder = SequenceDecoder(
+            index=0,
+            detokenize=lambda ids: b"x",
+            eos_token_ids=frozenset({0}),
+            sampling=SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=1, repetition_penalty=1.1),
+            stopping=StoppingCriteria(max_tokens=None, stop=("END",)),
+            logprobs=None,
+            matcher=None,
+            prompt_token_ids=list(range(100)),
+            vocab_size=vocab,
+        )
+        logits = np.random.default_rng(0).normal(size=vocab).astype(np.float32)
+        logits[0] = -100
+        start = time.perf_counter()
+        for _ in range(50):
+            decoder.step(logits)
+        per_token = (time.perf_counter() - start) / 50
+        assert per_token < budget, (vocab, per_token)
+
+
+# --- real tokenizer + llguidance matcher -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model: TinyModelPaths) -> tuple[Tokenizer, ConstraintCompiler, int]:
+    tokenizer = Tokenizer.from_file(str(tiny_model.hf_dir / "tokenizer.json"))
+    eos = tokenizer.token_to_id(EOS_TOKEN)
+    ll = LLTokenizer(tokenizer.to_str(), eos_token=eos)
+    return tokenizer, ConstraintCompiler(ll, "tiny"), eos
+
+
+def constrained_run(
+    tiny: tuple[Tokenizer, ConstraintCompiler, int],
+    structured: StructuredOutput,
+    prefer: str,
+    *,
+    seed: int = 0,
+    temperature: float = 0.0,
+    max_tokens: int = 200,
+) -> SequenceDecoder:
+    """Runs a decoder whose 'model' strongly prefers the tokens of `prefer` (plus noise)."""
+    tokenizer, compiler, eos = tiny
+    vocab = tokenizer.get_vocab_size()
+    preferred = set(tokenizer.encode(prefer).ids)
+    decoder = SequenceDecoder(
+        index=0,
+        detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+        eos_token_ids=frozenset({eos}),
+        sampling=SamplingParams(temperature=temperature, seed=seed),
+        stopping=StoppingCriteria(max_tokens=max_tokens),
+        logprobs=None,
+        matcher=compiler.compile_sync(structured).new_matcher(),
+        prompt_token_ids=(),
+        vocab_size=vocab,
+    )
+    rng = np.random.default_rng(seed)
+    while decoder.finished is None:
+        logits = rng.normal(size=vocab).astype(np.float32)
+        logits[list(preferred)] += 20.0
+        logits[eos] += 5.0
+        decoder.step(logits)
+    return decoder
+
+
+def test_regex_constraint_forces_the_output(tiny: Any) -> None:
+    structured = StructuredOutput(RegexConstraint(r"[0-9]{3}-(red|blue)"))
+    for seed in range(3):
+        decoder = constrained_run(
+            tiny, structured, "Hello world, the weather is sunny", seed=seed, temperature=1.0
+        )
+        assert decoder.finished is FinishReason.STOP
+        assert __import__("re").fullmatch(r"[0-9]{3}-(red|blue)", decoder.text), decoder.text
+
+
+def test_json_schema_constraint_forces_valid_json(tiny: Any) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "name": {"type": "string", "maxLength": 8},
+        },
+        "required": ["age", "name"],
+        "additionalProperties": False,
+    }
+    structured = StructuredOutput(JsonSchemaConstraint(schema))
+    from gengate.constraints import validate_output
+
+    for seed in range(3):
+        decoder = constrained_run(
+            tiny, structured, '{"age": 501, "city": "Paris"}', seed=seed, temperature=0.7
+        )
+        assert decoder.finished is FinishReason.STOP, decoder.text
+        assert validate_output(structured, decoder.text) is None, decoder.text
+        assert set(json.loads(decoder.text)) == {"age", "name"}
+
+
+def test_eos_is_masked_until_the_constraint_accepts(tiny: Any) -> None:
+    tokenizer, compiler, eos = tiny
+    vocab = tokenizer.get_vocab_size()
+    decoder = SequenceDecoder(
+        index=0,
+        detokenize=lambda ids: tokenizer.decode(ids),
+        eos_token_ids=frozenset({eos}),
+        sampling=SamplingParams(temperature=0, seed=0),
+        stopping=StoppingCriteria(max_tokens=50),
+        logprobs=None,
+        matcher=compiler.compile_sync(StructuredOutput(RegexConstraint("a+"))).new_matcher(),
+        prompt_token_ids=(),
+        vocab_size=vocab + 64,  # a padded model vocabulary: the extra ids are never allowed
+    )
+    logits = np.zeros(vocab + 64, dtype=np.float32)
+    logits[eos] = 50.0
+    logits[vocab:] = 100.0
+    first = decoder.step(logits)
+    assert first.token_id != eos and first.token_id is not None and first.token_id < vocab
+    second = decoder.step(logits)
+    assert second.token_id == eos and second.finished is FinishReason.STOP
+    assert decoder.text and set(decoder.text) == {"a"}
