@@ -1,0 +1,530 @@
+"""The shared provider backend: options, secrets, retries, `n` fan-out, structured output
+(native or prompt + validate + bounded re-ask), usage accounting and stream framing.
+
+A provider module subclasses ProviderBackend and writes only the wire translation:
+`_complete(call) -> Completion` (one unary upstream call, no retries) and
+`_stream(call) -> AsyncIterator[Chunk]` (one upstream stream). See providers/__init__.py.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import base64
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from gengate import errors
+from gengate.domain import (
+    ChatMessage,
+    ConstraintKind,
+    Enforcement,
+    FinishReason,
+    Generation,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    GenerationResult,
+    GrammarSyntax,
+    ImagePart,
+    Modality,
+    ModelCapabilities,
+    Role,
+    StreamEvent,
+    StreamStart,
+    TextPart,
+    Timings,
+    TokenLogprob,
+    Usage,
+)
+from gengate.providers import structured as so
+from gengate.providers.errors import VALIDATION_FAILED, normalize_exception, register_secret
+from gengate.providers.retry import RetryPolicy, call_with_retries, stream_with_retries
+
+log = logging.getLogger("gengate.providers")
+
+
+class ProviderOptions(BaseModel):
+    """Config keys every provider accepts; a provider subclasses this to add its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="The provider's model (or deployment) name.")
+    base_url: str | None = None
+    api_key_env: str | None = Field(default=None, description="Environment variable holding the key.")
+    api_key: SecretStr | None = Field(default=None, description="The key itself (prefer api_key_env).")
+    timeout: float = Field(default=60.0, gt=0, description="Seconds per upstream attempt.")
+    max_retries: int = Field(default=2, ge=0, le=10)
+    validation_retries: int = Field(default=2, ge=0, le=10, description="Re-asks after invalid output.")
+    validation: bool = Field(default=True, description="Allow prompt + validate for non-native kinds.")
+    max_n: int = Field(default=16, ge=1)
+    context_length: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> ProviderOptions:
+        if self.api_key_env is not None and self.api_key is not None:
+            raise ValueError("set either api_key_env or api_key, not both")
+        return self
+
+    def resolve_api_key(self, env: Mapping[str, str] | None = None) -> str | None:
+        """The key from `api_key` or the `api_key_env` variable; registered with the scrubber."""
+        env = os.environ if env is None else env
+        key = self.api_key.get_secret_value() if self.api_key is not None else None
+        if key is None and self.api_key_env:
+            key = env.get(self.api_key_env)
+        register_secret(key)
+        return key
+
+
+# --- what a provider module returns ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProviderCall:
+    """One upstream call: the chat to send, how many choices, and the structured plan."""
+
+    request: GenerationRequest
+    messages: tuple[ChatMessage, ...]
+    n: int
+    plan: so.StructuredPlan | None
+    timeout: float
+
+
+@dataclass
+class Completion:
+    """A unary upstream answer; `usage` None when the provider sent none."""
+
+    generations: list[Generation]
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class ChunkText:
+    index: int
+    text: str
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    token_count: int = 1
+
+
+@dataclass(frozen=True)
+class ChunkEnd:
+    index: int
+    finish_reason: FinishReason
+    matched_stop: str | None = None
+
+
+@dataclass(frozen=True)
+class ChunkUsage:
+    """Totals for the whole upstream call (all choices)."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+Chunk: TypeAlias = ChunkText | ChunkEnd | ChunkUsage
+
+
+_FINISH_MAP = {
+    "stop": FinishReason.STOP,
+    "end_turn": FinishReason.STOP,
+    "eos": FinishReason.STOP,
+    "eos_token": FinishReason.STOP,
+    "complete": FinishReason.STOP,
+    "tool_calls": FinishReason.STOP,
+    "function_call": FinishReason.STOP,
+    "tool_use": FinishReason.STOP,
+    "stop_sequence": FinishReason.STOP_SEQUENCE,
+    "length": FinishReason.LENGTH,
+    "max_tokens": FinishReason.LENGTH,
+    "model_length": FinishReason.LENGTH,
+    "content_filter": FinishReason.CONTENT_FILTER,
+    "safety": FinishReason.CONTENT_FILTER,
+    "recitation": FinishReason.CONTENT_FILTER,
+    "blocklist": FinishReason.CONTENT_FILTER,
+    "prohibited_content": FinishReason.CONTENT_FILTER,
+    "spii": FinishReason.CONTENT_FILTER,
+    "refusal": FinishReason.REFUSAL,
+    "error": FinishReason.ERROR,
+}
+
+
+def map_finish_reason(raw: str | None) -> FinishReason:
+    """A provider's finish reason (any case) as the domain enum; unknown values mean STOP."""
+    if raw is None:
+        return FinishReason.STOP
+    return _FINISH_MAP.get(raw.lower(), FinishReason.STOP)
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokenizer-free estimate used only when a provider reports no usage at all: ~4 characters
+    per token for English-like text (OpenAI's rule of thumb), at least 1 for non-empty text."""
+    return math.ceil(len(text) / 4) if text else 0
+
+
+def estimate_prompt_tokens(messages: tuple[ChatMessage, ...]) -> int:
+    """Estimate of a chat's input tokens: text estimate plus ~4 tokens of framing per message."""
+    return sum(estimate_tokens(m.text) + 4 for m in messages)
+
+
+def image_url(part: ImagePart) -> str:
+    """An image part as a URL: the URL itself, or a base64 `data:` URL of inline bytes."""
+    if part.url:
+        return part.url
+    mime = part.mime_type or "image/png"
+    return f"data:{mime};base64,{base64.b64encode(part.data or b'').decode()}"
+
+
+def request_messages(req: GenerationRequest) -> tuple[ChatMessage, ...]:
+    """The request as a chat: a bare prompt becomes one user message."""
+    if req.messages is not None:
+        return req.messages
+    return (ChatMessage(Role.USER, (TextPart(req.prompt or ""),)),)
+
+
+def with_system_text(messages: tuple[ChatMessage, ...], text: str) -> tuple[ChatMessage, ...]:
+    """Adds `text` to the first system message, or puts a system message first."""
+    if messages and messages[0].role == Role.SYSTEM:
+        first = messages[0]
+        merged = ChatMessage(Role.SYSTEM, (*first.content, TextPart("\n\n" + text)), first.name)
+        return (merged, *messages[1:])
+    return (ChatMessage(Role.SYSTEM, (TextPart(text),)), *messages)
+
+
+@dataclass
+class _StreamTally:
+    """Per-index bookkeeping while framing one upstream stream."""
+
+    chunks: dict[int, int] = field(default_factory=dict)
+    texts: dict[int, int] = field(default_factory=dict)
+    ends: dict[int, ChunkEnd] = field(default_factory=dict)
+    usage: ChunkUsage | None = None
+
+
+class ProviderBackend(abc.ABC):
+    """Base class of every remote provider backend (see module docstring)."""
+
+    kind: ClassVar[str]
+    Options: ClassVar[type[ProviderOptions]] = ProviderOptions
+    label: ClassVar[str] = "provider"  # human name used in errors and logs
+    structured_support: ClassVar[Mapping[ConstraintKind, Enforcement]] = {}
+    grammar_syntaxes: ClassVar[frozenset[GrammarSyntax]] = frozenset()
+    native_n: ClassVar[bool] = True
+    logprobs_supported: ClassVar[bool] = False
+    max_top_logprobs: ClassVar[int] = 0
+    image_input: ClassVar[bool] = False
+    seed_supported: ClassVar[bool] = False
+    requires_api_key: ClassVar[bool] = True
+
+    def __init__(self, name: str, options: ProviderOptions) -> None:
+        self.name = name
+        self.options = options
+        self.api_key = options.resolve_api_key()
+        self.retry_policy = RetryPolicy(max_retries=options.max_retries)
+        self.capabilities = self.build_capabilities()
+
+    # --- hooks for provider modules ------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _complete(self, call: ProviderCall) -> Completion:
+        """One unary upstream call (no retries: the base retries)."""
+
+    @abc.abstractmethod
+    def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
+        """One upstream stream; closing the iterator must close the HTTP response."""
+
+    def supported_constraints(self) -> dict[ConstraintKind, Enforcement]:
+        """This instance's constraint table (override to narrow per model or after a canary)."""
+        return dict(self.structured_support)
+
+    def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
+        """How to serve the request's constraint; default: send it as-is when native."""
+        assert req.structured_output is not None
+        return so.plan_openai_style(req.structured_output, level, strict_transform=False)
+
+    def normalize_error(self, exc: BaseException) -> errors.GengateError:
+        return normalize_exception(exc, provider=self.label)
+
+    def build_capabilities(self) -> ModelCapabilities:
+        table = self.supported_constraints()
+        if not self.options.validation:
+            table = {k: v for k, v in table.items() if v != Enforcement.VALIDATED}
+        syntaxes = self.grammar_syntaxes if ConstraintKind.GRAMMAR in table else frozenset()
+        return ModelCapabilities(
+            constraints=table,
+            grammar_syntaxes=syntaxes,
+            max_n=self.options.max_n,
+            logprobs=self.logprobs_supported,
+            max_top_logprobs=self.max_top_logprobs,
+            input_modalities=frozenset(
+                {Modality.TEXT, Modality.IMAGE} if self.image_input else {Modality.TEXT}
+            ),
+            context_length=self.options.context_length,
+            seed=self.seed_supported,
+            chat=True,
+        )
+
+    # --- Backend protocol ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.requires_api_key and not self.api_key:
+            where = self.options.api_key_env or "api_key"
+            raise errors.ConfigError(f"model {self.name!r}: no API key for {self.label} (set {where})")
+
+    async def aclose(self) -> None:
+        return None
+
+    def _prepare(self, req: GenerationRequest) -> ProviderCall:
+        plan: so.StructuredPlan | None = None
+        messages = request_messages(req)
+        if req.structured_output is not None:
+            level = so.check_supported(
+                req.structured_output,
+                self.capabilities.constraints,
+                provider=f"{self.label} model {self.name!r}",
+                grammar_syntaxes=self.capabilities.grammar_syntaxes,
+            )
+            plan = self.plan_structured(req, level)
+            if plan.instructions:
+                messages = with_system_text(messages, plan.instructions)
+        left = req.time_left()
+        timeout = self.options.timeout if left is None else max(0.001, min(self.options.timeout, left))
+        return ProviderCall(req, messages, req.n, plan, timeout)
+
+    async def _complete_retrying(self, call: ProviderCall) -> Completion:
+        return await call_with_retries(
+            lambda: self._complete(call),
+            policy=self.retry_policy,
+            deadline=call.request.deadline,
+            provider=self.label,
+            normalize=self.normalize_error,
+        )
+
+    async def _complete_n(self, call: ProviderCall) -> tuple[list[Generation], Usage]:
+        """`call.n` generations: native n, topped up by concurrent single calls when fewer
+        choices came back (or all fanned out when the provider has no native n)."""
+        wanted = call.n
+        gens: list[Generation] = []
+        usage = Usage()
+        if self.native_n or wanted == 1:
+            first = await self._complete_retrying(call)
+            gens = first.generations[:wanted]
+            usage = self._usage_or_estimate(first, call)
+        missing = wanted - len(gens)
+        if missing > 0:
+            single = replace(call, n=1)
+            more = await asyncio.gather(*(self._complete_retrying(single) for _ in range(missing)))
+            for completion in more:
+                gens.extend(completion.generations[:1])
+                usage = usage + self._usage_or_estimate(completion, single)
+        if len(gens) < wanted:
+            raise errors.Unavailable(f"{self.label} returned {len(gens)} of {wanted} choices")
+        return [replace(g, index=i) for i, g in enumerate(gens)], usage
+
+    def _usage_or_estimate(self, completion: Completion, call: ProviderCall) -> Usage:
+        if completion.usage is not None:
+            return completion.usage
+        return Usage(
+            estimate_prompt_tokens(call.messages),
+            sum(g.output_tokens or estimate_tokens(g.text) for g in completion.generations),
+        )
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        started = time.monotonic()
+        call = self._prepare(request)
+        gens, usage = await self._complete_n(call)
+        enforcement = Enforcement.NONE
+        if call.plan is not None:
+            gens, extra = await self._enforce(call, gens)
+            usage = usage + extra
+            enforcement = call.plan.enforcement
+        total = time.monotonic() - started
+        return GenerationResult(
+            request_id=request.request_id,
+            model=self.name,
+            generations=tuple(gens),
+            usage=usage,
+            enforcement=enforcement,
+            effective_sampling=request.sampling,
+            effective_stopping=request.stopping,
+            timings=Timings(total_s=total),
+        )
+
+    # --- structured output: validate, re-ask ---------------------------------------------------
+
+    def _final_text(self, plan: so.StructuredPlan, text: str) -> str:
+        if plan.native:
+            return plan.unwrap(text)
+        return so.clean_output(plan.structured, text)
+
+    async def _enforce(self, call: ProviderCall, gens: list[Generation]) -> tuple[list[Generation], Usage]:
+        """Validates every generation against the original constraint; re-asks invalid ones with
+        the error up to `validation_retries` times; raises Aborted if any stays invalid."""
+        plan = call.plan
+        assert plan is not None
+        extra = Usage()
+        out = list(gens)
+        pending: dict[int, tuple[str, str]] = {}  # index -> (raw text, error)
+        for i, g in enumerate(out):
+            if g.finish_reason in (FinishReason.REFUSAL, FinishReason.CONTENT_FILTER):
+                continue  # reported as the finish reason, not as structured output
+            text = self._final_text(plan, g.text)
+            error = so.validate(plan.structured, text)
+            if error is None:
+                out[i] = replace(g, text=text)
+            else:
+                pending[i] = (g.text, error)
+        for attempt in range(self.options.validation_retries):
+            if not pending:
+                break
+            log.info(
+                "%s: %d invalid structured result(s), re-asking (round %d)",
+                self.name,
+                len(pending),
+                attempt + 1,
+            )
+            indices = sorted(pending)
+            calls = [self._reask_call(call, *pending[i]) for i in indices]
+            answers = await asyncio.gather(*(self._complete_retrying(c) for c in calls))
+            for i, c, answer in zip(indices, calls, answers, strict=True):
+                extra = extra + self._usage_or_estimate(answer, c)
+                if not answer.generations:
+                    continue
+                g = answer.generations[0]
+                text = self._final_text(plan, g.text)
+                error = so.validate(plan.structured, text)
+                if error is None:
+                    out[i] = replace(g, index=i, text=text)
+                    del pending[i]
+                else:
+                    pending[i] = (g.text, error)
+        if pending:
+            index, (_, error) = next(iter(sorted(pending.items())))
+            raise errors.Aborted(
+                f"{self.label} output for generation {index} failed {plan.kind.value} validation after "
+                f"{self.options.validation_retries} re-ask(s): {error}",
+                reason=VALIDATION_FAILED,
+                metadata={"constraint_kind": plan.kind.value},
+            )
+        return out, extra
+
+    def _reask_call(self, call: ProviderCall, bad_text: str, error: str) -> ProviderCall:
+        feedback = (
+            ChatMessage(Role.ASSISTANT, (TextPart(bad_text),)),
+            ChatMessage(Role.USER, (TextPart(so.reask_message(error)),)),
+        )
+        return replace(call, messages=(*call.messages, *feedback), n=1)
+
+    # --- streaming -----------------------------------------------------------------------------
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """Streams deltas; structured requests are generated, validated, then sent as one delta
+        per generation (a delta is never retracted, so unvalidated text is never streamed)."""
+        started = time.monotonic()
+        call = self._prepare(request)
+        if call.plan is not None:
+            result = await self.generate(request)
+            yield StreamStart(
+                request.request_id,
+                self.name,
+                result.usage.input_tokens,
+                result.enforcement,
+                request.sampling,
+                request.stopping,
+            )
+            for g in result.generations:
+                yield GenerationDelta(g.index, g.text, g.output_tokens, g.logprobs)
+            for g in result.generations:
+                usage = Usage(result.usage.input_tokens, g.output_tokens)
+                yield GenerationEnd(g.index, g.finish_reason, usage, g.matched_stop, result.timings)
+            return
+        yield StreamStart(
+            request.request_id,
+            self.name,
+            estimate_prompt_tokens(call.messages),
+            Enforcement.NONE,
+            request.sampling,
+            request.stopping,
+        )
+        first_token: list[float] = []
+        done = 0
+        if self.native_n or call.n == 1:
+            async for event in self._frame_stream(call, 0, started, first_token):
+                yield event
+                if isinstance(event, GenerationEnd):
+                    done += 1
+        while done < call.n:
+            # Fewer choices came back (or no native n): one single-choice stream per missing index.
+            single = replace(call, n=1)
+            async for event in self._frame_stream(single, done, started, first_token):
+                yield event
+            done += 1
+
+    def _open(self, call: ProviderCall) -> AsyncGenerator[Chunk, None]:
+        return stream_with_retries(
+            lambda: self._stream(call),
+            policy=self.retry_policy,
+            deadline=call.request.deadline,
+            provider=self.label,
+            normalize=self.normalize_error,
+        )
+
+    async def _frame_stream(
+        self, call: ProviderCall, offset: int, started: float, first_token: list[float]
+    ) -> AsyncIterator[StreamEvent]:
+        """Domain events of one upstream stream, indices shifted by `offset`; every end frame
+        carries usage (the provider's, else counted chunks and an estimated prompt)."""
+        tally = _StreamTally()
+        upstream = self._open(call)
+        try:
+            async for chunk in upstream:
+                if isinstance(chunk, ChunkText):
+                    if chunk.index >= call.n:
+                        continue
+                    if not first_token:
+                        first_token.append(time.monotonic() - started)
+                    tally.chunks[chunk.index] = tally.chunks.get(chunk.index, 0) + chunk.token_count
+                    tally.texts[chunk.index] = tally.texts.get(chunk.index, 0) + len(chunk.text)
+                    if chunk.text or chunk.logprobs:
+                        yield GenerationDelta(
+                            chunk.index + offset, chunk.text, chunk.token_count, chunk.logprobs
+                        )
+                elif isinstance(chunk, ChunkEnd):
+                    if chunk.index < call.n:
+                        tally.ends[chunk.index] = chunk
+                else:
+                    tally.usage = chunk
+        finally:
+            await upstream.aclose()
+        indices = sorted(tally.ends) or [0]
+        input_tokens, per_index = self._stream_usage(call, tally, indices)
+        timings = Timings(
+            time_to_first_token_s=first_token[0] if first_token else None,
+            total_s=time.monotonic() - started,
+        )
+        for i in indices:
+            end = tally.ends.get(i, ChunkEnd(i, FinishReason.STOP))
+            yield GenerationEnd(
+                i + offset, end.finish_reason, Usage(input_tokens, per_index[i]), end.matched_stop, timings
+            )
+
+    def _stream_usage(
+        self, call: ProviderCall, tally: _StreamTally, indices: list[int]
+    ) -> tuple[int, dict[int, int]]:
+        counted = {i: tally.chunks.get(i, 0) for i in indices}
+        if tally.usage is None:
+            return estimate_prompt_tokens(call.messages), counted
+        total = tally.usage.output_tokens
+        if len(indices) == 1:
+            return tally.usage.input_tokens, {indices[0]: total}
+        # The provider gives one total for all choices: split it by counted chunks.
+        counted_sum = sum(counted.values()) or 1
+        per = {i: (total * counted[i]) // counted_sum for i in indices}
+        per[indices[-1]] += total - sum(per.values())
+        return tally.usage.input_tokens, per

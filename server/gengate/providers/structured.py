@@ -1,0 +1,414 @@
+"""Structured output for remote providers: plan (native / validated / refused), schema
+transforms for provider restrictions, prompting, clean-up and validation of results.
+
+Every structured result is validated against the caller's ORIGINAL constraint, whatever
+enforced it; the re-ask loop lives in providers.base.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gengate import errors
+from gengate.domain import (
+    ChoiceConstraint,
+    ConstraintKind,
+    Enforcement,
+    GrammarConstraint,
+    GrammarSyntax,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    StructuredOutput,
+)
+
+StructuredSupport = Mapping[ConstraintKind, Enforcement]
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+@dataclass(frozen=True)
+class StructuredPlan:
+    """How one request's constraint is served by a provider.
+
+    `native_schema` is the (possibly transformed) JSON Schema to send the provider; `unwrap`
+    maps the provider's text back to what the caller asked for (e.g. strips wrapper objects
+    and nulls added for strict mode); `instructions` is the prompt text describing the
+    constraint when the provider does not enforce it itself."""
+
+    structured: StructuredOutput
+    enforcement: Enforcement
+    native: bool
+    native_schema: dict[str, Any] | None = None
+    strict: bool = False
+    unwrap: Callable[[str], str] = field(default=_identity)
+    instructions: str | None = None
+
+    @property
+    def kind(self) -> ConstraintKind:
+        return self.structured.constraint.kind
+
+
+def refuse(kind: ConstraintKind, provider: str, why: str = "") -> errors.Unimplemented:
+    """The up-front refusal for a constraint kind a provider cannot serve."""
+    detail = f": {why}" if why else ""
+    return errors.Unimplemented(
+        f"{provider} cannot enforce or validate a {kind.value} constraint{detail}",
+        reason="CONSTRAINT_UNSUPPORTED",
+        metadata={"constraint_kind": kind.value, "provider": provider},
+    )
+
+
+def check_supported(
+    structured: StructuredOutput,
+    support: StructuredSupport,
+    *,
+    provider: str,
+    grammar_syntaxes: frozenset[GrammarSyntax] = frozenset(),
+) -> Enforcement:
+    """The enforcement level for this constraint, or Unimplemented naming the kind and provider."""
+    constraint = structured.constraint
+    level = support.get(constraint.kind)
+    if level is None:
+        raise refuse(constraint.kind, provider)
+    if isinstance(constraint, GrammarConstraint) and constraint.syntax not in grammar_syntaxes:
+        raise refuse(constraint.kind, provider, f"grammar syntax {constraint.syntax.value} is not accepted")
+    return level
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompting for validated enforcement
+
+
+def constraint_instructions(structured: StructuredOutput) -> str:
+    """A system-prompt paragraph describing the constraint, for providers that do not enforce it."""
+    c = structured.constraint
+    if isinstance(c, JsonSchemaConstraint):
+        return (
+            "Answer with only one JSON value that is valid against this JSON Schema: no prose, "
+            "no Markdown code fences.\nJSON Schema:\n" + json.dumps(c.schema, indent=None, sort_keys=True)
+        )
+    if isinstance(c, JsonObjectConstraint):
+        return "Answer with only one valid JSON object: no prose, no Markdown code fences."
+    if isinstance(c, RegexConstraint):
+        return (
+            "Answer with only text that fully matches this regular expression, nothing before or after "
+            f"it: {c.pattern}"
+        )
+    if isinstance(c, ChoiceConstraint):
+        return "Answer with exactly one of these options, verbatim, and nothing else: " + json.dumps(
+            list(c.choices)
+        )
+    return (
+        f"Answer with only text that is a sentence of this {c.syntax.value.upper()} grammar, nothing "
+        f"else:\n{c.definition}"
+    )
+
+
+def reask_message(error: str) -> str:
+    """The user message that asks again after a validation failure."""
+    return (
+        f"That answer is not valid: {error}\n"
+        "Answer again, following the required format exactly, with nothing else."
+    )
+
+
+_FENCE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
+
+
+def clean_output(structured: StructuredOutput, text: str) -> str:
+    """Light clean-up of a prompted (not enforced) answer: code fences, whitespace, quotes."""
+    kind = structured.constraint.kind
+    if kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
+        match = _FENCE.match(text)
+        return (match.group(1) if match else text).strip()
+    if isinstance(structured.constraint, ChoiceConstraint):
+        stripped = text.strip()
+        if stripped not in structured.constraint.choices:
+            unquoted = stripped.strip("\"'`").rstrip(".")
+            if unquoted in structured.constraint.choices:
+                return unquoted
+        return stripped
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation against the original constraint
+
+
+def validate(structured: StructuredOutput, text: str) -> str | None:
+    """None when `text` satisfies the constraint, else a short error (for the re-ask prompt)."""
+    try:
+        from gengate.constraints import validate_output  # the server-wide validator
+    except ImportError:
+        return _fallback_validate(structured, text)
+    result: str | None = validate_output(structured, text)
+    return result
+
+
+def _fallback_validate(structured: StructuredOutput, text: str) -> str | None:
+    """Validation used until/unless gengate.constraints.validate_output is importable."""
+    c = structured.constraint
+    if isinstance(c, JsonSchemaConstraint | JsonObjectConstraint):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            return f"not valid JSON ({exc})"
+        if isinstance(c, JsonObjectConstraint):
+            return None if isinstance(value, dict) else "not a JSON object"
+        import jsonschema
+
+        validator_cls = jsonschema.validators.validator_for(c.schema, default=jsonschema.Draft202012Validator)
+        found = next(iter(validator_cls(c.schema).iter_errors(value)), None)
+        if found is None:
+            return None
+        where = "/".join(str(p) for p in found.absolute_path) or "(root)"
+        return f"at {where}: {found.message}"
+    if isinstance(c, RegexConstraint):
+        return None if re.fullmatch(c.pattern, text, flags=re.DOTALL) else f"does not match /{c.pattern}/"
+    if isinstance(c, ChoiceConstraint):
+        return None if text in c.choices else f"{text[:80]!r} is not one of {list(c.choices)}"
+    if c.syntax == GrammarSyntax.LARK:
+        import lark
+
+        try:
+            lark.Lark(c.definition, start="start").parse(text)
+        except lark.LarkError as exc:
+            return f"does not parse: {str(exc)[:200]}"
+        return None
+    return None  # GBNF/EBNF: no local parser without the constraints package
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON Schema for providers with OpenAI-style strict mode
+
+# Keywords strict mode rejects; dropped from the wire schema (the result is still validated
+# against the original, and reported VALIDATED rather than NATIVE).
+STRICT_UNSUPPORTED = frozenset(
+    {
+        "allOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "patternProperties",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "propertyNames",
+        "minProperties",
+        "maxProperties",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "contentEncoding",
+        "contentMediaType",
+        "$schema",
+        "$id",
+        "examples",
+        "default",
+    }
+)
+_CHILD_MAPS = ("properties", "$defs", "definitions")
+_CHILD_LISTS = ("anyOf", "oneOf", "prefixItems")
+_CHILD_SINGLE = ("items",)
+_WRAP_KEY = "value"
+
+
+@dataclass
+class _StrictResult:
+    schema: dict[str, Any]
+    relaxed: bool = False  # something was dropped or loosened: enforcement is VALIDATED
+
+
+def _nullable(schema: Any) -> dict[str, Any]:
+    if not isinstance(schema, dict):
+        return {"anyOf": [{"type": "null"}]}
+    out = dict(schema)
+    t = out.get("type")
+    if isinstance(t, str) and "enum" not in out and "const" not in out:
+        out["type"] = [t, "null"]
+    elif isinstance(t, list) and "enum" not in out and "const" not in out:
+        if "null" not in t:
+            out["type"] = [*t, "null"]
+    else:
+        out = {"anyOf": [schema, {"type": "null"}]}
+    return out
+
+
+def _strictify(node: Any, result: _StrictResult) -> Any:
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in STRICT_UNSUPPORTED:
+            if key not in ("$schema", "$id", "examples", "default"):
+                result.relaxed = True
+            continue
+        if key in _CHILD_MAPS and isinstance(value, dict):
+            out[key] = {k: _strictify(v, result) for k, v in value.items()}
+        elif key in _CHILD_LISTS and isinstance(value, list):
+            out["anyOf" if key == "oneOf" else key] = [_strictify(v, result) for v in value]
+            if key == "oneOf":
+                result.relaxed = True
+        elif key in _CHILD_SINGLE:
+            out[key] = _strictify(value, result)
+        else:
+            out[key] = copy.deepcopy(value)
+    is_object = out.get("type") == "object" or "properties" in out
+    if is_object:
+        extra = node.get("additionalProperties")
+        if extra not in (None, False):
+            result.relaxed = True  # free-form maps cannot be strict; keys beyond properties are lost
+        props: dict[str, Any] = out.get("properties", {})
+        required = set(node.get("required", ()))
+        out["properties"] = {k: (v if k in required else _nullable(v)) for k, v in props.items()}
+        out["required"] = list(props)
+        out["additionalProperties"] = False
+        out.setdefault("type", "object")
+    return out
+
+
+def openai_strict_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool, bool]:
+    """The schema transformed for OpenAI strict mode: (wire_schema, wrapped_root, relaxed).
+
+    Optional properties become required-and-nullable (nulls are stripped from results by
+    `strip_added_nulls`); a non-object root is wrapped as {"value": ...}; unsupported keywords
+    are dropped and `relaxed` says the result must be reported as VALIDATED."""
+    result = _StrictResult(schema={})
+    root_is_object = schema.get("type") == "object" or ("properties" in schema and "type" not in schema)
+    if root_is_object and not any(k in schema for k in ("anyOf", "oneOf")):
+        return _strictify(schema, result), False, result.relaxed
+    defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+    inner = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+    wrapper: dict[str, Any] = {
+        "type": "object",
+        "properties": {_WRAP_KEY: inner},
+        "required": [_WRAP_KEY],
+        **defs,
+    }
+    return _strictify(wrapper, result), True, result.relaxed
+
+
+def _resolve(node: Any, root: dict[str, Any]) -> Any:
+    seen = 0
+    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/"):
+        target: Any = root
+        for part in node["$ref"][2:].split("/"):
+            target = (
+                target.get(part.replace("~1", "/").replace("~0", "~"), {}) if isinstance(target, dict) else {}
+            )
+        node, seen = target, seen + 1
+        if seen > 32:
+            break
+    return node
+
+
+def _allows_null(node: Any, root: dict[str, Any]) -> bool:
+    node = _resolve(node, root)
+    if not isinstance(node, dict):
+        return True
+    t = node.get("type")
+    if t == "null" or (isinstance(t, list) and "null" in t):
+        return True
+    if "enum" in node and None in node["enum"]:
+        return True
+    if "const" in node and node["const"] is None:
+        return True
+    return any(_allows_null(s, root) for key in ("anyOf", "oneOf") for s in node.get(key, ()))
+
+
+def strip_added_nulls(value: Any, schema: Any, root: dict[str, Any]) -> Any:
+    """Removes object keys that are null only because strict mode forced them in (optional in
+    the original schema, and null not allowed there)."""
+    schema = _resolve(schema, root)
+    if not isinstance(schema, dict):
+        return value
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        required = set(schema.get("required", ()))
+        out = {}
+        for key, item in value.items():
+            sub = props.get(key)
+            if item is None and key not in required and sub is not None and not _allows_null(sub, root):
+                continue
+            out[key] = strip_added_nulls(item, sub, root) if sub is not None else item
+        return out
+    if isinstance(value, list):
+        items = schema.get("items")
+        prefix = schema.get("prefixItems", [])
+        return [
+            strip_added_nulls(v, prefix[i] if i < len(prefix) else items, root) for i, v in enumerate(value)
+        ]
+    for key in ("anyOf", "oneOf"):
+        for option in schema.get(key, ()):
+            option = _resolve(option, root)
+            if isinstance(option, dict) and (
+                (isinstance(value, dict) and (option.get("type") == "object" or "properties" in option))
+                or (isinstance(value, list) and option.get("type") == "array")
+            ):
+                return strip_added_nulls(value, option, root)
+    return value
+
+
+def plan_openai_style(
+    structured: StructuredOutput,
+    level: Enforcement,
+    *,
+    strict_transform: bool,
+) -> StructuredPlan:
+    """A plan for providers that take a JSON Schema in OpenAI's `response_format` shape.
+
+    Choice constraints become a JSON Schema enum wrapped in an object (unwrapped again), so
+    they are native wherever JSON Schema is; `strict_transform` applies OpenAI strict rules."""
+    c = structured.constraint
+    if level != Enforcement.NATIVE:
+        return StructuredPlan(
+            structured, level, native=False, instructions=constraint_instructions(structured)
+        )
+    if isinstance(c, JsonObjectConstraint):
+        return StructuredPlan(structured, Enforcement.NATIVE, native=True)
+    if isinstance(c, ChoiceConstraint):
+        schema: dict[str, Any] = {"type": "string", "enum": list(c.choices)}
+        original: dict[str, Any] = schema
+    elif isinstance(c, JsonSchemaConstraint):
+        schema = original = c.schema
+    else:
+        return StructuredPlan(structured, level, native=True)
+    if not strict_transform:
+        return StructuredPlan(structured, Enforcement.NATIVE, native=True, native_schema=schema, strict=False)
+    wire, wrapped, relaxed = openai_strict_schema(schema)
+    is_choice = isinstance(c, ChoiceConstraint)
+
+    def unwrap(text: str) -> str:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text  # validation reports it
+        if wrapped:
+            if not isinstance(value, dict) or _WRAP_KEY not in value:
+                return text
+            value = value[_WRAP_KEY]
+        value = strip_added_nulls(value, original, original)
+        if is_choice and isinstance(value, str):
+            return value
+        return json.dumps(value, ensure_ascii=False)
+
+    return StructuredPlan(
+        structured,
+        Enforcement.VALIDATED if relaxed else Enforcement.NATIVE,
+        native=True,
+        native_schema=wire,
+        strict=True,
+        unwrap=unwrap,
+    )
