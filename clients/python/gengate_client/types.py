@@ -1,0 +1,344 @@
+"""Typed values the client hands out and accepts: messages, results, stream frames, model info.
+
+Plain frozen dataclasses over the protobuf messages; each result keeps its proto in `.raw` for
+anything not surfaced here.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gengate_client._proto.gengate.v1 import generation_pb2, types_pb2
+
+
+class FinishReason(enum.StrEnum):
+    """Why a generation ended; the same for every backend."""
+
+    UNSPECIFIED = "UNSPECIFIED"
+    STOP = "STOP"
+    LENGTH = "LENGTH"
+    STOP_SEQUENCE = "STOP_SEQUENCE"
+    CONTENT_FILTER = "CONTENT_FILTER"
+    CANCELLED = "CANCELLED"
+    TIME_LIMIT = "TIME_LIMIT"
+    ERROR = "ERROR"
+    REFUSAL = "REFUSAL"
+
+
+class Enforcement(enum.StrEnum):
+    """How a structured-output constraint was enforced (or can be, in ModelInfo)."""
+
+    UNSPECIFIED = "UNSPECIFIED"
+    NONE = "NONE"
+    ENGINE = "ENGINE"
+    NATIVE = "NATIVE"
+    VALIDATED = "VALIDATED"
+
+
+class ConstraintKind(enum.StrEnum):
+    """A kind of structured output a model may serve."""
+
+    UNSPECIFIED = "UNSPECIFIED"
+    JSON_SCHEMA = "JSON_SCHEMA"
+    REGEX = "REGEX"
+    CHOICE = "CHOICE"
+    GRAMMAR = "GRAMMAR"
+    JSON_OBJECT = "JSON_OBJECT"
+
+
+class GrammarSyntax(enum.StrEnum):
+    """Notation of a grammar definition."""
+
+    UNSPECIFIED = "UNSPECIFIED"
+    LARK = "LARK"
+    GBNF = "GBNF"
+    EBNF = "EBNF"
+
+
+class Modality(enum.StrEnum):
+    """An input type a model accepts."""
+
+    UNSPECIFIED = "UNSPECIFIED"
+    TEXT = "TEXT"
+    IMAGE = "IMAGE"
+
+
+RoleName = Literal["system", "user", "assistant"]
+
+
+@dataclass(frozen=True)
+class TextPart:
+    """Text content of a chat message."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """Image content of a chat message: inline bytes (with their MIME type) or a URL."""
+
+    data: bytes | None = None
+    url: str | None = None
+    mime_type: str = ""
+
+
+ContentPart = TextPart | ImagePart
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat turn; `content` is plain text or a list of parts."""
+
+    role: RoleName
+    content: str | Sequence[ContentPart | Mapping[str, Any]]
+    name: str = ""
+
+
+MessageLike = Message | Mapping[str, Any] | types_pb2.ChatMessage
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request, as `generate()` takes it: used as a `batch_generate()` item."""
+
+    model: str
+    prompt: str | None = None
+    messages: Sequence[MessageLike] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    seed: int | None = None
+    stop: Sequence[str] | None = None
+    n: int | None = None
+    logprobs: int | None = None
+    output_type: Any = None
+    backend_options: Mapping[str, str | int | float | bool] | None = None
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Server-measured durations in seconds; None where the server did not report one."""
+
+    queue: float | None
+    time_to_first_token: float | None
+    total: float | None
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token: str
+    logprob: float
+    token_id: int | None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability and its most likely alternatives."""
+
+    token: str
+    logprob: float
+    token_id: int | None
+    top: tuple[TopLogprob, ...]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One finished generation; `parsed` holds the typed value when an output_type was given."""
+
+    index: int
+    text: str
+    finish_reason: FinishReason
+    matched_stop: str | None
+    output_tokens: int
+    logprobs: tuple[TokenLogprob, ...] | None
+    parsed: Any = None
+
+
+@dataclass(frozen=True)
+class Response:
+    """The result of `generate()`: every generation plus usage, enforcement and echoed params."""
+
+    request_id: str
+    model: str
+    generations: tuple[Generation, ...]
+    usage: Usage
+    enforcement: Enforcement
+    timings: Timings
+    raw: generation_pb2.GenerateResponse = field(repr=False)
+
+    @property
+    def text(self) -> str:
+        """Text of the first generation."""
+        return self.generations[0].text if self.generations else ""
+
+    @property
+    def texts(self) -> list[str]:
+        return [g.text for g in self.generations]
+
+    @property
+    def parsed(self) -> Any:
+        """The first generation parsed into the requested output type (None without one)."""
+        return self.generations[0].parsed if self.generations else None
+
+    @property
+    def parsed_all(self) -> list[Any]:
+        return [g.parsed for g in self.generations]
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        return self.generations[0].finish_reason if self.generations else FinishReason.UNSPECIFIED
+
+    @property
+    def seed(self) -> int | None:
+        """The seed the backend used (drawn by the server when the request gave none)."""
+        sampling = self.raw.effective_sampling
+        return sampling.seed if sampling.HasField("seed") else None
+
+    @property
+    def effective_sampling(self) -> types_pb2.SamplingParams:
+        return self.raw.effective_sampling
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """First frame of a stream."""
+
+    request_id: str
+    model: str
+    input_tokens: int
+    enforcement: Enforcement
+    seed: int | None
+    raw: types_pb2.StreamStart = field(repr=False)
+
+
+@dataclass(frozen=True)
+class StreamDelta:
+    """New text of generation `index`."""
+
+    index: int
+    text: str
+    token_count: int
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """Last frame of generation `index`."""
+
+    index: int
+    finish_reason: FinishReason
+    matched_stop: str | None
+    usage: Usage
+    timings: Timings
+
+
+StreamFrame = StreamStart | StreamDelta | StreamEnd
+
+
+class StreamAccumulator:
+    """Collects stream frames into per-generation texts: `acc.add(frame)` for each, then `acc.texts`."""
+
+    def __init__(self) -> None:
+        self.start: StreamStart | None = None
+        self.parts: dict[int, list[str]] = {}
+        self.ends: dict[int, StreamEnd] = {}
+
+    def add(self, frame: StreamFrame) -> StreamFrame:
+        """Records a frame and returns it, so it can wrap a loop: `for f in stream: acc.add(f)`."""
+        if isinstance(frame, StreamStart):
+            self.start = frame
+        elif isinstance(frame, StreamDelta):
+            self.parts.setdefault(frame.index, []).append(frame.text)
+        else:
+            self.parts.setdefault(frame.index, [])
+            self.ends[frame.index] = frame
+        return frame
+
+    @property
+    def texts(self) -> list[str]:
+        """Texts ordered by generation index."""
+        return ["".join(self.parts[i]) for i in sorted(self.parts)]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts.get(0, []))
+
+    @property
+    def finish_reasons(self) -> dict[int, FinishReason]:
+        return {i: end.finish_reason for i, end in self.ends.items()}
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(end.usage.output_tokens for end in self.ends.values())
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """Outcome of one batch item: exactly one of `response` and `error` is set."""
+
+    index: int
+    response: Response | None = None
+    error: Exception | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def unwrap(self) -> Response:
+        """The response, or raises the item's error."""
+        if self.error is not None:
+            raise self.error
+        assert self.response is not None
+        return self.response
+
+
+@dataclass(frozen=True)
+class ConstraintSupport:
+    kind: ConstraintKind
+    enforcement: Enforcement
+
+
+@dataclass(frozen=True)
+class ModelCapabilities:
+    """What a model can do, as the server declares it."""
+
+    constraints: tuple[ConstraintSupport, ...]
+    grammar_syntaxes: tuple[GrammarSyntax, ...]
+    max_n: int
+    logprobs: bool
+    max_top_logprobs: int
+    input_modalities: tuple[Modality, ...]
+    context_length: int
+    seed: bool
+    chat: bool
+
+    def enforcement_of(self, kind: ConstraintKind) -> Enforcement | None:
+        """How `kind` is enforced, or None when the model does not serve it."""
+        return next((c.enforcement for c in self.constraints if c.kind == kind), None)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One served model."""
+
+    name: str
+    backend: str
+    capabilities: ModelCapabilities
+    raw: types_pb2.ModelInfo = field(repr=False)
