@@ -1,0 +1,1 @@
+"""Local engines in their own worker processes, and the GPU placement that pins them."""
