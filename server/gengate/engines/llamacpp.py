@@ -1,0 +1,512 @@
+"""llama.cpp engine: serves one GGUF model through llama-cpp-python's low-level API.
+
+One llama context is not thread-safe, so every model call runs on one dedicated worker thread;
+generations of a request (and of concurrent requests) take turns on it. The token loop feeds the
+last position's logits to the shared SequenceDecoder (sampling, constraint mask, stop strings,
+detokenization), so llama.cpp behaves exactly like the other local engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gengate import errors
+from gengate.backend import collect_stream
+from gengate.domain import (
+    ConstraintKind,
+    Enforcement,
+    FinishReason,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    GenerationResult,
+    GrammarSyntax,
+    ImagePart,
+    Modality,
+    ModelCapabilities,
+    SamplingParams,
+    StoppingCriteria,
+    StreamEvent,
+    StreamStart,
+    Timings,
+    TokenLogprob,
+    Usage,
+)
+
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+# A VALIDATED (relaxed) constraint's result that fails validation is sampled again this often.
+VALIDATION_RETRIES = 3
+_MASK64 = (1 << 64) - 1
+_RETRY_SEED_STEP = 0x9E3779B97F4A7C15
+
+
+class LlamaCppOptions(BaseModel):
+    """Config keys of a `llamacpp` model: a GGUF file, or the built-in tiny model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = Field(default=None, description="GGUF file; `~` is expanded.")
+    tiny: bool = Field(default=False, description="Serve the built-in tiny model (built on start).")
+    n_ctx: int = Field(default=2048, ge=16, description="Context length in tokens.")
+    n_threads: int | None = Field(default=None, ge=1, description="CPU threads; unset = llama.cpp's default.")
+    chat_template: str | None = Field(default=None, description="Jinja chat template overriding the GGUF's.")
+
+    @model_validator(mode="after")
+    def _one_model(self) -> LlamaCppOptions:
+        if (self.path is None) == (not self.tiny):
+            raise ValueError("set exactly one of `path` (a GGUF file) or `tiny: true`")
+        return self
+
+
+@dataclass
+class _Job:
+    """One generation (one index, one attempt) for the worker thread."""
+
+    index: int
+    prompt: list[int]
+    sampling: SamplingParams
+    stopping: StoppingCriteria
+    logprobs: int | None
+    compiled: Any  # CompiledConstraint | None
+    deadline: float | None
+    emit: Callable[[object], None]
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class _Done:
+    text: str
+    finish_reason: FinishReason
+    matched_stop: str | None
+    output_tokens: int
+    started_at: float
+    first_token_at: float | None
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: BaseException
+
+
+class LlamaCppBackend:
+    """A GGUF model served by llama.cpp, with every constraint kind enforced by llguidance."""
+
+    kind: ClassVar[str] = "llamacpp"
+    Options: ClassVar[type[BaseModel]] = LlamaCppOptions
+
+    def __init__(self, name: str, options: LlamaCppOptions) -> None:
+        self.name = name
+        self.options = options
+        self.capabilities = self._capabilities(chat=True)
+        self.model_path: Path | None = Path(options.path).expanduser() if options.path else None
+        self.tokens_generated = 0  # every sampled token, for tests and metrics
+        self._llm: Any = None
+        self._compiler: Any = None
+        self._chat_template: Any = None
+        self._eog: frozenset[int] = frozenset()
+        self._bos_text = ""
+        self._eos_text = ""
+        self._executor: ThreadPoolExecutor | None = None
+
+    def _capabilities(self, *, chat: bool) -> ModelCapabilities:
+        return ModelCapabilities(
+            constraints={kind: Enforcement.ENGINE for kind in ConstraintKind},
+            grammar_syntaxes=frozenset({GrammarSyntax.LARK, GrammarSyntax.GBNF, GrammarSyntax.EBNF}),
+            max_n=MAX_N,
+            logprobs=True,
+            max_top_logprobs=MAX_TOP_LOGPROBS,
+            input_modalities=frozenset({Modality.TEXT}),
+            context_length=self.options.n_ctx,
+            seed=True,
+            chat=chat,
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Builds the tiny model if asked, loads the GGUF and the constraint compiler off the loop."""
+        if self._llm is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{self.name}")
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+
+    def _load(self) -> None:
+        import llama_cpp
+
+        from gengate.constraints import ConstraintCompiler, make_ll_tokenizer_from_llama
+
+        if self.options.tiny:
+            from gengate.models.tiny import build_tiny_model, default_tiny_dir
+
+            self.model_path = build_tiny_model(default_tiny_dir()).gguf_path
+        assert self.model_path is not None
+        if not self.model_path.is_file():
+            raise errors.ConfigError(f"model {self.name!r}: GGUF file not found: {self.model_path}")
+        kwargs: dict[str, Any] = {"n_ctx": self.options.n_ctx, "verbose": False}
+        if self.options.n_threads is not None:
+            kwargs["n_threads"] = self.options.n_threads
+            kwargs["n_threads_batch"] = self.options.n_threads
+        llm = llama_cpp.Llama(model_path=str(self.model_path), **kwargs)
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        self._eog = frozenset(t for t in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t))
+        self._bos_text = _special_text(llm, llm.token_bos())
+        self._eos_text = _special_text(llm, llm.token_eos())
+        template = self.options.chat_template or llm.metadata.get("tokenizer.chat_template")
+        self._chat_template = _compile_template(template) if template else None
+        self.capabilities = self._capabilities(chat=self._chat_template is not None)
+        with warnings.catch_warnings():  # llguidance's helper calls a deprecated llama.cpp function
+            warnings.simplefilter("ignore", DeprecationWarning)
+            ll_tokenizer = make_ll_tokenizer_from_llama(llm)
+        self._compiler = ConstraintCompiler(
+            ll_tokenizer, tokenizer_key=f"llamacpp:{self.model_path.resolve()}"
+        )
+        self._llm = llm
+
+    async def aclose(self) -> None:
+        """Frees the llama context after the worker finishes what it is doing."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        await asyncio.get_running_loop().run_in_executor(executor, self._unload)
+        executor.shutdown(wait=False)
+
+    def _unload(self) -> None:
+        if self._compiler is not None:
+            self._compiler.close()
+        if self._llm is not None:
+            self._llm.close()
+        self._llm = self._compiler = None
+
+    # -- requests -------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await collect_stream(self.generate_stream(request))
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        arrived = time.monotonic()
+        if self._llm is None or self._executor is None:
+            raise errors.Unavailable(f"model {self.name!r} is not loaded", reason="MODEL_NOT_LOADED")
+        prompt = await asyncio.to_thread(self._prompt_tokens, request)
+        room = self.options.n_ctx - len(prompt)
+        if room < 1:
+            field_name = "prompt" if request.prompt is not None else "messages"
+            raise errors.InvalidArgument.field(
+                field_name,
+                f"the prompt has {len(prompt)} tokens; the context holds {self.options.n_ctx}",
+                reason="CONTEXT_LENGTH_EXCEEDED",
+            )
+        compiled = None
+        enforcement = Enforcement.NONE
+        if request.structured_output is not None:
+            compiled = await self._compiler.compile(request.structured_output)
+            enforcement = compiled.enforcement
+        seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
+        sampling = replace(request.sampling, seed=seed)
+        requested = request.stopping.max_tokens
+        stopping = replace(request.stopping, max_tokens=room if requested is None else min(requested, room))
+        yield StreamStart(
+            request_id=request.request_id or uuid.uuid4().hex,
+            model=self.name,
+            input_tokens=len(prompt),
+            enforcement=enforcement,
+            effective_sampling=sampling,
+            effective_stopping=request.stopping,
+        )
+        validated = enforcement is Enforcement.VALIDATED
+        for index in range(request.n):
+            last_reason = ""
+            for attempt in range(1 + (VALIDATION_RETRIES if validated else 0)):
+                job_seed = (seed + attempt * _RETRY_SEED_STEP) & _MASK64
+                buffered: list[GenerationDelta] = []
+                done: _Done | None = None
+                job_sampling = replace(sampling, seed=job_seed)
+                run = self._run(request, index, prompt, job_sampling, stopping, compiled)
+                async with aclosing(run) as items:
+                    async for item in items:
+                        if isinstance(item, GenerationDelta):
+                            if validated:
+                                buffered.append(item)
+                            else:
+                                yield item
+                        else:
+                            done = item
+                assert done is not None
+                if not validated or done.finish_reason is not FinishReason.STOP:
+                    break
+                from gengate.constraints import validate_output
+
+                assert request.structured_output is not None
+                reason = validate_output(request.structured_output, done.text)
+                if reason is None:
+                    break
+                last_reason = reason
+            else:
+                raise errors.Aborted(
+                    f"generation {index} failed validation {1 + VALIDATION_RETRIES} times: {last_reason}",
+                    reason="VALIDATION_FAILED",
+                )
+            if buffered:
+                yield _merge(buffered)
+            now = time.monotonic()
+            yield GenerationEnd(
+                index=index,
+                finish_reason=done.finish_reason,
+                usage=Usage(len(prompt), done.output_tokens),
+                matched_stop=done.matched_stop,
+                timings=Timings(
+                    queue_s=max(0.0, done.started_at - arrived),
+                    time_to_first_token_s=None
+                    if done.first_token_at is None
+                    else done.first_token_at - arrived,
+                    total_s=now - arrived,
+                ),
+            )
+
+    async def _run(
+        self,
+        request: GenerationRequest,
+        index: int,
+        prompt: list[int],
+        sampling: SamplingParams,
+        stopping: StoppingCriteria,
+        compiled: Any,
+    ) -> AsyncGenerator[GenerationDelta | _Done, None]:
+        """Runs one generation on the worker thread, yielding its (coalesced) deltas, then _Done."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+
+        def emit(item: object) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        job = _Job(
+            index=index,
+            prompt=prompt,
+            sampling=sampling,
+            stopping=stopping,
+            logprobs=request.logprobs,
+            compiled=compiled,
+            deadline=request.deadline,
+            emit=emit,
+        )
+        assert self._executor is not None
+        future = loop.run_in_executor(self._executor, self._decode, job)
+        try:
+            while True:
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                deltas = [i for i in items if isinstance(i, GenerationDelta)]
+                if deltas:
+                    yield _merge(deltas)
+                for item in items:
+                    if isinstance(item, _Failed):
+                        raise item.error
+                    if isinstance(item, _Done):
+                        yield item
+                        return
+        finally:
+            job.cancel.set()
+            if future.done() and not future.cancelled():
+                future.exception()  # errors were already delivered as _Failed
+
+    # -- worker thread --------------------------------------------------------------------
+
+    def _decode(self, job: _Job) -> None:
+        """The token loop of one generation; runs on the worker thread and never raises."""
+        try:
+            self._decode_unsafe(job)
+        except BaseException as exc:
+            job.emit(_Failed(exc if isinstance(exc, errors.GengateError) else _internal(exc)))
+
+    def _decode_unsafe(self, job: _Job) -> None:
+        import llama_cpp
+
+        from gengate.engines.decoding import SequenceDecoder
+
+        started = time.monotonic()
+        llm = self._llm
+        if llm is None:
+            raise errors.Unavailable(f"model {self.name!r} was closed", reason="MODEL_NOT_LOADED")
+        n_vocab = llm.n_vocab()
+        decoder = SequenceDecoder(
+            index=job.index,
+            detokenize=lambda tokens: llm.detokenize(tokens, special=False),
+            eos_token_ids=self._eog,
+            sampling=job.sampling,
+            stopping=job.stopping,
+            logprobs=job.logprobs,
+            matcher=job.compiled.new_matcher() if job.compiled is not None else None,
+            prompt_token_ids=job.prompt,
+            vocab_size=n_vocab,
+        )
+        self._load_prompt(llm, job.prompt)
+        first_token_at: float | None = None
+        pending_tokens = 0
+        pending_logprobs: list[TokenLogprob] = []
+        finish: FinishReason | None = None
+        while finish is None:
+            if job.cancel.is_set():
+                finish = FinishReason.CANCELLED
+                break
+            if job.deadline is not None and time.monotonic() >= job.deadline:
+                finish = FinishReason.TIME_LIMIT
+                break
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+            step = decoder.step(logits)
+            if step.token_id is not None:
+                self.tokens_generated += 1
+                pending_tokens += 1
+                first_token_at = first_token_at or time.monotonic()
+            if step.logprob is not None:
+                pending_logprobs.append(step.logprob)
+            finish = step.finished
+            if step.text_delta or (finish is not None and pending_tokens):
+                job.emit(
+                    GenerationDelta(
+                        index=job.index,
+                        text=step.text_delta,
+                        token_count=pending_tokens,
+                        logprobs=tuple(pending_logprobs) if job.logprobs is not None else None,
+                    )
+                )
+                pending_tokens, pending_logprobs = 0, []
+            if finish is None:
+                assert step.token_id is not None
+                llm.eval([step.token_id])
+        if not decoder.finished:
+            tail = decoder.finalize()
+            if tail or pending_tokens:
+                logprobs = tuple(pending_logprobs) if job.logprobs is not None else None
+                job.emit(GenerationDelta(job.index, tail, pending_tokens, logprobs))
+        job.emit(
+            _Done(
+                text=decoder.text,
+                finish_reason=finish,
+                matched_stop=decoder.matched_stop,
+                output_tokens=len(decoder.output_token_ids),
+                started_at=started,
+                first_token_at=first_token_at,
+            )
+        )
+
+    @staticmethod
+    def _load_prompt(llm: Any, prompt: Sequence[int]) -> None:
+        """Evaluates the prompt, reusing the KV cache of the longest prefix already in the context."""
+        cached = llm.input_ids[: llm.n_tokens]
+        limit = min(len(cached), len(prompt) - 1)  # at least one token is evaluated for fresh logits
+        common = 0
+        if limit > 0:
+            diff = np.flatnonzero(np.asarray(cached[:limit]) != np.asarray(prompt[:limit]))
+            common = int(diff[0]) if diff.size else limit
+        if common == 0 or not llm._ctx.kv_cache_seq_rm(-1, common, -1):
+            llm.reset()
+            common = 0
+        llm.n_tokens = common
+        llm.eval(list(prompt[common:]))
+
+    # -- prompts --------------------------------------------------------------------------
+
+    def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """Tokenizes the raw prompt, or the messages rendered with the model's chat template."""
+        llm = self._llm
+        if request.prompt is not None:
+            tokens: list[int] = llm.tokenize(request.prompt.encode(), add_bos=True, special=True)
+        else:
+            text = self._render_chat(request)
+            tokens = llm.tokenize(text.encode(), add_bos=True, special=True)
+            bos = llm.token_bos()
+            if len(tokens) > 1 and tokens[0] == tokens[1] == bos:
+                tokens = tokens[1:]  # the template wrote BOS and the tokenizer added another
+        if not tokens:
+            if llm.token_bos() < 0:
+                raise errors.InvalidArgument.field("prompt", "the prompt is empty")
+            tokens = [llm.token_bos()]
+        return tokens
+
+    def _render_chat(self, request: GenerationRequest) -> str:
+        messages = request.messages or ()
+        for i, message in enumerate(messages):
+            for j, part in enumerate(message.content):
+                if isinstance(part, ImagePart):
+                    raise errors.InvalidArgument.field(
+                        f"messages[{i}].content[{j}].image",
+                        f"model {self.name!r} accepts text input only",
+                        reason="UNSUPPORTED_MODALITY",
+                    )
+        if self._chat_template is None:
+            raise errors.InvalidArgument.field(
+                "messages",
+                f"model {self.name!r} has no chat template; send a prompt",
+                reason="NO_CHAT_TEMPLATE",
+            )
+        try:
+            rendered: str = self._chat_template.render(
+                messages=[{"role": m.role.value, "content": m.text} for m in messages],
+                bos_token=self._bos_text,
+                eos_token=self._eos_text,
+                add_generation_prompt=True,
+            )
+        except Exception as exc:  # template errors (raise_exception, bad roles) are the caller's
+            raise errors.InvalidArgument.field(
+                "messages", f"chat template refused the messages: {exc}"
+            ) from exc
+        return rendered
+
+
+def _compile_template(source: str) -> Any:
+    """A Jinja chat template in the sandbox Hugging Face uses, with its helper functions."""
+    from datetime import datetime
+
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(source)
+
+
+def _special_text(llm: Any, token: int) -> str:
+    if token < 0:
+        return ""
+    return str(llm.detokenize([token], special=True).decode("utf-8", errors="replace"))
+
+
+def _merge(deltas: list[GenerationDelta]) -> GenerationDelta:
+    """One delta carrying the text, token count and logprobs of several."""
+    if len(deltas) == 1:
+        return deltas[0]
+    logprobs = [lp for d in deltas for lp in (d.logprobs or ())]
+    with_logprobs = any(d.logprobs is not None for d in deltas)
+    return GenerationDelta(
+        index=deltas[0].index,
+        text="".join(d.text for d in deltas),
+        token_count=sum(d.token_count for d in deltas),
+        logprobs=tuple(logprobs) if with_logprobs else None,
+    )
+
+
+def _internal(exc: BaseException) -> errors.GengateError:
+    return errors.Internal(f"llama.cpp generation failed: {type(exc).__name__}: {exc}", reason="ENGINE_ERROR")
