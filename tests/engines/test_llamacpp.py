@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -408,3 +409,20 @@ async def test_length_cut_results_are_not_validated(backend: LlamaCppBackend) ->
     gen = result.generations[0]
     assert gen.finish_reason is FinishReason.LENGTH and gen.output_tokens == 3
     assert result.enforcement is Enforcement.VALIDATED
+
+
+async def test_concurrent_requests_take_turns_and_stay_reproducible(backend: LlamaCppBackend) -> None:
+    requests = [
+        _request(prompt=p, n=2, sampling=SamplingParams(seed=s))
+        for s, p in enumerate(["Hi", "Tell me", "Why"])
+    ]
+    sequential = [await backend.generate(r) for r in requests]
+    concurrent = await asyncio.gather(*(backend.generate(r) for r in requests))
+    for one, other in zip(sequential, concurrent, strict=True):
+        assert [g.text for g in one.generations] == [g.text for g in other.generations]
+
+
+async def test_expired_deadline_ends_with_time_limit(backend: LlamaCppBackend) -> None:
+    result = await backend.generate(_request(deadline=time.monotonic() - 1.0))
+    gen = result.generations[0]
+    assert gen.finish_reason is FinishReason.TIME_LIMIT and gen.output_tokens == 0

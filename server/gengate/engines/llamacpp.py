@@ -291,7 +291,10 @@ class LlamaCppBackend:
         queue: asyncio.Queue[object] = asyncio.Queue()
 
         def emit(item: object) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop closed under a generation nobody waits for any more
+                job.cancel.set()
 
         job = _Job(
             index=index,
@@ -354,6 +357,9 @@ class LlamaCppBackend:
             prompt_token_ids=job.prompt,
             vocab_size=n_vocab,
         )
+        if job.cancel.is_set():  # cancelled while queued behind other generations
+            job.emit(_Done("", FinishReason.CANCELLED, None, 0, started, None))
+            return
         self._load_prompt(llm, job.prompt)
         first_token_at: float | None = None
         pending_tokens = 0
