@@ -1,0 +1,26 @@
+/** @gengate/client: typed TypeScript client for gengate. */
+export {
+  GengateClient,
+  createGengateClient,
+  prompt,
+  type BatchItem,
+  type CallOptions,
+  type ClientOptions,
+  type GenerateRequestInit,
+  type ObjectResult,
+  type TlsOptions,
+} from "./client.js";
+export { Code, GengateError, InvalidOutputError, type FieldViolation } from "./errors.js";
+export {
+  choice,
+  jsonObject,
+  jsonSchema,
+  larkGrammar,
+  parseWithZod,
+  regex,
+  schemaFromZod,
+  type StructuredOutputInit,
+} from "./structured.js";
+export { tracingInterceptor, type TracingOptions } from "./tracing.js";
+export * from "./gen/gengate/v1/generation_pb.js";
+export * from "./gen/gengate/v1/types_pb.js";

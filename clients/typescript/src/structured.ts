@@ -1,0 +1,60 @@
+/** Structured-output constraints, and zod schemas turned into JSON Schema and back. */
+import type { JsonObject, MessageInitShape } from "@bufbuild/protobuf";
+import { z } from "zod";
+
+import { InvalidOutputError } from "./errors.js";
+import { GrammarSyntax, type StructuredOutputSchema } from "./gen/gengate/v1/types_pb.js";
+
+export type StructuredOutputInit = MessageInitShape<typeof StructuredOutputSchema>;
+
+/** Output must be JSON valid against `schema` (JSON Schema Draft 2020-12). */
+export function jsonSchema(schema: JsonObject, name = "output", strict = false): StructuredOutputInit {
+  return { kind: { case: "jsonSchema", value: { schema, name, strict } } };
+}
+
+/** Output must fully match the regular expression. */
+export function regex(pattern: string): StructuredOutputInit {
+  return { kind: { case: "regex", value: { pattern } } };
+}
+
+/** Output must be exactly one of the strings. */
+export function choice(...choices: string[]): StructuredOutputInit {
+  return { kind: { case: "choice", value: { choices } } };
+}
+
+/** Output must be a sentence of the Lark grammar. */
+export function larkGrammar(definition: string): StructuredOutputInit {
+  return { kind: { case: "grammar", value: { syntax: GrammarSyntax.LARK, definition } } };
+}
+
+/** Output must be any JSON object. */
+export function jsonObject(): StructuredOutputInit {
+  return { kind: { case: "jsonObject", value: {} } };
+}
+
+/**
+ * The JSON Schema of a zod schema, as sent to the server. Objects refuse unknown keys, since
+ * zod's default object strips them and the model should not spend tokens on them.
+ */
+export function schemaFromZod(schema: z.ZodType): JsonObject {
+  const json = z.toJSONSchema(schema, { target: "draft-2020-12", io: "output" }) as JsonObject;
+  delete json["$schema"];
+  return json;
+}
+
+/** Parses `text` as JSON and validates it with the zod schema. */
+export function parseWithZod<S extends z.ZodType>(schema: S, text: string): z.output<S> {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (cause) {
+    throw new InvalidOutputError(`output is not JSON: ${String(cause)}`, text, { cause });
+  }
+  const result = schema.safeParse(value);
+  if (!result.success) {
+    throw new InvalidOutputError(`output does not match the schema: ${result.error.message}`, text, {
+      cause: result.error,
+    });
+  }
+  return result.data;
+}
