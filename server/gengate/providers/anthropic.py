@@ -1,0 +1,267 @@
+"""Anthropic Messages API through the official `anthropic` SDK.
+
+JSON Schema and choices are enforced natively with `output_config.format` (json_schema, the
+schema adapted by the SDK's own `transform_schema`); regex and JSON-object are prompted and
+validated; grammars are refused. Anthropic has no `n`: the base fans out.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import anthropic
+from pydantic import Field
+
+from gengate.domain import (
+    ChoiceConstraint,
+    ConstraintKind,
+    Enforcement,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    ImagePart,
+    JsonSchemaConstraint,
+    Role,
+    StructuredOutput,
+    TextPart,
+    Usage,
+)
+from gengate.providers import structured as so
+from gengate.providers.base import (
+    Chunk,
+    ChunkEnd,
+    ChunkText,
+    ChunkUsage,
+    Completion,
+    ProviderBackend,
+    ProviderCall,
+    ProviderOptions,
+    map_finish_reason,
+)
+
+# Keywords Anthropic's structured outputs enforce; anything else is moved into a description by
+# `transform_schema`, so the result is then only VALIDATED.
+_ENFORCED_KEYWORDS = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "items",
+        "enum",
+        "const",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "$defs",
+        "$ref",
+        "description",
+        "title",
+        "additionalProperties",
+        "format",
+        "$schema",
+    }
+)
+_WRAP_KEY = "value"
+
+
+class AnthropicOptions(ProviderOptions):
+    """Config keys of an `anthropic` model."""
+
+    default_max_tokens: int = Field(
+        default=1024, ge=1, description="max_tokens sent when the request sets none (the API requires one)."
+    )
+    max_n: int = Field(default=8, ge=1)
+
+
+def _relaxed(node: Any) -> bool:
+    """Whether `transform_schema` would demote part of this schema to a description."""
+    if isinstance(node, list):
+        return any(_relaxed(v) for v in node)
+    if not isinstance(node, dict):
+        return False
+    for key, value in node.items():
+        if key == "minItems" and value in (0, 1):
+            continue
+        if key not in _ENFORCED_KEYWORDS:
+            return True
+        if key == "additionalProperties" and value not in (False, None):
+            return True  # free-form maps become closed objects on the wire
+        if key in ("properties", "$defs") and isinstance(value, dict):
+            if any(_relaxed(v) for v in value.values()):
+                return True
+        elif key in ("items", "anyOf", "oneOf", "allOf") and _relaxed(value):
+            return True
+    return False
+
+
+def anthropic_plan(structured: StructuredOutput, level: Enforcement) -> so.StructuredPlan:
+    """JSON Schema / choice as an `output_config` schema (object root; others wrapped in
+    {"value": ...} and unwrapped again); everything else prompted and validated."""
+    c = structured.constraint
+    if level != Enforcement.NATIVE or not isinstance(c, JsonSchemaConstraint | ChoiceConstraint):
+        return so.StructuredPlan(
+            structured, level, native=False, instructions=so.constraint_instructions(structured)
+        )
+    schema: dict[str, Any] = (
+        {"type": "string", "enum": list(c.choices)} if isinstance(c, ChoiceConstraint) else c.schema
+    )
+    wrapped = schema.get("type") != "object"
+    root = schema
+    if wrapped:
+        defs = {k: schema[k] for k in ("$defs",) if k in schema}
+        inner = {k: v for k, v in schema.items() if k != "$defs"}
+        root = {"type": "object", "properties": {_WRAP_KEY: inner}, "required": [_WRAP_KEY], **defs}
+    try:
+        wire = anthropic.transform_schema(root)
+    except (ValueError, TypeError, AssertionError):
+        # A schema the API cannot express (e.g. no "type"): prompt and validate instead.
+        return so.StructuredPlan(
+            structured,
+            Enforcement.VALIDATED,
+            native=False,
+            instructions=so.constraint_instructions(structured),
+        )
+    is_choice = isinstance(c, ChoiceConstraint)
+
+    def unwrap(text: str) -> str:
+        if not wrapped:
+            return text
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text
+        if not isinstance(value, dict) or _WRAP_KEY not in value:
+            return text
+        inner_value = value[_WRAP_KEY]
+        if is_choice and isinstance(inner_value, str):
+            return inner_value
+        return json.dumps(inner_value, ensure_ascii=False)
+
+    enforcement = Enforcement.VALIDATED if _relaxed(schema) else Enforcement.NATIVE
+    return so.StructuredPlan(structured, enforcement, native=True, native_schema=wire, unwrap=unwrap)
+
+
+def _content(parts: tuple[TextPart | ImagePart, ...]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if isinstance(part, TextPart):
+            out.append({"type": "text", "text": part.text})
+        elif part.url:
+            out.append({"type": "image", "source": {"type": "url", "url": part.url}})
+        else:
+            data = base64.b64encode(part.data or b"").decode()
+            media = part.mime_type or "image/png"
+            out.append({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
+    return out
+
+
+def _finish(stop_reason: str | None) -> FinishReason:
+    if stop_reason == "model_context_window_exceeded":
+        return FinishReason.LENGTH
+    return map_finish_reason(stop_reason)
+
+
+class AnthropicBackend(ProviderBackend):
+    """Claude models over the Messages API."""
+
+    kind: ClassVar[str] = "anthropic"
+    Options: ClassVar[type[ProviderOptions]] = AnthropicOptions
+    label: ClassVar[str] = "Anthropic"
+    structured_support: ClassVar[dict[ConstraintKind, Enforcement]] = {
+        ConstraintKind.JSON_SCHEMA: Enforcement.NATIVE,
+        ConstraintKind.CHOICE: Enforcement.NATIVE,
+        ConstraintKind.JSON_OBJECT: Enforcement.VALIDATED,
+        ConstraintKind.REGEX: Enforcement.VALIDATED,
+    }
+    native_n: ClassVar[bool] = False
+    image_input: ClassVar[bool] = True
+    default_api_key_envs: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY",)
+
+    def __init__(self, name: str, options: ProviderOptions) -> None:
+        super().__init__(name, options)
+        self._client: anthropic.AsyncAnthropic | None = None
+
+    @property
+    def opts(self) -> AnthropicOptions:
+        assert isinstance(self.options, AnthropicOptions)
+        return self.options
+
+    async def start(self) -> None:
+        await super().start()
+        self._client = anthropic.AsyncAnthropic(
+            api_key=self.api_key,
+            base_url=self.options.base_url,
+            timeout=self.options.timeout,
+            max_retries=0,
+        )
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
+        assert req.structured_output is not None
+        return anthropic_plan(req.structured_output, level)
+
+    @property
+    def client(self) -> anthropic.AsyncAnthropic:
+        if self._client is None:
+            raise RuntimeError(f"model {self.name!r} used before start()")
+        return self._client
+
+    def _params(self, call: ProviderCall) -> dict[str, Any]:
+        req = call.request
+        system = "\n\n".join(m.text for m in call.messages if m.role == Role.SYSTEM)
+        messages = [
+            {"role": m.role.value, "content": _content(m.content)}
+            for m in call.messages
+            if m.role != Role.SYSTEM
+        ]
+        params: dict[str, Any] = {
+            "model": self.options.model,
+            "messages": messages,
+            "max_tokens": req.stopping.max_tokens or self.opts.default_max_tokens,
+            "timeout": call.timeout,
+        }
+        if system:
+            params["system"] = system
+        if req.stopping.stop:
+            params["stop_sequences"] = list(req.stopping.stop)
+        s = req.sampling
+        for key, value in (("temperature", s.temperature), ("top_p", s.top_p), ("top_k", s.top_k)):
+            if value is not None:
+                params[key] = value
+        if call.plan is not None and call.plan.native and call.plan.native_schema is not None:
+            params["output_config"] = {"format": {"type": "json_schema", "schema": call.plan.native_schema}}
+        return params
+
+    async def _complete(self, call: ProviderCall) -> Completion:
+        message = await self.client.messages.create(**self._params(call))
+        text = "".join(block.text for block in message.content if block.type == "text")
+        generation = Generation(
+            index=0,
+            text=text,
+            finish_reason=_finish(message.stop_reason),
+            output_tokens=message.usage.output_tokens,
+            matched_stop=message.stop_sequence,
+        )
+        return Completion([generation], Usage(message.usage.input_tokens, message.usage.output_tokens))
+
+    async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
+        stream = await self.client.messages.create(**self._params(call), stream=True)
+        input_tokens = 0
+        try:
+            async for event in stream:
+                if event.type == "message_start":
+                    input_tokens = event.message.usage.input_tokens
+                elif event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    yield ChunkText(0, event.delta.text)
+                elif event.type == "message_delta":
+                    yield ChunkEnd(0, _finish(event.delta.stop_reason), event.delta.stop_sequence)
+                    yield ChunkUsage(input_tokens, event.usage.output_tokens)
+        finally:
+            await stream.close()

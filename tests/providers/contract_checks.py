@@ -1,0 +1,230 @@
+"""The behaviours every remote provider must show, written once and run by each provider's test
+module against its own fake (a FakeServer speaking that provider's wire protocol).
+
+`make(**options)` builds and starts a backend pointed at the fake; `fake` has `.server` (the
+FakeServer) and `.answers` (texts the fake returns, in order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import pytest
+from fakehttp import FakeServer, Fault
+from gengate import errors
+from gengate.backend import Backend
+from gengate.domain import (
+    Enforcement,
+    FinishReason,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    JsonSchemaConstraint,
+    StreamEvent,
+    StreamStart,
+    StructuredOutput,
+)
+
+
+class Fake(Protocol):
+    server: FakeServer
+    answers: list[str]
+
+
+Make = Callable[..., Awaitable[Backend]]
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "age"],
+}
+
+
+def prompt(text: str = "Say hello", **kw: Any) -> GenerationRequest:
+    return GenerationRequest(model="m", prompt=text, request_id="req-1", **kw)
+
+
+async def collect(stream: Any) -> list[StreamEvent]:
+    return [event async for event in stream]
+
+
+async def check_text(make: Make, fake: Fake) -> None:
+    fake.answers.append("Hello there, friend")
+    backend = await make()
+    result = await backend.generate(prompt())
+    assert [g.text for g in result.generations] == ["Hello there, friend"]
+    assert result.generations[0].finish_reason == FinishReason.STOP
+    assert result.usage.input_tokens > 0
+    assert result.usage.output_tokens == 3
+    assert result.enforcement == Enforcement.NONE
+
+
+async def check_stream(make: Make, fake: Fake) -> list[StreamEvent]:
+    fake.answers.append("one two three four")
+    backend = await make()
+    events = await collect(backend.generate_stream(prompt()))
+    assert isinstance(events[0], StreamStart)
+    text = "".join(e.text for e in events if isinstance(e, GenerationDelta))
+    assert text == "one two three four"
+    ends = [e for e in events if isinstance(e, GenerationEnd)]
+    assert len(ends) == 1 and events[-1] is ends[0]
+    assert ends[0].finish_reason == FinishReason.STOP
+    assert ends[0].usage.output_tokens == 4  # the provider's own count, from the final frame
+    assert ends[0].usage.input_tokens > 0
+    return events
+
+
+async def check_n2(make: Make, fake: Fake, *, native: bool) -> None:
+    fake.answers.extend(["first answer", "second answer"])
+    backend = await make()
+    result = await backend.generate(prompt(n=2))
+    assert sorted(g.text for g in result.generations) == ["first answer", "second answer"]
+    assert [g.index for g in result.generations] == [0, 1]
+    assert result.usage.output_tokens == 4
+    assert len(fake.server.requests) == (1 if native else 2)
+
+
+async def check_json_schema(make: Make, fake: Fake, *, level: Enforcement) -> dict[str, Any]:
+    """A schema request: the fake's answer is valid; returns the upstream request body."""
+    fake.answers.append(json.dumps({"name": "Ada", "age": 36}))
+    backend = await make()
+    structured = StructuredOutput(JsonSchemaConstraint(PERSON, name="person"))
+    result = await backend.generate(prompt("Who?", structured_output=structured))
+    assert json.loads(result.generations[0].text) == {"name": "Ada", "age": 36}
+    assert result.enforcement == level
+    body: dict[str, Any] = fake.server.requests[-1].body
+    return body
+
+
+async def check_reask(make: Make, fake: Fake) -> None:
+    """An answer invalid against the ORIGINAL schema is re-asked with the error, never returned."""
+    fake.answers.extend([json.dumps({"name": "Ada", "age": -3}), json.dumps({"name": "Ada", "age": 3})])
+    backend = await make()
+    structured = StructuredOutput(JsonSchemaConstraint(PERSON))
+    result = await backend.generate(prompt("Who?", structured_output=structured))
+    assert json.loads(result.generations[0].text)["age"] == 3
+    assert len(fake.server.requests) == 2
+    assert "minimum" in json.dumps(fake.server.requests[1].body) or "-3" in json.dumps(
+        fake.server.requests[1].body
+    )
+    fake.answers[:] = [json.dumps({"name": "Ada", "age": -1})] * 5
+    with pytest.raises(errors.Aborted) as info:
+        await backend.generate(prompt("Who?", structured_output=structured))
+    assert info.value.reason == "VALIDATION_FAILED"
+
+
+async def check_429_then_success(make: Make, fake: Fake, body: Any = None) -> None:
+    fake.server.fail_next(Fault(status=429, headers={"Retry-After": "0.3"}, body=body))
+    fake.answers.append("after the wait")
+    backend = await make(max_retries=2)
+    started = time.monotonic()
+    result = await backend.generate(prompt())
+    assert result.generations[0].text == "after the wait"
+    assert time.monotonic() - started >= 0.3  # Retry-After honoured
+    assert len(fake.server.requests) == 2
+
+
+async def check_429_exhausted(make: Make, fake: Fake, body: Any = None) -> None:
+    fake.server.fail_next(Fault(status=429, headers={"Retry-After": "7"}, body=body))
+    backend = await make(max_retries=0)
+    with pytest.raises(errors.ResourceExhausted) as info:
+        await backend.generate(prompt())
+    assert info.value.retry_after_s == 7.0
+
+
+async def check_500_unavailable(make: Make, fake: Fake, body: Any = None) -> None:
+    fake.server.fail_next(*[Fault(status=500, body=body) for _ in range(3)])
+    backend = await make(max_retries=1)
+    with pytest.raises(errors.Unavailable):
+        await backend.generate(prompt())
+    assert len(fake.server.requests) == 2
+
+
+async def check_timeout(make: Make, fake: Fake) -> None:
+    fake.server.fail_next(Fault(delay_s=3.0))
+    backend = await make(timeout=0.3, max_retries=0)
+    started = time.monotonic()
+    with pytest.raises(errors.DeadlineExceeded):
+        await backend.generate(prompt())
+    assert time.monotonic() - started < 2.5
+
+
+async def check_deadline(make: Make, fake: Fake) -> None:
+    """The caller's deadline bounds the call even with a generous configured timeout."""
+    fake.server.fail_next(Fault(delay_s=3.0))
+    backend = await make(timeout=30, max_retries=3)
+    started = time.monotonic()
+    with pytest.raises(errors.DeadlineExceeded):
+        await backend.generate(prompt(deadline=time.monotonic() + 0.4))
+    assert time.monotonic() - started < 2.5
+
+
+async def check_bad_key(make: Make, fake: Fake, caplog: pytest.LogCaptureFixture, bad_key: str) -> None:
+    caplog.set_level(logging.DEBUG)
+    backend = await make(api_key=bad_key)
+    for call in (backend.generate(prompt()), collect(backend.generate_stream(prompt()))):
+        with pytest.raises(errors.Internal) as info:
+            await call
+        assert info.value.reason == "UPSTREAM_AUTH_FAILED"
+        assert bad_key not in str(info.value) and bad_key not in info.value.message
+        assert bad_key not in json.dumps(info.value.metadata)
+    assert bad_key not in caplog.text
+
+
+async def check_cancel_closes_upstream(make: Make, fake: Fake) -> None:
+    fake.answers.append(" ".join(f"w{i}" for i in range(200)))
+    fake.server.event_delay_s = 0.05
+    backend = await make()
+    stream = backend.generate_stream(prompt())
+    deltas = 0
+    async for event in stream:
+        if isinstance(event, GenerationDelta):
+            deltas += 1
+            if deltas == 3:
+                break
+    await stream.aclose()  # type: ignore[attr-defined]
+    assert await asyncio.to_thread(fake.server.wait_for_disconnect, 5.0)
+    assert fake.server.completed_streams == 0
+
+
+async def check_task_cancel_closes_upstream(make: Make, fake: Fake) -> None:
+    """Cancelling the consuming task (what a cancelled gRPC call does) also drops the upstream."""
+    fake.answers.append(" ".join(f"w{i}" for i in range(200)))
+    fake.server.event_delay_s = 0.05
+    backend = await make()
+    got_one = asyncio.Event()
+
+    async def consume() -> None:
+        async for event in backend.generate_stream(prompt()):
+            if isinstance(event, GenerationDelta):
+                got_one.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(got_one.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(fake.server.wait_for_disconnect, 5.0)
+
+
+async def check_broken_stream(make: Make, fake: Fake) -> None:
+    """A stream the upstream drops mid-way ends in an error, never a silent short success."""
+    fake.answers.append("a b c d e f g h")
+    fake.server.fail_next(Fault(break_after=4))
+    backend = await make(max_retries=0)
+    with pytest.raises(errors.GengateError) as info:
+        await collect(backend.generate_stream(prompt()))
+    assert isinstance(info.value, errors.Unavailable | errors.Internal | errors.Aborted)
+
+
+async def check_malformed(make: Make, fake: Fake) -> None:
+    fake.server.fail_next(Fault(malformed=True))
+    backend = await make(max_retries=0)
+    with pytest.raises(errors.GengateError) as info:
+        await backend.generate(prompt())
+    assert not isinstance(info.value, errors.InvalidArgument)
