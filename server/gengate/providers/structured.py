@@ -24,7 +24,9 @@ from gengate.domain import (
     JsonObjectConstraint,
     JsonSchemaConstraint,
     RegexConstraint,
-    StructuredOutput,
+)
+from gengate.domain import (
+    StructuredOutput as StructuredOutput,
 )
 
 StructuredSupport = Mapping[ConstraintKind, Enforcement]
@@ -32,6 +34,15 @@ StructuredSupport = Mapping[ConstraintKind, Enforcement]
 
 def _identity(text: str) -> str:
     return text
+
+
+def _decode_json_string(text: str) -> str:
+    """A choice sent as a JSON Schema enum comes back as a JSON string: its value."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text.strip()
+    return value if isinstance(value, str) else text.strip()
 
 
 @dataclass(frozen=True)
@@ -386,7 +397,10 @@ def plan_openai_style(
     else:
         return StructuredPlan(structured, level, native=True)
     if not strict_transform:
-        return StructuredPlan(structured, Enforcement.NATIVE, native=True, native_schema=schema, strict=False)
+        unquote = _decode_json_string if isinstance(c, ChoiceConstraint) else _identity
+        return StructuredPlan(
+            structured, Enforcement.NATIVE, native=True, native_schema=schema, strict=False, unwrap=unquote
+        )
     wire, wrapped, relaxed = openai_strict_schema(schema)
     is_choice = isinstance(c, ChoiceConstraint)
 

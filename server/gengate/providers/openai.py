@@ -1,0 +1,583 @@
+"""OpenAI chat completions through the official `openai` SDK, and the OpenAI-compatible family:
+Azure OpenAI, Together, Groq, Anyscale, vLLM server, SGLang, llama.cpp server, any other.
+
+One adapter (`OpenAIBackend`) translates domain requests to the chat-completions wire format;
+each family member only says how it takes structured output and which quirks it has.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from gengate import errors
+from gengate.domain import (
+    ChoiceConstraint,
+    ConstraintKind,
+    Enforcement,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    GrammarConstraint,
+    GrammarSyntax,
+    JsonObjectConstraint,
+    RegexConstraint,
+    TextPart,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from gengate.providers import structured as so
+from gengate.providers.base import (
+    Chunk,
+    ChunkEnd,
+    ChunkText,
+    ChunkUsage,
+    Completion,
+    ProviderBackend,
+    ProviderCall,
+    ProviderOptions,
+    image_url,
+    map_finish_reason,
+)
+
+log = logging.getLogger("gengate.providers")
+
+N, V = Enforcement.NATIVE, Enforcement.VALIDATED
+K = ConstraintKind
+
+
+class OpenAIOptions(ProviderOptions):
+    """Options of every OpenAI-family backend."""
+
+    organization: str | None = None
+    project: str | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="Merged into every request body.")
+    extra_headers: dict[str, str] = Field(default_factory=dict)
+    strict: bool = Field(default=True, description="Send JSON Schemas in strict mode (OpenAI, Azure).")
+
+
+class OpenAIBackend(ProviderBackend):
+    """OpenAI's chat completions API (api.openai.com or a compatible proxy at `base_url`)."""
+
+    kind: ClassVar[str] = "openai"
+    Options: ClassVar[type[ProviderOptions]] = OpenAIOptions
+    label: ClassVar[str] = "OpenAI"
+    structured_support: ClassVar[Mapping[ConstraintKind, Enforcement]] = {
+        K.JSON_SCHEMA: N,
+        K.JSON_OBJECT: N,
+        K.CHOICE: N,
+        K.REGEX: V,
+    }
+    logprobs_supported = True
+    max_top_logprobs = 20
+    image_input = True
+    seed_supported = True
+    default_base_url: ClassVar[str | None] = None
+    # Body field for the output budget: OpenAI's newer models accept only max_completion_tokens.
+    max_tokens_field: ClassVar[str] = "max_completion_tokens"
+    # Sampling fields outside OpenAI's API, sent in the body only where the server takes them.
+    extra_sampling: ClassVar[frozenset[str]] = frozenset()
+    stream_usage_option: ClassVar[bool] = True
+    strict_schemas: ClassVar[bool] = True
+
+    options: OpenAIOptions
+
+    def __init__(self, name: str, options: ProviderOptions) -> None:
+        super().__init__(name, options)
+        self._client: Any = None
+
+    # --- client --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await super().start()
+        self._client = self._make_client()
+
+    def _make_client(self) -> Any:
+        import openai
+
+        return openai.AsyncOpenAI(
+            api_key=self.api_key or "none",
+            base_url=self.options.base_url or self.default_base_url,
+            organization=self.options.organization,
+            project=self.options.project,
+            timeout=self.options.timeout,
+            max_retries=0,  # one retry policy: providers.retry
+            default_headers=self.options.extra_headers or None,
+        )
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    # --- structured output ---------------------------------------------------------------------
+
+    def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
+        assert req.structured_output is not None
+        strict = self.strict_schemas and self.options.strict
+        return so.plan_openai_style(req.structured_output, level, strict_transform=strict)
+
+    def structured_params(self, plan: so.StructuredPlan) -> dict[str, Any]:
+        """Request fields that ask for the plan's constraint natively (OpenAI `response_format`)."""
+        if isinstance(plan.structured.constraint, JsonObjectConstraint):
+            return {"response_format": {"type": "json_object"}}
+        if plan.native_schema is None:
+            return {}
+        json_schema: dict[str, Any] = {"name": _schema_name(plan), "schema": plan.native_schema}
+        if plan.strict:
+            json_schema["strict"] = True
+        return {"response_format": {"type": "json_schema", "json_schema": json_schema}}
+
+    # --- request building ----------------------------------------------------------------------
+
+    def _params(self, call: ProviderCall, *, stream: bool) -> dict[str, Any]:
+        req = call.request
+        s = req.sampling
+        params: dict[str, Any] = {"model": self.options.model, "messages": _wire_messages(call)}
+        extra: dict[str, Any] = dict(self.options.extra_body)
+        if call.n != 1:
+            params["n"] = call.n
+        for field_name in ("temperature", "top_p", "frequency_penalty", "presence_penalty", "seed"):
+            value = getattr(s, field_name)
+            if value is not None:
+                params[field_name] = value
+        for field_name in ("top_k", "min_p", "repetition_penalty"):
+            value = getattr(s, field_name)
+            if value is None:
+                continue
+            if field_name not in self.extra_sampling:
+                raise errors.InvalidArgument.field(
+                    f"sampling.{field_name}", f"not supported by {self.label} model {self.name!r}"
+                )
+            extra[field_name] = value
+        if req.stopping.max_tokens is not None:
+            if self.max_tokens_field == "max_tokens":
+                params["max_tokens"] = req.stopping.max_tokens
+            else:
+                params["max_completion_tokens"] = req.stopping.max_tokens
+        if req.stopping.stop:
+            params["stop"] = list(req.stopping.stop)
+        if req.logprobs is not None:
+            params["logprobs"] = True
+            if req.logprobs > 0:
+                params["top_logprobs"] = req.logprobs
+        if call.plan is not None and call.plan.native:
+            native = self.structured_params(call.plan)
+            extra.update(native.pop("extra_body", {}))
+            params.update(native)
+        extra.update(req.backend_options)
+        if stream:
+            params["stream"] = True
+            if self.stream_usage_option:
+                params["stream_options"] = {"include_usage": True}
+        if extra:
+            params["extra_body"] = extra
+        params["timeout"] = call.timeout
+        return params
+
+    # --- upstream calls ------------------------------------------------------------------------
+
+    async def _complete(self, call: ProviderCall) -> Completion:
+        response = await self._client.chat.completions.create(**self._params(call, stream=False))
+        stops = call.request.stopping.stop
+        gens: list[Generation] = []
+        for choice in response.choices or ():
+            message = choice.message
+            refusal = getattr(message, "refusal", None)
+            text = message.content or ""
+            finish, matched = _finish(choice.finish_reason, getattr(choice, "stop_reason", None), stops)
+            if refusal:
+                text, finish = refusal, FinishReason.REFUSAL
+            logprobs = _logprobs(choice.logprobs)
+            count = len(logprobs) if logprobs is not None else 0
+            gens.append(Generation(choice.index, text, finish, count, matched, logprobs))
+        gens.sort(key=lambda g: g.index)
+        usage = response.usage
+        if usage is not None and len(gens) == 1:
+            gens[0] = _with_tokens(gens[0], usage.completion_tokens or 0)
+        return Completion(
+            gens, Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage else None
+        )
+
+    async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
+        stream = await self._client.chat.completions.create(**self._params(call, stream=True))
+        stops = call.request.stopping.stop
+        try:
+            async for chunk in stream:
+                for choice in chunk.choices or ():
+                    delta = choice.delta
+                    text = (getattr(delta, "content", None) or "") if delta is not None else ""
+                    refusal = getattr(delta, "refusal", None) if delta is not None else None
+                    logprobs = _logprobs(choice.logprobs)
+                    if text or refusal or logprobs:
+                        count = len(logprobs) if logprobs else 1
+                        yield ChunkText(choice.index, text or refusal or "", logprobs, count)
+                    if choice.finish_reason is not None:
+                        finish, matched = _finish(
+                            choice.finish_reason, getattr(choice, "stop_reason", None), stops
+                        )
+                        yield ChunkEnd(choice.index, FinishReason.REFUSAL if refusal else finish, matched)
+                usage = getattr(chunk, "usage", None)
+                if usage is not None:
+                    yield ChunkUsage(usage.prompt_tokens or 0, usage.completion_tokens or 0)
+        finally:
+            await stream.close()
+
+
+def _with_tokens(g: Generation, tokens: int) -> Generation:
+    from dataclasses import replace
+
+    return replace(g, output_tokens=tokens)
+
+
+def _schema_name(plan: so.StructuredPlan) -> str:
+    name = getattr(plan.structured.constraint, "name", "") or "output"
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]
+
+
+def _finish(raw: str | None, stop_reason: Any, stops: tuple[str, ...]) -> tuple[FinishReason, str | None]:
+    """Finish reason, and the stop string that ended it where the server says (vLLM `stop_reason`)."""
+    finish = map_finish_reason(raw)
+    if finish == FinishReason.STOP and isinstance(stop_reason, str) and stop_reason in stops:
+        return FinishReason.STOP_SEQUENCE, stop_reason
+    return finish, None
+
+
+def _logprobs(raw: Any) -> tuple[TokenLogprob, ...] | None:
+    content = getattr(raw, "content", None) if raw is not None else None
+    if not content:
+        return None
+    return tuple(
+        TokenLogprob(
+            token=item.token,
+            logprob=item.logprob,
+            top=tuple(TopLogprob(t.token, t.logprob) for t in (item.top_logprobs or ())),
+        )
+        for item in content
+    )
+
+
+def _wire_messages(call: ProviderCall) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in call.messages:
+        content: str | list[dict[str, Any]]
+        if m.has_images:
+            content = [
+                {"type": "text", "text": p.text}
+                if isinstance(p, TextPart)
+                else {"type": "image_url", "image_url": {"url": image_url(p)}}
+                for p in m.content
+            ]
+        else:
+            content = m.text
+        entry: dict[str, Any] = {"role": m.role.value, "content": content}
+        if m.name:
+            entry["name"] = m.name
+        out.append(entry)
+    return out
+
+
+# --- Azure ---------------------------------------------------------------------------------------
+
+
+class AzureOpenAIOptions(OpenAIOptions):
+    """Azure: `model` is the deployment name; `base_url` the resource endpoint."""
+
+    api_version: str = "2024-10-21"
+    azure_endpoint: str | None = Field(default=None, description="https://<resource>.openai.azure.com")
+
+
+class AzureOpenAIBackend(OpenAIBackend):
+    """Azure OpenAI: same wire format, a deployment instead of a model, an api-version query."""
+
+    kind: ClassVar[str] = "azure_openai"
+    Options: ClassVar[type[ProviderOptions]] = AzureOpenAIOptions
+    label: ClassVar[str] = "Azure OpenAI"
+    options: AzureOpenAIOptions
+
+    def _make_client(self) -> Any:
+        import openai
+
+        endpoint = self.options.azure_endpoint or self.options.base_url
+        if not endpoint:
+            raise errors.ConfigError(f"model {self.name!r}: azure_openai needs azure_endpoint (or base_url)")
+        return openai.AsyncAzureOpenAI(
+            azure_endpoint=endpoint,
+            azure_deployment=self.options.model,
+            api_version=self.options.api_version,
+            api_key=self.api_key,
+            organization=self.options.organization,
+            timeout=self.options.timeout,
+            max_retries=0,
+            default_headers=self.options.extra_headers or None,
+        )
+
+
+# --- OpenAI-compatible servers ------------------------------------------------------------------
+
+
+class OpenAICompatibleBackend(OpenAIBackend):
+    """Any server speaking chat completions at `base_url`. Nothing is assumed enforced: every
+    constraint is prompted and validated unless a specific kind below says otherwise."""
+
+    kind: ClassVar[str] = "openai_compatible"
+    label: ClassVar[str] = "OpenAI-compatible server"
+    structured_support: ClassVar[Mapping[ConstraintKind, Enforcement]] = {
+        K.JSON_SCHEMA: V,
+        K.JSON_OBJECT: V,
+        K.CHOICE: V,
+        K.REGEX: V,
+    }
+    max_tokens_field = "max_tokens"
+    requires_api_key = False
+    strict_schemas = False
+    logprobs_supported = True
+    max_top_logprobs = 20
+
+    async def start(self) -> None:
+        if not (self.options.base_url or self.default_base_url):
+            raise errors.ConfigError(f"model {self.name!r}: backend {self.kind!r} needs base_url")
+        await super().start()
+
+
+class TogetherBackend(OpenAICompatibleBackend):
+    """Together AI: JSON Schema and regex natively (`response_format` type json_schema / regex)."""
+
+    kind: ClassVar[str] = "together"
+    label: ClassVar[str] = "Together"
+    default_base_url = "https://api.together.xyz/v1"
+    requires_api_key = True
+    structured_support: ClassVar[Mapping[ConstraintKind, Enforcement]] = {
+        K.JSON_SCHEMA: N,
+        K.JSON_OBJECT: N,
+        K.CHOICE: N,
+        K.REGEX: N,
+    }
+    extra_sampling = frozenset({"top_k", "min_p", "repetition_penalty"})
+    image_input = True
+    seed_supported = True
+
+    def structured_params(self, plan: so.StructuredPlan) -> dict[str, Any]:
+        c = plan.structured.constraint
+        if isinstance(c, RegexConstraint):
+            return {"response_format": {"type": "regex", "pattern": c.pattern}}
+        return super().structured_params(plan)
+
+
+class GroqBackend(OpenAICompatibleBackend):
+    """Groq: JSON Schema on its structured-output models; n = 1 only (fanned out)."""
+
+    kind: ClassVar[str] = "groq"
+    label: ClassVar[str] = "Groq"
+    default_base_url = "https://api.groq.com/openai/v1"
+    requires_api_key = True
+    structured_support: ClassVar[Mapping[ConstraintKind, Enforcement]] = {
+        K.JSON_SCHEMA: N,
+        K.JSON_OBJECT: N,
+        K.CHOICE: N,
+        K.REGEX: V,
+    }
+    native_n = False
+    logprobs_supported = False
+    max_top_logprobs = 0
+    seed_supported = True
+
+
+class AnyscaleBackend(OpenAICompatibleBackend):
+    """Anyscale Endpoints: JSON mode with a schema (`response_format` json_object + schema)."""
+
+    kind: ClassVar[str] = "anyscale"
+    label: ClassVar[str] = "Anyscale"
+    default_base_url = "https://api.endpoints.anyscale.com/v1"
+    requires_api_key = True
+    structured_support: ClassVar[Mapping[ConstraintKind, Enforcement]] = {
+        K.JSON_SCHEMA: N,
+        K.JSON_OBJECT: N,
+        K.CHOICE: N,
+        K.REGEX: V,
+    }
+    extra_sampling = frozenset({"top_k", "repetition_penalty"})
+
+    def structured_params(self, plan: so.StructuredPlan) -> dict[str, Any]:
+        return _json_object_schema(plan)
+
+
+def _json_object_schema(plan: so.StructuredPlan) -> dict[str, Any]:
+    """`response_format: {type: json_object, schema: ...}` (Anyscale, llama.cpp servers)."""
+    if plan.native_schema is None:
+        return {"response_format": {"type": "json_object"}}
+    return {"response_format": {"type": "json_object", "schema": plan.native_schema}}
+
+
+def _gbnf_literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+class LlamaCppServerBackend(OpenAICompatibleBackend):
+    """llama.cpp's server and llama-cpp-python's: schema through json_object + schema (its
+    json_schema response format answers HTTP 500), choices as a GBNF grammar, GBNF grammars.
+    It ignores `n` (fanned out) and sends no usage in streams (counted by the base). Its schema
+    conversion skips keywords such as minimum/maximum, so JSON Schema is reported VALIDATED."""
+
+    kind: ClassVar[str] = "llamacpp_server"
+    label: ClassVar[str] = "llama.cpp server"
+    structured_support: ClassVar[Mapping[ConstraintKind, Enforcement]] = {
+        K.JSON_SCHEMA: V,
+        K.JSON_OBJECT: N,
+        K.CHOICE: N,
+        K.REGEX: V,
+        K.GRAMMAR: N,
+    }
+    grammar_syntaxes = frozenset({GrammarSyntax.GBNF})
+    native_n = False
+    extra_sampling = frozenset({"top_k", "min_p", "repetition_penalty"})
+    seed_supported = True
+
+    def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
+        assert req.structured_output is not None
+        s = req.structured_output
+        if s.constraint.kind == K.JSON_SCHEMA:
+            plan = so.plan_openai_style(s, N, strict_transform=False)
+            return so.StructuredPlan(s, V, native=True, native_schema=plan.native_schema)
+        if s.constraint.kind in (K.CHOICE, K.GRAMMAR, K.JSON_OBJECT):
+            return so.StructuredPlan(s, N, native=True)
+        return super().plan_structured(req, level)
+
+    def structured_params(self, plan: so.StructuredPlan) -> dict[str, Any]:
+        c = plan.structured.constraint
+        if isinstance(c, ChoiceConstraint):
+            return {"extra_body": {"grammar": "root ::= " + " | ".join(_gbnf_literal(x) for x in c.choices)}}
+        if isinstance(c, GrammarConstraint):
+            return {"extra_body": {"grammar": c.definition}}
+        return _json_object_schema(plan)
+
+
+class SGLangBackend(OpenAICompatibleBackend):
+    """SGLang's server: json_schema response format, `regex` and `ebnf` in the body."""
+
+    kind: ClassVar[str] = "sglang"
+    label: ClassVar[str] = "SGLang server"
+    structured_support: ClassVar[Mapping[ConstraintKind, Enforcement]] = {
+        K.JSON_SCHEMA: N,
+        K.JSON_OBJECT: N,
+        K.CHOICE: N,
+        K.REGEX: N,
+        K.GRAMMAR: N,
+    }
+    grammar_syntaxes = frozenset({GrammarSyntax.EBNF})
+    extra_sampling = frozenset({"top_k", "min_p", "repetition_penalty"})
+    seed_supported = True
+
+    def structured_params(self, plan: so.StructuredPlan) -> dict[str, Any]:
+        c = plan.structured.constraint
+        if isinstance(c, RegexConstraint):
+            return {"extra_body": {"regex": c.pattern}}
+        if isinstance(c, ChoiceConstraint):
+            return {"extra_body": {"regex": "|".join(re.escape(x) for x in c.choices)}}
+        if isinstance(c, GrammarConstraint):
+            return {"extra_body": {"ebnf": c.definition}}
+        return super().structured_params(plan)
+
+    def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
+        assert req.structured_output is not None
+        if req.structured_output.constraint.kind in (K.CHOICE, K.REGEX, K.GRAMMAR):
+            return so.StructuredPlan(req.structured_output, level, native=level == N)
+        return super().plan_structured(req, level)
+
+
+class VLLMServerOptions(OpenAIOptions):
+    canary: bool = Field(default=True, description="Check at start-up that constraints are enforced.")
+
+
+class VLLMServerBackend(OpenAICompatibleBackend):
+    """A vLLM OpenAI-compatible server: every kind through `structured_outputs` in the body
+    (vLLM ≥ 0.12 silently ignores the old guided_* fields). start() sends a canary choice
+    request; if the answer is not one of the choices, native kinds fall back to validated."""
+
+    kind: ClassVar[str] = "vllm_server"
+    Options: ClassVar[type[ProviderOptions]] = VLLMServerOptions
+    label: ClassVar[str] = "vLLM server"
+    structured_support: ClassVar[Mapping[ConstraintKind, Enforcement]] = {
+        K.JSON_SCHEMA: N,
+        K.JSON_OBJECT: N,
+        K.CHOICE: N,
+        K.REGEX: N,
+        K.GRAMMAR: N,
+    }
+    grammar_syntaxes = frozenset({GrammarSyntax.GBNF, GrammarSyntax.EBNF, GrammarSyntax.LARK})
+    extra_sampling = frozenset({"top_k", "min_p", "repetition_penalty"})
+    seed_supported = True
+    options: VLLMServerOptions
+    CANARY_CHOICES: ClassVar[tuple[str, ...]] = ("zq7", "xv9")
+
+    def __init__(self, name: str, options: ProviderOptions) -> None:
+        self._enforcement_verified: bool | None = None
+        super().__init__(name, options)
+
+    def supported_constraints(self) -> dict[ConstraintKind, Enforcement]:
+        if self._enforcement_verified is False:
+            return {K.JSON_SCHEMA: V, K.JSON_OBJECT: V, K.CHOICE: V, K.REGEX: V}
+        return dict(self.structured_support)
+
+    def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
+        assert req.structured_output is not None
+        if level == N:
+            return so.StructuredPlan(req.structured_output, N, native=True)
+        return so.plan_openai_style(req.structured_output, level, strict_transform=False)
+
+    def structured_params(self, plan: so.StructuredPlan) -> dict[str, Any]:
+        c = plan.structured.constraint
+        spec: dict[str, Any]
+        if isinstance(c, ChoiceConstraint):
+            spec = {"choice": list(c.choices)}
+        elif isinstance(c, RegexConstraint):
+            spec = {"regex": c.pattern}
+        elif isinstance(c, GrammarConstraint):
+            spec = {"grammar": c.definition}
+        elif isinstance(c, JsonObjectConstraint):
+            spec = {"json_object": True}
+        else:
+            spec = {"json": c.schema}
+        return {"extra_body": {"structured_outputs": spec}}
+
+    async def start(self) -> None:
+        await super().start()
+        if self.options.canary:
+            await self._check_enforcement()
+
+    async def _check_enforcement(self) -> None:
+        """Asks for one of two unlikely strings; an unconstrained answer means the server drops
+        structured_outputs, and then nothing is declared native."""
+        from gengate.domain import ChatMessage, Role, StructuredOutput
+
+        structured = StructuredOutput(ChoiceConstraint(self.CANARY_CHOICES))
+        req = GenerationRequest(
+            model=self.name,
+            messages=(ChatMessage(Role.USER, (TextPart("Write one sentence about the sea."),)),),
+            structured_output=structured,
+        )
+        plan = so.StructuredPlan(structured, N, native=True)
+        call = ProviderCall(req, req.messages or (), 1, plan, self.options.timeout)
+        try:
+            answer = await self._complete_retrying(call)
+            text = answer.generations[0].text.strip() if answer.generations else ""
+            ok = text in self.CANARY_CHOICES
+            why = f"answered {text[:40]!r}"
+        except errors.GengateError as exc:
+            ok, why = False, f"failed: {exc.message}"
+        self._enforcement_verified = ok
+        if not ok:
+            log.warning(
+                "%s (%s): structured_outputs canary %s; constraints will be prompted and validated, "
+                "grammars refused",
+                self.name,
+                self.label,
+                why,
+            )
+        self.capabilities = self.build_capabilities()
