@@ -24,7 +24,9 @@ from gengate.errors import ConfigError
 from gengate.registry import backend_class
 
 # Keys every model entry may have, whatever its backend.
-COMMON_MODEL_KEYS = frozenset({"name", "backend", "max_concurrency", "max_queue"})
+COMMON_MODEL_KEYS = frozenset(
+    {"name", "backend", "max_concurrency", "max_queue", "isolation", "devices", "num_gpus", "share_devices"}
+)
 SERVER_KEYS = frozenset({"host", "port", "max_batch_items", "max_message_mb", "request_timeout_s"})
 
 
@@ -37,6 +39,13 @@ class ModelConfig:
     options: BaseModel
     max_concurrency: int = 64
     max_queue: int = 1024
+    # Local engines: "process" (own worker process; the default for llamacpp/transformers/vllm)
+    # or "inline" (in the server process). None = the kind's default (gengate.workers.factory).
+    isolation: str | None = None
+    # GPUs: "auto" or explicit NVML indices; None = none for CPU engines, auto for GPU-only ones.
+    devices: str | tuple[int, ...] | None = None
+    num_gpus: int | None = None
+    share_devices: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,7 +143,37 @@ def _parse_model(raw: Any, index: int, source: str) -> ModelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{where}: {key!r} must be a positive integer")
             limits[key] = value
-    return ModelConfig(name=name, backend=kind, options=options, **limits)
+    return ModelConfig(name=name, backend=kind, options=options, **limits, **_parse_placement(raw, where))
+
+
+def _parse_placement(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The isolation and GPU keys of a model entry, checked."""
+    out: dict[str, Any] = {}
+    isolation = raw.get("isolation")
+    if isolation is not None:
+        if isolation not in ("process", "inline"):
+            raise ConfigError(f"{where}: 'isolation' must be 'process' or 'inline'")
+        out["isolation"] = isolation
+    devices = raw.get("devices")
+    if devices is not None:
+        valid_list = isinstance(devices, list) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices
+        )
+        if devices != "auto" and not (valid_list and devices and len(set(devices)) == len(devices)):
+            raise ConfigError(f"{where}: 'devices' must be 'auto' or a list of distinct GPU indices")
+        out["devices"] = "auto" if devices == "auto" else tuple(devices)
+    num_gpus = raw.get("num_gpus")
+    if num_gpus is not None:
+        if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus <= 0:
+            raise ConfigError(f"{where}: 'num_gpus' must be a positive integer")
+        if isinstance(out.get("devices"), tuple) and len(out["devices"]) != num_gpus:
+            raise ConfigError(f"{where}: 'num_gpus' is {num_gpus} but 'devices' lists {len(out['devices'])}")
+        out["num_gpus"] = num_gpus
+    share = raw.get("share_devices", False)
+    if not isinstance(share, bool):
+        raise ConfigError(f"{where}: 'share_devices' must be true or false")
+    out["share_devices"] = share
+    return out
 
 
 def default_config(env: Mapping[str, str] | None = None) -> ServerConfig:

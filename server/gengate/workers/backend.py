@@ -31,7 +31,7 @@ import gengate
 from gengate import errors
 from gengate.domain import GenerationRequest, GenerationResult, ModelCapabilities, StreamEvent
 from gengate.registry import BACKEND_CLASSES
-from gengate.workers.placement import DeviceProvider, DeviceRequest, Lease, PlacementFile
+from gengate.workers.placement import DeviceProvider, DeviceRequest, Lease, PlacementError, PlacementFile
 from gengate.workers.protocol import (
     Abort,
     Call,
@@ -50,7 +50,7 @@ from gengate.workers.protocol import (
 
 log = logging.getLogger(__name__)
 
-ServingListener = Callable[[str, bool], Any]
+ServingListener = Callable[[bool], Any]
 OUTPUT_TAIL_LINES = 60
 
 
@@ -67,6 +67,8 @@ class GpuRequest:
     devices: DeviceRequest = "auto"
     num_gpus: int = 1
     share: bool = False
+    # GPU-only engines (vLLM) fail to start without GPUs; others fall back to CPU with a warning.
+    required: bool = True
 
 
 class _Call:
@@ -174,7 +176,7 @@ class WorkerBackend:
         return self._lease
 
     def add_serving_listener(self, listener: ServingListener) -> None:
-        """Calls `listener(model_name, serving)` on every change; it may be a coroutine function."""
+        """Calls `listener(serving)` on every change (from the event loop); it may return an awaitable."""
         self._listeners.append(listener)
 
     def _set_serving(self, serving: bool) -> None:
@@ -185,7 +187,7 @@ class WorkerBackend:
                 "is serving" if serving else "is NOT serving")
         for listener in self._listeners:
             try:
-                outcome = listener(self.name, serving)
+                outcome = listener(serving)
                 if inspect.isawaitable(outcome):
                     self._spawn_background(outcome)
             except Exception:
@@ -221,10 +223,15 @@ class WorkerBackend:
 
                 provider = NvmlDeviceProvider()
             gpu = self._gpu
-            self._lease = await asyncio.to_thread(
-                placement.acquire, self.name, provider,
-                devices=gpu.devices, num_gpus=gpu.num_gpus, share=gpu.share,
-            )
+            try:
+                self._lease = await asyncio.to_thread(
+                    placement.acquire, self.name, provider,
+                    devices=gpu.devices, num_gpus=gpu.num_gpus, share=gpu.share,
+                )
+            except PlacementError as exc:
+                if gpu.required or exc.reason != "NO_GPU":
+                    raise
+                log.warning("model %r runs on CPU: %s", self.name, exc.message)
         try:
             await self._spawn()
         except BaseException:

@@ -1,0 +1,84 @@
+"""Builds a configured model's backend: local engines in worker processes, everything else inline.
+
+`build_backend` fits the router's BackendFactory (`Router.from_config(config, factory=...)`).
+"""
+
+from __future__ import annotations
+
+from gengate.backend import Backend
+from gengate.config import ModelConfig
+from gengate.errors import ConfigError
+from gengate.registry import backend_class
+from gengate.workers.backend import GpuRequest, WorkerBackend
+from gengate.workers.placement import DeviceProvider, PlacementFile
+
+# Engines hosted by gengate itself, which can run in a worker process.
+LOCAL_ENGINES = frozenset({"scripted", "llamacpp", "transformers", "vllm"})
+# Run in a worker process unless the config says `isolation: inline`. `scripted` loads no model,
+# so it stays inline unless asked (it is what tests of the service layer use).
+PROCESS_BY_DEFAULT = frozenset({"llamacpp", "transformers", "vllm"})
+# Engines that cannot run without a GPU: they always get GPUs placed (devices: auto by default).
+GPU_ONLY = frozenset({"vllm"})
+
+_shared_placement: PlacementFile | None = None
+
+
+def shared_placement() -> PlacementFile:
+    """This server process's view of the node-wide placement file ($GENGATE_PLACEMENT_FILE)."""
+    global _shared_placement
+    if _shared_placement is None:
+        _shared_placement = PlacementFile()
+    return _shared_placement
+
+
+def isolation_of(config: ModelConfig) -> str:
+    """`process` or `inline`, after defaults."""
+    if config.isolation is not None:
+        return config.isolation
+    return "process" if config.backend in PROCESS_BY_DEFAULT else "inline"
+
+
+def gpu_request(config: ModelConfig) -> GpuRequest | None:
+    """The GPUs a model asks for, or None for a CPU model."""
+    gpu_only = config.backend in GPU_ONLY
+    if config.devices is None and config.num_gpus is None:
+        return GpuRequest(required=True) if gpu_only else None
+    devices = config.devices if config.devices is not None else "auto"
+    if devices != "auto" and not isinstance(devices, tuple):
+        raise ConfigError(f"model {config.name!r}: 'devices' must be 'auto' or a list of GPU indices")
+    count = len(devices) if isinstance(devices, tuple) else (config.num_gpus or 1)
+    return GpuRequest(devices=devices, num_gpus=count, share=config.share_devices, required=gpu_only)
+
+
+def build_backend(
+    config: ModelConfig,
+    *,
+    placement: PlacementFile | None = None,
+    device_provider: DeviceProvider | None = None,
+) -> Backend:
+    """The backend serving `config`; loading happens later, in `start()`."""
+    isolation = isolation_of(config)
+    gpu = gpu_request(config)
+    if config.backend not in LOCAL_ENGINES:
+        if config.isolation == "process" or gpu is not None:
+            raise ConfigError(
+                f"model {config.name!r}: isolation/devices/num_gpus apply to local engines "
+                f"({', '.join(sorted(LOCAL_ENGINES))}), not to {config.backend!r}"
+            )
+    if isolation == "inline":
+        if gpu is not None:
+            raise ConfigError(
+                f"model {config.name!r}: GPU placement needs 'isolation: process' "
+                "(CUDA_VISIBLE_DEVICES is set per worker process before CUDA starts)"
+            )
+        backend: Backend = backend_class(config.backend)(config.name, config.options)
+        return backend
+    backend_class(config.backend)  # a missing extra is a config error now, not a worker crash later
+    return WorkerBackend(
+        config.name,
+        config.backend,
+        config.options,
+        gpu=gpu,
+        placement=placement or (shared_placement() if gpu is not None else None),
+        device_provider=device_provider,
+    )

@@ -1,0 +1,92 @@
+"""Config keys isolation/devices/num_gpus/share_devices and the backend factory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gengate.config import parse_config
+from gengate.engines.scripted import ScriptedBackend
+from gengate.errors import ConfigError
+from gengate.workers.backend import GpuRequest, WorkerBackend
+from gengate.workers.factory import build_backend, gpu_request, isolation_of
+from gengate.workers.placement import PlacementError, PlacementFile, StaticDeviceProvider
+
+
+def model(**entry: object):  # type: ignore[no-untyped-def]
+    return parse_config({"models": [{"name": "m", "backend": "scripted", **entry}]}).models[0]
+
+
+def test_defaults() -> None:
+    config = model()
+    assert (config.isolation, config.devices, config.num_gpus, config.share_devices) == (None, None, None, False)
+    assert isolation_of(config) == "inline"
+    assert isinstance(build_backend(config), ScriptedBackend)
+    assert gpu_request(config) is None
+
+
+def test_process_isolation_and_devices() -> None:
+    config = model(isolation="process", devices=[2, 0], share_devices=True)
+    assert config.devices == (2, 0)
+    assert gpu_request(config) == GpuRequest(devices=(2, 0), num_gpus=2, share=True, required=False)
+    backend = build_backend(config)
+    assert isinstance(backend, WorkerBackend) and backend.kind == "scripted"
+    assert gpu_request(model(isolation="process", devices="auto", num_gpus=2)) == GpuRequest(
+        "auto", 2, False, required=False
+    )
+    assert gpu_request(model(isolation="process", num_gpus=3)) == GpuRequest("auto", 3, required=False)
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"isolation": "thread"}, "'isolation' must be"),
+        ({"devices": "all"}, "'devices' must be"),
+        ({"devices": [0, 0]}, "'devices' must be"),
+        ({"devices": [-1]}, "'devices' must be"),
+        ({"num_gpus": 0}, "'num_gpus' must be"),
+        ({"devices": [0, 1], "num_gpus": 1}, "'num_gpus' is 1 but 'devices' lists 2"),
+        ({"share_devices": "yes"}, "'share_devices' must be"),
+    ],
+)
+def test_bad_keys_name_the_entry(entry: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        model(**entry)
+    assert "models[0] (m)" in str(info.value)
+
+
+def test_gpu_keys_need_process_isolation() -> None:
+    with pytest.raises(ConfigError, match="needs 'isolation: process'"):
+        build_backend(model(devices="auto"))
+
+
+def test_vllm_always_asks_for_a_gpu() -> None:
+    from dataclasses import replace
+
+    config = replace(model(), backend="vllm")
+    assert gpu_request(config) == GpuRequest(required=True)
+    assert isolation_of(config) == "process"
+
+
+async def test_cpu_engine_with_devices_auto_runs_on_cpu_without_gpus(tmp_path: Path) -> None:
+    backend = build_backend(
+        model(isolation="process", devices="auto"),
+        placement=PlacementFile(tmp_path / "p.json"),
+        device_provider=StaticDeviceProvider([]),
+    )
+    await backend.start()
+    try:
+        assert isinstance(backend, WorkerBackend) and backend.serving and backend.lease is None
+    finally:
+        await backend.aclose()
+
+
+async def test_gpu_only_engine_without_gpus_is_a_clear_start_error(tmp_path: Path) -> None:
+    backend = WorkerBackend(
+        "needs-gpu", "scripted", {}, gpu=GpuRequest(required=True),
+        placement=PlacementFile(tmp_path / "p.json"), device_provider=StaticDeviceProvider([]),
+    )
+    with pytest.raises(PlacementError, match="needs a GPU but none is available") as info:
+        await backend.start()
+    assert info.value.reason == "NO_GPU" and backend.pid is None
