@@ -1,0 +1,287 @@
+"""TransformersBackend: a Hugging Face causal LM served with continuous batching on one thread.
+
+Requests become one sequence per generation; the BatchScheduler steps every live sequence of
+every request together. Token choice (sampling, constraints, stop strings, logprobs) is the
+shared SequenceDecoder's job, so this engine behaves exactly like the llama.cpp one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from gengate import errors
+from gengate.domain import (
+    ConstraintKind,
+    Enforcement,
+    GenerationRequest,
+    GenerationResult,
+    GrammarSyntax,
+    ImagePart,
+    Modality,
+    ModelCapabilities,
+    StreamEvent,
+    StreamStart,
+)
+
+MAX_TOP_LOGPROBS = 20
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+class TransformersOptions(BaseModel):
+    """Config keys of a `backend: transformers` model entry."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tiny: bool = False
+    dtype: str = "auto"
+    device: str = "cpu"
+    max_batch_size: int = 16
+    max_n: int = 16
+    trust_remote_code: bool = False
+    chat_template: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TransformersOptions:
+        if (self.model is None) == (not self.tiny):
+            raise ValueError("set exactly one of 'model' (a local folder or a hub id) or 'tiny: true'")
+        if self.max_batch_size < 1 or self.max_n < 1:
+            raise ValueError("'max_batch_size' and 'max_n' must be at least 1")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError("'dtype' must be one of auto, float32, float16, bfloat16")
+        return self
+
+
+@dataclass
+class Loaded:
+    """Everything start() loads; the scheduler thread owns `model`."""
+
+    tokenizer: Any
+    scheduler: Any
+    compiler: Any
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+    context_length: int
+
+
+class TransformersBackend:
+    """A Hugging Face transformers model, batched across requests and generations."""
+
+    kind: ClassVar[str] = "transformers"
+    Options: ClassVar[type[BaseModel]] = TransformersOptions
+
+    def __init__(self, name: str, options: TransformersOptions) -> None:
+        self.name = name
+        self.options = options
+        self._loaded: Loaded | None = None
+        self._start_lock = asyncio.Lock()
+        self.capabilities = self._capabilities(_context_length_from_folder(options.model))
+
+    def _capabilities(self, context_length: int, chat: bool = True) -> ModelCapabilities:
+        return ModelCapabilities(
+            constraints={kind: Enforcement.ENGINE for kind in ConstraintKind},
+            grammar_syntaxes=frozenset(GrammarSyntax),
+            max_n=self.options.max_n,
+            logprobs=True,
+            max_top_logprobs=MAX_TOP_LOGPROBS,
+            input_modalities=frozenset({Modality.TEXT}),
+            context_length=context_length,
+            seed=True,
+            chat=chat,
+        )
+
+    @property
+    def stats(self) -> Any:
+        """The scheduler's counters (SchedulerStats); None before start()."""
+        return None if self._loaded is None else self._loaded.scheduler.stats
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._loaded is None:
+                self._loaded = await asyncio.to_thread(self._load)
+                self.capabilities = self._capabilities(
+                    self._loaded.context_length, chat=self._loaded.tokenizer.chat_template is not None
+                )
+
+    def _load(self) -> Loaded:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from gengate.constraints import ConstraintCompiler, make_ll_tokenizer_from_hf
+        from gengate.engines.transformers.scheduler import BatchScheduler
+
+        source, local = self._source()
+        common: dict[str, Any] = {
+            "trust_remote_code": self.options.trust_remote_code,
+            "local_files_only": local,
+        }
+        tokenizer = AutoTokenizer.from_pretrained(source, **common)
+        if self.options.chat_template is not None:
+            tokenizer.chat_template = self.options.chat_template
+        dtype: Any = self.options.dtype
+        if dtype == "auto" and self.options.device == "cpu":
+            dtype = torch.float32  # half precision matmuls are slow or missing on most CPUs
+        elif dtype != "auto":
+            dtype = getattr(torch, dtype)
+        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **common)
+        model.to(self.options.device).eval()
+
+        logits_size = int(model.get_output_embeddings().weight.shape[0])
+        vocab_size = min(logits_size, len(tokenizer))
+        eos: set[int] = set()
+        for candidate in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+            if isinstance(candidate, int):
+                eos.add(candidate)
+            elif isinstance(candidate, list | tuple):
+                eos.update(int(t) for t in candidate)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
+        ll_tokenizer = make_ll_tokenizer_from_hf(tokenizer, n_vocab=max(logits_size, len(tokenizer)))
+        compiler = ConstraintCompiler(ll_tokenizer, f"hf:{source}")
+        scheduler = BatchScheduler(
+            model, max_batch_size=self.options.max_batch_size, pad_token_id=pad, device=self.options.device
+        )
+        return Loaded(
+            tokenizer=tokenizer,
+            scheduler=scheduler,
+            compiler=compiler,
+            eos_token_ids=frozenset(eos),
+            vocab_size=vocab_size,
+            context_length=_context_length(model.config),
+        )
+
+    def _source(self) -> tuple[str, bool]:
+        """(path or hub id, local_files_only)."""
+        if self.options.tiny:
+            from gengate.models.tiny import build_tiny_model, default_tiny_dir
+
+            return str(build_tiny_model(default_tiny_dir()).hf_dir), True
+        assert self.options.model is not None
+        path = Path(self.options.model).expanduser()
+        if path.is_dir():
+            return str(path), True
+        return self.options.model, False
+
+    async def aclose(self) -> None:
+        loaded, self._loaded = self._loaded, None
+        if loaded is not None:
+            await asyncio.to_thread(loaded.scheduler.stop)
+            loaded.compiler.close()
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        from gengate.backend import collect_stream
+
+        return await collect_stream(self.generate_stream(request))
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        arrived = time.monotonic()
+        loaded = self._loaded
+        if loaded is None:
+            raise errors.Unavailable(f"model {self.name!r} is not started", reason="NOT_STARTED")
+        self._check(request)
+        prompt_ids = self._prompt_ids(loaded, request)
+        room = loaded.context_length - len(prompt_ids)
+        if room <= 0:
+            raise errors.InvalidArgument.field(
+                "messages" if request.messages is not None else "prompt",
+                f"the prompt has {len(prompt_ids)} tokens; the model's context is {loaded.context_length}",
+                reason="PROMPT_TOO_LONG",
+            )
+        max_tokens = room if request.stopping.max_tokens is None else min(request.stopping.max_tokens, room)
+        stopping = replace(request.stopping, max_tokens=max_tokens)
+        seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
+        sampling = replace(request.sampling, seed=seed)
+        compiled = None
+        if request.structured_output is not None:
+            compiled = await loaded.compiler.compile(request.structured_output)
+        enforcement = compiled.enforcement if compiled is not None else Enforcement.NONE
+        yield StreamStart(
+            request_id=request.request_id,
+            model=request.model or self.name,
+            input_tokens=len(prompt_ids),
+            enforcement=enforcement,
+            effective_sampling=sampling,
+            effective_stopping=request.stopping,
+        )
+
+        from gengate.engines.transformers.request import RequestRun
+
+        run = RequestRun(loaded, request, prompt_ids, sampling, stopping, compiled, arrived)
+        try:
+            async for event in run.events():
+                yield event
+        finally:
+            run.cancel()
+
+    def _check(self, request: GenerationRequest) -> None:
+        """Refuses what the capabilities do not cover (the router normally did already)."""
+        if not 1 <= request.n <= self.options.max_n:
+            raise errors.InvalidArgument.field("n", f"must be between 1 and {self.options.max_n}")
+        if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
+            raise errors.InvalidArgument.field("logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}")
+
+    def _prompt_ids(self, loaded: Loaded, request: GenerationRequest) -> list[int]:
+        """Token ids of the raw prompt, or of the messages rendered by the chat template."""
+        tokenizer = loaded.tokenizer
+        if request.messages is not None:
+            for i, message in enumerate(request.messages):
+                for j, part in enumerate(message.content):
+                    if isinstance(part, ImagePart):
+                        raise errors.InvalidArgument.field(
+                            f"messages[{i}].content[{j}]",
+                            f"model {self.name!r} takes text input only",
+                            reason="UNSUPPORTED_MODALITY",
+                        )
+            if tokenizer.chat_template is None:
+                raise errors.InvalidArgument.field(
+                    "messages",
+                    f"model {self.name!r} has no chat template; send a prompt",
+                    reason="NO_CHAT_TEMPLATE",
+                )
+            conversation = [{"role": m.role.value, "content": m.text} for m in request.messages]
+            text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        else:
+            ids = list(tokenizer(request.prompt or "")["input_ids"])
+        if not ids:
+            bos = tokenizer.bos_token_id
+            if bos is None:
+                raise errors.InvalidArgument.field(
+                    "prompt", "is empty and the model has no BOS token to start from"
+                )
+            ids = [bos]
+        return ids
+
+
+def _context_length(config: Any) -> int:
+    for key in _CONTEXT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    text_config = getattr(config, "text_config", None)
+    return _context_length(text_config) if text_config is not None else 2048
+
+
+def _context_length_from_folder(model: str | None) -> int:
+    """Context length read from a local folder's config.json without importing transformers."""
+    if model is None:
+        from gengate.models.tiny import TINY
+
+        return TINY.context_length
+    try:
+        config = json.loads((Path(model).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0  # a hub id: known after start()
+    for key in _CONTEXT_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0

@@ -1,0 +1,332 @@
+"""The transformers engine on the tiny model: decoding features, constraints, and real batching."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from gengate import errors
+from gengate.constraints import validate_output
+from gengate.domain import (
+    ChatMessage,
+    ChoiceConstraint,
+    Enforcement,
+    FinishReason,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    GrammarConstraint,
+    GrammarSyntax,
+    ImagePart,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    Role,
+    SamplingParams,
+    StoppingCriteria,
+    StreamEvent,
+    StreamStart,
+    StructuredOutput,
+    TextPart,
+)
+from gengate.engines.transformers import TransformersBackend, TransformersOptions
+from gengate.models.tiny import TinyModelPaths
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+PROMPT = "Once upon a time there was a small robot"
+GREEDY = SamplingParams(temperature=0.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+async def backend(tiny_model: TinyModelPaths) -> AsyncIterator[TransformersBackend]:
+    engine = TransformersBackend(
+        "tiny-hf", TransformersOptions(model=str(tiny_model.hf_dir), max_batch_size=16)
+    )
+    await engine.start()
+    yield engine
+    await engine.aclose()
+
+
+def request(**fields: object) -> GenerationRequest:
+    fields.setdefault("prompt", PROMPT)
+    fields.setdefault("stopping", StoppingCriteria(max_tokens=12))
+    fields.setdefault("sampling", SamplingParams(seed=7))
+    return GenerationRequest(model="tiny-hf", **fields)  # type: ignore[arg-type]
+
+
+async def events_of(engine: TransformersBackend, req: GenerationRequest) -> list[StreamEvent]:
+    return [event async for event in engine.generate_stream(req)]
+
+
+def token_ids(result_generation_logprobs: object) -> list[int | None]:
+    assert isinstance(result_generation_logprobs, tuple)
+    return [lp.token_id for lp in result_generation_logprobs]
+
+
+def test_import_does_not_load_torch() -> None:
+    code = "import sys, gengate.engines.transformers as t; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_options_need_exactly_one_source() -> None:
+    with pytest.raises(ValueError):
+        TransformersOptions()
+    with pytest.raises(ValueError):
+        TransformersOptions(model="x", tiny=True)
+    with pytest.raises(ValueError):
+        TransformersOptions(tiny=True, unknown_key=1)  # type: ignore[call-arg]
+    assert TransformersOptions(tiny=True).device == "cpu"
+
+
+async def test_capabilities(backend: TransformersBackend) -> None:
+    caps = backend.capabilities
+    assert set(caps.constraints.values()) == {Enforcement.ENGINE} and len(caps.constraints) == 5
+    assert caps.grammar_syntaxes == frozenset(GrammarSyntax)
+    assert caps.context_length == 2048 and caps.max_n == 16 and caps.max_top_logprobs == 20
+    assert caps.seed and caps.logprobs and caps.chat
+
+
+async def test_text_and_usage(backend: TransformersBackend) -> None:
+    result = await backend.generate(request(sampling=GREEDY))
+    (gen,) = result.generations
+    assert gen.text and gen.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+    prompt_tokens = len(backend._loaded.tokenizer(PROMPT)["input_ids"])  # type: ignore[union-attr]
+    assert result.usage.input_tokens == prompt_tokens
+    assert result.usage.output_tokens == gen.output_tokens > 0
+    assert result.effective_sampling.seed == 0
+    assert result.timings.time_to_first_token_s is not None and result.timings.queue_s is not None
+    assert 0 <= result.timings.queue_s <= result.timings.time_to_first_token_s <= result.timings.total_s  # type: ignore[operator]
+
+
+async def test_stream_event_order(backend: TransformersBackend) -> None:
+    events = await events_of(backend, request(n=3))
+    assert isinstance(events[0], StreamStart) and events[0].input_tokens > 0
+    assert all(not isinstance(e, StreamStart) for e in events[1:])
+    ends = [e for e in events if isinstance(e, GenerationEnd)]
+    assert sorted(e.index for e in ends) == [0, 1, 2]
+    for end in ends:
+        position = events.index(end)
+        later = [e for e in events[position + 1 :] if isinstance(e, GenerationDelta) and e.index == end.index]
+        assert not later, "a delta came after its generation's end"
+        deltas = [e for e in events[:position] if isinstance(e, GenerationDelta) and e.index == end.index]
+        assert sum(d.token_count for d in deltas) <= end.usage.output_tokens
+        assert end.timings.total_s is not None
+
+
+async def test_n_generations_differ_and_are_reproducible(backend: TransformersBackend) -> None:
+    first = await backend.generate(request(n=4, sampling=SamplingParams(seed=11)))
+    assert [g.index for g in first.generations] == [0, 1, 2, 3]
+    assert len({g.text for g in first.generations}) > 1
+    again = await backend.generate(request(n=4, sampling=SamplingParams(seed=11)))
+    assert [g.text for g in again.generations] == [g.text for g in first.generations]
+    other = await backend.generate(request(n=4, sampling=SamplingParams(seed=12)))
+    assert [g.text for g in other.generations] != [g.text for g in first.generations]
+
+
+async def test_seeded_result_does_not_depend_on_the_batch(backend: TransformersBackend) -> None:
+    target = request(sampling=SamplingParams(seed=5, temperature=0.8), logprobs=0)
+    alone = await backend.generate(target)
+    noise = [
+        request(prompt=f"Numbers: {i} two three", n=2, stopping=StoppingCriteria(max_tokens=20))
+        for i in range(5)
+    ]
+    together = await asyncio.gather(backend.generate(target), *(backend.generate(r) for r in noise))
+    assert token_ids(together[0].generations[0].logprobs) == token_ids(alone.generations[0].logprobs)
+    assert together[0].generations[0].text == alone.generations[0].text
+
+
+async def test_joining_a_running_batch_matches_greedy_alone(backend: TransformersBackend) -> None:
+    """Sequences that join mid-flight (cache merge) and leave early give the solo greedy tokens."""
+    prompts = ["Hello, world! How", "The", "Colours: red green blue yellow orange", "Days: Monday"]
+    long = StoppingCriteria(max_tokens=24)
+    alone = [
+        await backend.generate(request(prompt=p, sampling=GREEDY, logprobs=0, stopping=long)) for p in prompts
+    ]
+
+    async def staggered(i: int, prompt: str) -> object:
+        await asyncio.sleep(0.01 * i)
+        max_tokens = 12 if i % 2 else 24
+        return await backend.generate(
+            request(
+                prompt=prompt, sampling=GREEDY, logprobs=0, stopping=StoppingCriteria(max_tokens=max_tokens)
+            )
+        )
+
+    together = await asyncio.gather(*(staggered(i, p) for i, p in enumerate(prompts)))
+    for solo, batched in zip(alone, together, strict=True):
+        got = token_ids(batched.generations[0].logprobs)  # type: ignore[attr-defined]
+        assert got == token_ids(solo.generations[0].logprobs)[: len(got)]
+
+
+async def test_stop_sequence(backend: TransformersBackend) -> None:
+    free = await backend.generate(request(sampling=GREEDY, stopping=StoppingCriteria(max_tokens=20)))
+    text = free.generations[0].text
+    stop = text[6:9]
+    assert len(stop) == 3
+    cut = await backend.generate(
+        request(sampling=GREEDY, stopping=StoppingCriteria(max_tokens=20, stop=(stop,)))
+    )
+    gen = cut.generations[0]
+    assert gen.finish_reason is FinishReason.STOP_SEQUENCE and gen.matched_stop == stop
+    assert gen.text == text[: text.index(stop)]
+    streamed = await events_of(
+        backend, request(sampling=GREEDY, stopping=StoppingCriteria(max_tokens=20, stop=(stop,)))
+    )
+    assert "".join(e.text for e in streamed if isinstance(e, GenerationDelta)) == gen.text
+
+
+async def test_max_tokens_ends_with_length(backend: TransformersBackend) -> None:
+    result = await backend.generate(request(sampling=GREEDY, stopping=StoppingCriteria(max_tokens=5)))
+    gen = result.generations[0]
+    assert gen.finish_reason is FinishReason.LENGTH and gen.output_tokens == 5
+
+
+async def test_logprobs(backend: TransformersBackend) -> None:
+    result = await backend.generate(
+        request(sampling=GREEDY, logprobs=3, stopping=StoppingCriteria(max_tokens=6))
+    )
+    gen = result.generations[0]
+    assert gen.logprobs is not None and len(gen.logprobs) == gen.output_tokens == 6
+    for lp in gen.logprobs:
+        assert lp.logprob <= 0 and len(lp.top) == 3
+        assert [t.logprob for t in lp.top] == sorted((t.logprob for t in lp.top), reverse=True)
+        assert lp.top[0].token_id == lp.token_id  # greedy picks the most likely token
+    # Pieces decode token by token; the text leaves out a trailing incomplete UTF-8 character.
+    assert "".join(lp.token for lp in gen.logprobs).startswith(gen.text)
+
+
+async def test_chat_messages(backend: TransformersBackend) -> None:
+    messages = (
+        ChatMessage(Role.SYSTEM, (TextPart("You are a helpful assistant."),)),
+        ChatMessage(Role.USER, (TextPart("What is your name?"),)),
+    )
+    result = await backend.generate(
+        GenerationRequest(
+            model="tiny-hf", messages=messages, sampling=GREEDY, stopping=StoppingCriteria(max_tokens=8)
+        )
+    )
+    tokenizer = backend._loaded.tokenizer  # type: ignore[union-attr]
+    rendered = tokenizer.apply_chat_template(
+        [{"role": m.role.value, "content": m.text} for m in messages],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert rendered.endswith("<|im_start|>assistant\n")
+    assert result.usage.input_tokens == len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    assert result.generations[0].output_tokens > 0
+
+
+async def test_images_are_refused_by_field(backend: TransformersBackend) -> None:
+    messages = (
+        ChatMessage(Role.USER, (TextPart("hi"),)),
+        ChatMessage(Role.USER, (TextPart("look:"), ImagePart(data=b"\x89PNG", mime_type="image/png"))),
+    )
+    with pytest.raises(errors.InvalidArgument) as caught:
+        await backend.generate(GenerationRequest(model="tiny-hf", messages=messages))
+    assert caught.value.violations[0].field == "messages[1].content[1]"
+
+
+async def test_deadline_ends_with_time_limit(backend: TransformersBackend) -> None:
+    req = request(stopping=StoppingCriteria(max_tokens=1500), deadline=time.monotonic() + 0.3)
+    result = await backend.generate(req)
+    gen = result.generations[0]
+    assert gen.finish_reason in (FinishReason.TIME_LIMIT, FinishReason.STOP)
+    assert gen.finish_reason is FinishReason.STOP or gen.output_tokens < 1500
+
+
+CONSTRAINTS = {
+    "json_schema": JsonSchemaConstraint(
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 6},
+                "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            },
+            "required": ["name", "age"],
+            "additionalProperties": False,
+        }
+    ),
+    "regex": RegexConstraint(r"[a-z]{2,6}@example\.(com|org)"),
+    "choice": ChoiceConstraint(("red", "green", "blue")),
+    "lark": GrammarConstraint(GrammarSyntax.LARK, 'start: ("yes" | "no") " " NUM\nNUM: /[0-9]{1,3}/'),
+    "gbnf": GrammarConstraint(GrammarSyntax.GBNF, 'root ::= ("cat" | "dog") " " [0-9] [0-9]?'),
+    "json_object": JsonObjectConstraint(),
+}
+
+
+@pytest.mark.parametrize("name", list(CONSTRAINTS))
+async def test_every_constraint_holds(backend: TransformersBackend, name: str) -> None:
+    structured = StructuredOutput(CONSTRAINTS[name])
+    max_tokens = 200 if name == "json_object" else 60
+    result = await backend.generate(
+        request(n=4, structured_output=structured, stopping=StoppingCriteria(max_tokens=max_tokens))
+    )
+    assert result.enforcement is Enforcement.ENGINE
+    stopped = [g for g in result.generations if g.finish_reason is FinishReason.STOP]
+    for gen in stopped:
+        assert validate_output(structured, gen.text) is None, gen.text
+    if name != "json_object":  # bounded languages always finish within the budget
+        assert len(stopped) == 4
+
+
+async def test_validated_constraint_is_checked_or_aborted(backend: TransformersBackend) -> None:
+    schema = {"type": "array", "items": {"enum": [1, 2, 3]}, "maxItems": 3, "uniqueItems": True}
+    structured = StructuredOutput(JsonSchemaConstraint(schema))
+    try:
+        result = await backend.generate(request(n=4, structured_output=structured))
+    except errors.Aborted as exc:
+        assert exc.reason == "VALIDATION_FAILED"
+        return
+    assert result.enforcement is Enforcement.VALIDATED
+    for gen in result.generations:
+        if gen.finish_reason is FinishReason.STOP:
+            assert validate_output(structured, gen.text) is None, gen.text
+
+
+async def test_requests_run_as_real_batches(backend: TransformersBackend) -> None:
+    stats = backend.stats
+    passes, tokens, biggest = stats.forward_passes, stats.tokens_generated, stats.max_batch_size
+    stats.max_batch_size = 0
+    reqs = [
+        request(prompt=f"Request {i}: the weather is", stopping=StoppingCriteria(max_tokens=16))
+        for i in range(8)
+    ]
+    results = await asyncio.gather(*(backend.generate(r) for r in reqs))
+    generated = sum(r.usage.output_tokens for r in results)
+    assert generated == stats.tokens_generated - tokens > 8 * 4
+    assert stats.max_batch_size > 1
+    assert stats.forward_passes - passes < generated / 3, (stats.forward_passes - passes, generated)
+    stats.max_batch_size = max(stats.max_batch_size, biggest)
+
+
+async def test_cancellation_frees_the_slot(tiny_model: TinyModelPaths) -> None:
+    engine = TransformersBackend(
+        "one-slot", TransformersOptions(model=str(tiny_model.hf_dir), max_batch_size=1)
+    )
+    await engine.start()
+    try:
+        stream = engine.generate_stream(
+            request(stopping=StoppingCriteria(max_tokens=1500), sampling=SamplingParams(seed=3))
+        )
+        seen = 0
+        async for event in stream:
+            seen += isinstance(event, GenerationDelta)
+            if seen >= 3:
+                break
+        await stream.aclose()  # type: ignore[attr-defined]
+        result = await asyncio.wait_for(engine.generate(request(sampling=GREEDY)), timeout=30)
+        assert result.generations[0].output_tokens > 0
+        for _ in range(100):
+            if engine.stats.active == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.stats.active == 0 and engine.stats.tokens_generated < 200
+    finally:
+        await engine.aclose()
