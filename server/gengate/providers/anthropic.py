@@ -8,7 +8,6 @@ validated; grammars are refused. Anthropic has no `n`: the base fans out.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
@@ -16,14 +15,12 @@ import anthropic
 from pydantic import Field
 
 from gengate.domain import (
-    ChoiceConstraint,
     ConstraintKind,
     Enforcement,
     FinishReason,
     Generation,
     GenerationRequest,
     ImagePart,
-    JsonSchemaConstraint,
     Role,
     StructuredOutput,
     TextPart,
@@ -64,7 +61,6 @@ _ENFORCED_KEYWORDS = frozenset(
         "$schema",
     }
 )
-_WRAP_KEY = "value"
 
 
 class AnthropicOptions(ProviderOptions):
@@ -98,50 +94,9 @@ def _relaxed(node: Any) -> bool:
 
 
 def anthropic_plan(structured: StructuredOutput, level: Enforcement) -> so.StructuredPlan:
-    """JSON Schema / choice as an `output_config` schema (object root; others wrapped in
-    {"value": ...} and unwrapped again); everything else prompted and validated."""
-    c = structured.constraint
-    if level != Enforcement.NATIVE or not isinstance(c, JsonSchemaConstraint | ChoiceConstraint):
-        return so.StructuredPlan(
-            structured, level, native=False, instructions=so.constraint_instructions(structured)
-        )
-    schema: dict[str, Any] = (
-        {"type": "string", "enum": list(c.choices)} if isinstance(c, ChoiceConstraint) else c.schema
-    )
-    wrapped = schema.get("type") != "object"
-    root = schema
-    if wrapped:
-        defs = {k: schema[k] for k in ("$defs",) if k in schema}
-        inner = {k: v for k, v in schema.items() if k != "$defs"}
-        root = {"type": "object", "properties": {_WRAP_KEY: inner}, "required": [_WRAP_KEY], **defs}
-    try:
-        wire = anthropic.transform_schema(root)
-    except (ValueError, TypeError, AssertionError):
-        # A schema the API cannot express (e.g. no "type"): prompt and validate instead.
-        return so.StructuredPlan(
-            structured,
-            Enforcement.VALIDATED,
-            native=False,
-            instructions=so.constraint_instructions(structured),
-        )
-    is_choice = isinstance(c, ChoiceConstraint)
-
-    def unwrap(text: str) -> str:
-        if not wrapped:
-            return text
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return text
-        if not isinstance(value, dict) or _WRAP_KEY not in value:
-            return text
-        inner_value = value[_WRAP_KEY]
-        if is_choice and isinstance(inner_value, str):
-            return inner_value
-        return json.dumps(inner_value, ensure_ascii=False)
-
-    enforcement = Enforcement.VALIDATED if _relaxed(schema) else Enforcement.NATIVE
-    return so.StructuredPlan(structured, enforcement, native=True, native_schema=wire, unwrap=unwrap)
+    """JSON Schema / choice as an `output_config` schema adapted by the SDK's `transform_schema`
+    (object root; others wrapped); everything else prompted and validated."""
+    return so.plan_object_root(structured, level, transform=anthropic.transform_schema, relaxed=_relaxed)
 
 
 def _content(parts: tuple[TextPart | ImagePart, ...]) -> list[dict[str, Any]]:

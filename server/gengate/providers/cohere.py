@@ -1,0 +1,207 @@
+"""Cohere v2 Chat API through the official `cohere` SDK (AsyncClientV2).
+
+JSON Schema and choices are native through `response_format` {"type": "json_object",
+"json_schema": ...} (object root; others wrapped), JSON object natively; regex is prompted and
+validated; grammars are refused. Cohere has no `n`: the base fans out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import cohere
+import httpx
+
+from gengate.domain import (
+    ConstraintKind,
+    Enforcement,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    ImagePart,
+    JsonObjectConstraint,
+    TextPart,
+    TokenLogprob,
+    Usage,
+)
+from gengate.providers import structured as so
+from gengate.providers.base import (
+    Chunk,
+    ChunkEnd,
+    ChunkText,
+    ChunkUsage,
+    Completion,
+    ProviderBackend,
+    ProviderCall,
+    ProviderOptions,
+    image_url,
+    map_finish_reason,
+)
+
+
+class CohereOptions(ProviderOptions):
+    """Config keys of a `cohere` model."""
+
+    safety_mode: str | None = None
+
+
+def _finish(raw: str | None) -> FinishReason:
+    if raw == "TIMEOUT":
+        return FinishReason.TIME_LIMIT
+    return map_finish_reason(raw)
+
+
+def _content(parts: tuple[TextPart | ImagePart, ...]) -> str | list[dict[str, Any]]:
+    if all(isinstance(p, TextPart) for p in parts):
+        return "".join(p.text for p in parts if isinstance(p, TextPart))
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if isinstance(part, TextPart):
+            out.append({"type": "text", "text": part.text})
+        else:
+            out.append({"type": "image_url", "image_url": {"url": image_url(part)}})
+    return out
+
+
+def _usage(usage: Any) -> Usage | None:
+    """Cohere reports `tokens` (what the model saw) and `billed_units`; prefer `tokens`."""
+    if usage is None:
+        return None
+    for counts in (usage.tokens, usage.billed_units):
+        if counts is not None and counts.output_tokens is not None:
+            return Usage(int(counts.input_tokens or 0), int(counts.output_tokens))
+    return None
+
+
+class CohereBackend(ProviderBackend):
+    """Command models over the v2 Chat API."""
+
+    kind: ClassVar[str] = "cohere"
+    Options: ClassVar[type[ProviderOptions]] = CohereOptions
+    label: ClassVar[str] = "Cohere"
+    structured_support: ClassVar[dict[ConstraintKind, Enforcement]] = {
+        ConstraintKind.JSON_SCHEMA: Enforcement.NATIVE,
+        ConstraintKind.CHOICE: Enforcement.NATIVE,
+        ConstraintKind.JSON_OBJECT: Enforcement.NATIVE,
+        ConstraintKind.REGEX: Enforcement.VALIDATED,
+    }
+    native_n: ClassVar[bool] = False
+    logprobs_supported: ClassVar[bool] = True
+    image_input: ClassVar[bool] = True
+    seed_supported: ClassVar[bool] = True
+    default_api_key_envs: ClassVar[tuple[str, ...]] = ("CO_API_KEY", "COHERE_API_KEY")
+
+    def __init__(self, name: str, options: ProviderOptions) -> None:
+        super().__init__(name, options)
+        self._client: cohere.AsyncClientV2 | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        await super().start()
+        # Our own HTTP client, so that aclose() really closes the connections.
+        self._http = httpx.AsyncClient(timeout=self.options.timeout, follow_redirects=True)
+        kwargs: dict[str, Any] = {
+            "api_key": self.api_key,
+            "timeout": self.options.timeout,
+            "httpx_client": self._http,
+        }
+        if self.options.base_url:
+            kwargs["base_url"] = self.options.base_url
+        self._client = cohere.AsyncClientV2(**kwargs)
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+        self._client = self._http = None
+
+    @property
+    def client(self) -> cohere.AsyncClientV2:
+        if self._client is None:
+            raise RuntimeError(f"model {self.name!r} used before start()")
+        return self._client
+
+    def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
+        assert req.structured_output is not None
+        return so.plan_object_root(req.structured_output, level)
+
+    def _params(self, call: ProviderCall) -> dict[str, Any]:
+        req = call.request
+        params: dict[str, Any] = {
+            "model": self.options.model,
+            "messages": [{"role": m.role.value, "content": _content(m.content)} for m in call.messages],
+            # The SDK's own retries stay off: the base retries with the caller's deadline in mind.
+            "request_options": {"timeout_in_seconds": call.timeout, "max_retries": 0},
+        }
+        s = req.sampling
+        for key, value in (
+            ("temperature", s.temperature),
+            ("p", s.top_p),
+            ("k", s.top_k),
+            ("seed", s.seed),
+            ("frequency_penalty", s.frequency_penalty),
+            ("presence_penalty", s.presence_penalty),
+            ("max_tokens", req.stopping.max_tokens),
+        ):
+            if value is not None:
+                params[key] = value
+        if req.stopping.stop:
+            params["stop_sequences"] = list(req.stopping.stop)
+        if req.logprobs is not None:
+            params["logprobs"] = True
+        if isinstance(self.options, CohereOptions) and self.options.safety_mode:
+            params["safety_mode"] = self.options.safety_mode
+        plan = call.plan
+        if plan is not None and plan.native:
+            response_format: dict[str, Any] = {"type": "json_object"}
+            if plan.native_schema is not None:
+                response_format["json_schema"] = plan.native_schema
+            elif not isinstance(plan.structured.constraint, JsonObjectConstraint):
+                raise AssertionError("native plan without a schema")
+            params["response_format"] = response_format
+        return params
+
+    async def _complete(self, call: ProviderCall) -> Completion:
+        response = await self.client.chat(**self._params(call))
+        text = "".join(
+            getattr(item, "text", "") or ""
+            for item in (response.message.content or [])
+            if item.type == "text"
+        )
+        logprobs = None
+        if response.logprobs:
+            logprobs = tuple(
+                TokenLogprob(
+                    token=item.text or "",
+                    logprob=(item.logprobs or [0.0])[0],
+                    token_id=item.token_ids[0] if item.token_ids else None,
+                )
+                for item in response.logprobs
+            )
+        usage = _usage(response.usage)
+        generation = Generation(
+            index=0,
+            text=text,
+            finish_reason=_finish(response.finish_reason),
+            output_tokens=usage.output_tokens if usage else 0,
+            logprobs=logprobs,
+        )
+        return Completion([generation], usage)
+
+    async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
+        stream = self.client.chat_stream(**self._params(call))
+        try:
+            async for event in stream:
+                if event.type == "content-delta":
+                    content = event.delta.message.content if event.delta and event.delta.message else None
+                    text = getattr(content, "text", None)
+                    if text:
+                        yield ChunkText(0, text)
+                elif event.type == "message-end":
+                    delta = event.delta
+                    yield ChunkEnd(0, _finish(delta.finish_reason if delta else None))
+                    usage = _usage(delta.usage if delta else None)
+                    if usage is not None:
+                        yield ChunkUsage(usage.input_tokens, usage.output_tokens)
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
