@@ -221,11 +221,17 @@ class ProviderBackend(abc.ABC):
     image_input: ClassVar[bool] = False
     seed_supported: ClassVar[bool] = False
     requires_api_key: ClassVar[bool] = True
+    # Standard key variables read when the config names neither api_key nor api_key_env.
+    default_api_key_envs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         self.name = name
         self.options = options
         self.api_key = options.resolve_api_key()
+        if self.api_key is None and options.api_key is None and options.api_key_env is None:
+            found = next((v for v in map(os.environ.get, self.default_api_key_envs) if v), None)
+            register_secret(found)
+            self.api_key = found
         self.retry_policy = RetryPolicy(max_retries=options.max_retries)
         self.capabilities = self.build_capabilities()
 

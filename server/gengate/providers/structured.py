@@ -426,3 +426,59 @@ def plan_openai_style(
         strict=True,
         unwrap=unwrap,
     )
+
+
+def plan_object_root(
+    structured: StructuredOutput,
+    level: Enforcement,
+    *,
+    transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    relaxed: Callable[[dict[str, Any]], bool] | None = None,
+) -> StructuredPlan:
+    """A plan for providers whose native JSON Schema needs an object root (Anthropic, Cohere,
+    Gemini...): choices become an enum, a non-object root is wrapped as {"value": ...} and
+    unwrapped again; `transform` adapts the wire schema (ValueError: prompt + validate instead)
+    and `relaxed(schema)` says the provider would not enforce all of it (report VALIDATED)."""
+    c = structured.constraint
+    prompted = StructuredPlan(
+        structured,
+        Enforcement.VALIDATED if level == Enforcement.NATIVE else level,
+        native=False,
+        instructions=constraint_instructions(structured),
+    )
+    if level != Enforcement.NATIVE:
+        return prompted
+    if isinstance(c, JsonObjectConstraint):
+        return StructuredPlan(structured, Enforcement.NATIVE, native=True)
+    if not isinstance(c, JsonSchemaConstraint | ChoiceConstraint):
+        return StructuredPlan(structured, level, native=True)
+    schema: dict[str, Any] = (
+        {"type": "string", "enum": list(c.choices)} if isinstance(c, ChoiceConstraint) else c.schema
+    )
+    wrapped = schema.get("type") != "object"
+    root = schema
+    if wrapped:
+        defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+        inner = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+        root = {"type": "object", "properties": {_WRAP_KEY: inner}, "required": [_WRAP_KEY], **defs}
+    try:
+        wire = transform(root) if transform is not None else root
+    except (ValueError, TypeError, KeyError, AssertionError):
+        return prompted
+    is_choice = isinstance(c, ChoiceConstraint)
+
+    def unwrap(text: str) -> str:
+        if not wrapped:
+            return text
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text
+        if not isinstance(value, dict) or _WRAP_KEY not in value:
+            return text
+        if is_choice and isinstance(value[_WRAP_KEY], str):
+            return str(value[_WRAP_KEY])
+        return json.dumps(value[_WRAP_KEY], ensure_ascii=False)
+
+    level = Enforcement.VALIDATED if relaxed is not None and relaxed(schema) else Enforcement.NATIVE
+    return StructuredPlan(structured, level, native=True, native_schema=wire, unwrap=unwrap)
