@@ -136,7 +136,7 @@ def _parse_model(raw: Any, index: int, source: str) -> ModelConfig:
             f"{'.'.join(str(p) for p in err['loc']) or '<entry>'}: {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"{where}: {problems}") from exc
-    limits: dict[str, int] = {}
+    limits: dict[str, Any] = {}
     for key in ("max_concurrency", "max_queue"):
         if key in raw:
             value = raw[key]

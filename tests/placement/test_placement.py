@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from gengate.errors import ConfigError
 from gengate.workers import placement as placement_mod
 from gengate.workers.placement import (
@@ -88,7 +87,10 @@ def test_worker_pid_is_recorded(placement_path: Path) -> None:
 def test_dead_server_pid_is_reclaimed(placement_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, CONTENDER, str(placement_path), "doomed", "1", "die"],
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     assert json.loads(out.stdout) == [0]
     assert len(json.loads(placement_path.read_text())["leases"]) == 1
@@ -108,7 +110,10 @@ def test_reused_pid_is_not_mistaken_for_the_holder() -> None:
 def _spawn(path: Path, name: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, CONTENDER, str(path), name, "4", *args],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 

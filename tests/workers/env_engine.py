@@ -9,5 +9,7 @@ from gengate.engines.scripted import ScriptedBackend, ScriptedOptions
 
 class EnvEngine(ScriptedBackend):
     def __init__(self, name: str, options: ScriptedOptions) -> None:
-        env = " ".join(f"{key}={os.environ.get(key, '<unset>')}" for key in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"))
+        env = " ".join(
+            f"{key}={os.environ.get(key, '<unset>')}" for key in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+        )
         super().__init__(name, options.model_copy(update={"text": env}))

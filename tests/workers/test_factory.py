@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gengate.config import parse_config
 from gengate.engines.scripted import ScriptedBackend
 from gengate.errors import ConfigError
@@ -20,7 +19,12 @@ def model(**entry: object):  # type: ignore[no-untyped-def]
 
 def test_defaults() -> None:
     config = model()
-    assert (config.isolation, config.devices, config.num_gpus, config.share_devices) == (None, None, None, False)
+    assert (config.isolation, config.devices, config.num_gpus, config.share_devices) == (
+        None,
+        None,
+        None,
+        False,
+    )
     assert isolation_of(config) == "inline"
     assert isinstance(build_backend(config), ScriptedBackend)
     assert gpu_request(config) is None
@@ -84,8 +88,12 @@ async def test_cpu_engine_with_devices_auto_runs_on_cpu_without_gpus(tmp_path: P
 
 async def test_gpu_only_engine_without_gpus_is_a_clear_start_error(tmp_path: Path) -> None:
     backend = WorkerBackend(
-        "needs-gpu", "scripted", {}, gpu=GpuRequest(required=True),
-        placement=PlacementFile(tmp_path / "p.json"), device_provider=StaticDeviceProvider([]),
+        "needs-gpu",
+        "scripted",
+        {},
+        gpu=GpuRequest(required=True),
+        placement=PlacementFile(tmp_path / "p.json"),
+        device_provider=StaticDeviceProvider([]),
     )
     with pytest.raises(PlacementError, match="needs a GPU but none is available") as info:
         await backend.start()

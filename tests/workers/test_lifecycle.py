@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-
 from gengate import errors
 from gengate.backend import Backend
 from gengate.domain import GenerationDelta, GenerationEnd, GenerationRequest, StoppingCriteria, StreamStart
@@ -24,7 +23,9 @@ WORDS = " ".join(f"w{i}" for i in range(400))
 
 
 def scripted(name: str, **options: object) -> WorkerBackend:
-    return WorkerBackend(name, "scripted", ScriptedOptions.model_validate(options), restart_backoff_s=(0.2, 2.0))
+    return WorkerBackend(
+        name, "scripted", ScriptedOptions.model_validate(options), restart_backoff_s=(0.2, 2.0)
+    )
 
 
 @pytest.fixture
@@ -62,7 +63,9 @@ async def test_stream_events_in_order(fast_worker: WorkerBackend) -> None:
 
 async def test_many_concurrent_calls_are_multiplexed(fast_worker: WorkerBackend) -> None:
     requests = [
-        GenerationRequest(model="fast", prompt="x", stopping=StoppingCriteria(max_tokens=1 + i % 3), request_id=str(i))
+        GenerationRequest(
+            model="fast", prompt="x", stopping=StoppingCriteria(max_tokens=1 + i % 3), request_id=str(i)
+        )
         for i in range(40)
     ]
     results = await asyncio.gather(*(fast_worker.generate(r) for r in requests))
@@ -108,7 +111,9 @@ async def test_task_cancellation_of_unary_call_aborts(slow_worker: WorkerBackend
     assert await slow_worker.worker_in_flight() == 0
 
 
-async def test_kill_9_mid_stream_fails_fast_and_restarts(slow_worker: WorkerBackend, fast_worker: WorkerBackend) -> None:
+async def test_kill_9_mid_stream_fails_fast_and_restarts(
+    slow_worker: WorkerBackend, fast_worker: WorkerBackend
+) -> None:
     changes: list[bool] = []
     slow_worker.add_serving_listener(changes.append)
     first_pid = slow_worker.pid
@@ -160,7 +165,9 @@ async def test_sigstop_and_deadline_ends_with_deadline_exceeded(slow_worker: Wor
         started = time.monotonic()
         with pytest.raises(errors.DeadlineExceeded):
             await slow_worker.generate(GenerationRequest(model="slow", prompt="x", deadline=started + 0.5))
-        stream = slow_worker.generate_stream(GenerationRequest(model="slow", prompt="x", deadline=started + 1.0))
+        stream = slow_worker.generate_stream(
+            GenerationRequest(model="slow", prompt="x", deadline=started + 1.0)
+        )
         with pytest.raises(errors.DeadlineExceeded):
             async for _ in stream:
                 pass
@@ -206,8 +213,14 @@ async def test_gpu_lease_sets_cuda_visible_devices(tmp_path: Path) -> None:
     placement = PlacementFile(path)
     provider = StaticDeviceProvider.fake(4, memory_free=[1, 9, 5, 9])
     backend = WorkerBackend(
-        "gpu-model", "scripted", {}, target="env_engine:EnvEngine", env=ENV_ENGINE_PATH,
-        gpu=GpuRequest(num_gpus=2), placement=placement, device_provider=provider,
+        "gpu-model",
+        "scripted",
+        {},
+        target="env_engine:EnvEngine",
+        env=ENV_ENGINE_PATH,
+        gpu=GpuRequest(num_gpus=2),
+        placement=placement,
+        device_provider=provider,
     )
     await backend.start()
     try:

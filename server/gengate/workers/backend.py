@@ -183,8 +183,8 @@ class WorkerBackend:
         if serving == self._serving:
             return
         self._serving = serving
-        log.log(logging.INFO if serving else logging.WARNING, "model %r %s", self.name,
-                "is serving" if serving else "is NOT serving")
+        level = logging.INFO if serving or self._closing else logging.WARNING
+        log.log(level, "model %r %s", self.name, "is serving" if serving else "is NOT serving")
         for listener in self._listeners:
             try:
                 outcome = listener(serving)
@@ -225,8 +225,12 @@ class WorkerBackend:
             gpu = self._gpu
             try:
                 self._lease = await asyncio.to_thread(
-                    placement.acquire, self.name, provider,
-                    devices=gpu.devices, num_gpus=gpu.num_gpus, share=gpu.share,
+                    placement.acquire,
+                    self.name,
+                    provider,
+                    devices=gpu.devices,
+                    num_gpus=gpu.num_gpus,
+                    share=gpu.share,
                 )
             except PlacementError as exc:
                 if gpu.required or exc.reason != "NO_GPU":
@@ -255,7 +259,11 @@ class WorkerBackend:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gengate.workers.main", "--fd", str(child_sock.fileno()),
+                sys.executable,
+                "-m",
+                "gengate.workers.main",
+                "--fd",
+                str(child_sock.fileno()),
                 pass_fds=(child_sock.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -374,8 +382,13 @@ class WorkerBackend:
         worker.writer.close()
         if self._closing:
             return
-        log.error("model %r: worker pid %d died (%s); output tail:\n%s",
-                  self.name, worker.pid, _describe_exit(code), worker.output_tail(10))
+        log.error(
+            "model %r: worker pid %d died (%s); output tail:\n%s",
+            self.name,
+            worker.pid,
+            _describe_exit(code),
+            worker.output_tail(10),
+        )
         if time.monotonic() - worker.started_at >= self._stable_after_s:
             self._backoff = self._backoff_initial
         self._restart_task = asyncio.create_task(self._restart())
@@ -434,7 +447,13 @@ class WorkerBackend:
     def _require_worker(self) -> _Worker:
         worker = self._worker
         if worker is None or worker.dead or not self._serving:
-            state = "closed" if self._closing else "restarting" if self.restarts or self._restart_task else "not started"
+            state = (
+                "closed"
+                if self._closing
+                else "restarting"
+                if self.restarts or self._restart_task
+                else "not started"
+            )
             raise errors.Unavailable(
                 f"model {self.name!r} is not serving ({state})",
                 reason="MODEL_NOT_SERVING",
@@ -478,7 +497,9 @@ class WorkerBackend:
             message = await self._next(call, request)
             call.finished = True
             if not isinstance(message, Done) or message.result is None:
-                raise errors.Internal(f"worker of model {self.name!r} sent {type(message).__name__} for a unary call")
+                raise errors.Internal(
+                    f"worker of model {self.name!r} sent {type(message).__name__} for a unary call"
+                )
             return message.result
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:

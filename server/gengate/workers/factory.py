@@ -10,7 +10,7 @@ from gengate.config import ModelConfig
 from gengate.errors import ConfigError
 from gengate.registry import backend_class
 from gengate.workers.backend import GpuRequest, WorkerBackend
-from gengate.workers.placement import DeviceProvider, PlacementFile
+from gengate.workers.placement import DeviceProvider, DeviceRequest, PlacementFile
 
 # Engines hosted by gengate itself, which can run in a worker process.
 LOCAL_ENGINES = frozenset({"scripted", "llamacpp", "transformers", "vllm"})
@@ -43,8 +43,12 @@ def gpu_request(config: ModelConfig) -> GpuRequest | None:
     gpu_only = config.backend in GPU_ONLY
     if config.devices is None and config.num_gpus is None:
         return GpuRequest(required=True) if gpu_only else None
-    devices = config.devices if config.devices is not None else "auto"
-    if devices != "auto" and not isinstance(devices, tuple):
+    devices: DeviceRequest
+    if config.devices is None or config.devices == "auto":
+        devices = "auto"
+    elif isinstance(config.devices, tuple):
+        devices = config.devices
+    else:
         raise ConfigError(f"model {config.name!r}: 'devices' must be 'auto' or a list of GPU indices")
     count = len(devices) if isinstance(devices, tuple) else (config.num_gpus or 1)
     return GpuRequest(devices=devices, num_gpus=count, share=config.share_devices, required=gpu_only)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 import os
@@ -102,7 +103,9 @@ async def serve(fd: int) -> int:
     outbox = Outbox(writer)
     (spec,) = await read_frame(reader)
     assert isinstance(spec, WorkerSpec)
-    logging.basicConfig(level=spec.log_level, format=f"%(levelname)s worker[{spec.name}] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=spec.log_level, format=f"%(levelname)s worker[{spec.name}] %(name)s: %(message)s"
+    )
     try:
         backend = load_backend(spec)
         await backend.start()
@@ -130,11 +133,11 @@ async def serve(fd: int) -> int:
                     tasks[message.call_id] = task
                     call_tasks.add(task)
                     task.add_done_callback(call_tasks.discard)
-                    task.add_done_callback(lambda _t, cid=message.call_id: tasks.pop(cid, None))
+                    task.add_done_callback(functools.partial(_forget, tasks, message.call_id))
                 elif isinstance(message, Abort):
-                    running = tasks.pop(message.call_id, None)
-                    if running is not None:
-                        running.cancel()
+                    aborted = tasks.pop(message.call_id, None)
+                    if aborted is not None:
+                        aborted.cancel()
                 elif isinstance(message, Ping):
                     outbox.send(Pong(message.ping_id, len(tasks)))
                 elif isinstance(message, Shutdown):
@@ -153,6 +156,10 @@ async def serve(fd: int) -> int:
         await outbox.drain()
         writer.close()
     return 0
+
+
+def _forget(tasks: dict[int, asyncio.Task[None]], call_id: int, _task: asyncio.Task[None]) -> None:
+    tasks.pop(call_id, None)
 
 
 def main(argv: list[str] | None = None) -> None:

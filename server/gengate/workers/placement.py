@@ -116,7 +116,9 @@ class StaticDeviceProvider:
         free = list(memory_free) if memory_free is not None else [80 << 30] * count
         return cls(
             [
-                GpuInfo(index=i, uuid=f"GPU-fake-{i}", name="fake", memory_total=80 << 30, memory_free=free[i])
+                GpuInfo(
+                    index=i, uuid=f"GPU-fake-{i}", name="fake", memory_total=80 << 30, memory_free=free[i]
+                )
                 for i in range(count)
             ]
         )
@@ -234,19 +236,25 @@ class PlacementFile:
     def _locked(self) -> Iterator[list[Lease]]:
         """Yields the live leases under the lock; the list as left by the caller is written back."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._mutex, portalocker.Lock(
-            str(self.lock_path),
-            mode="a",
-            timeout=LOCK_TIMEOUT_S,
-            check_interval=0.01,
-            flags=portalocker.LOCK_EX | portalocker.LOCK_NB,
+        with (
+            self._mutex,
+            portalocker.Lock(
+                str(self.lock_path),
+                mode="a",
+                timeout=LOCK_TIMEOUT_S,
+                check_interval=0.01,
+                flags=portalocker.LOCK_EX | portalocker.LOCK_NB,
+            ),
         ):
             leases = self._read()
             live = [lease for lease in leases if lease_alive(lease)]
             for dead in set(leases) - set(live):
                 log.warning(
                     "placement: reclaiming GPUs %s of model %r held by dead process %d (server %s)",
-                    dead.cuda_visible_devices, dead.model, dead.pid, dead.server_id,
+                    dead.cuda_visible_devices,
+                    dead.model,
+                    dead.pid,
+                    dead.server_id,
                 )
             yield live
             self._write(live)
@@ -289,7 +297,9 @@ class PlacementFile:
         gpus = provider.list_devices()
         if not gpus:
             reason = provider.unavailable_reason or "no GPUs"
-            raise PlacementError(f"model {model!r} needs a GPU but none is available: {reason}", reason="NO_GPU")
+            raise PlacementError(
+                f"model {model!r} needs a GPU but none is available: {reason}", reason="NO_GPU"
+            )
         by_index = {gpu.index: gpu for gpu in gpus}
         with self._locked() as live:
             taken: dict[int, Lease] = {}
@@ -321,7 +331,8 @@ class PlacementFile:
     ) -> list[int]:
         if num_gpus > len(gpus):
             raise PlacementError(
-                f"model {model!r} asks for {num_gpus} GPU(s) but the node has {len(gpus)}", reason="NOT_ENOUGH_GPUS"
+                f"model {model!r} asks for {num_gpus} GPU(s) but the node has {len(gpus)}",
+                reason="NOT_ENOUGH_GPUS",
             )
         by_memory = sorted(gpus, key=lambda g: (-g.memory_free, g.index))
         free = [g.index for g in by_memory if g.index not in taken]
@@ -347,16 +358,23 @@ class PlacementFile:
     ) -> list[int]:
         missing = [d for d in wanted if d not in by_index]
         if missing:
-            raise ConfigError(f"model {model!r}: devices {missing} do not exist; this node has {sorted(by_index)}")
+            raise ConfigError(
+                f"model {model!r}: devices {missing} do not exist; this node has {sorted(by_index)}"
+            )
         busy = {d: taken[d] for d in wanted if d in taken}
         if busy and not share:
-            holders = ", ".join(f"GPU {d}: {lease.model!r} (pid {lease.pid})" for d, lease in sorted(busy.items()))
+            holders = ", ".join(
+                f"GPU {d}: {lease.model!r} (pid {lease.pid})" for d, lease in sorted(busy.items())
+            )
             raise PlacementError(
-                f"model {model!r}: GPU(s) already held ({holders}); set share_devices: true to share on purpose",
+                f"model {model!r}: GPU(s) already held ({holders}); "
+                "set share_devices: true to share on purpose",
                 reason="GPUS_BUSY",
             )
         if busy:
-            log.warning("placement: model %r shares GPU(s) %s with other workers (share_devices)", model, sorted(busy))
+            log.warning(
+                "placement: model %r shares GPU(s) %s with other workers (share_devices)", model, sorted(busy)
+            )
         return list(wanted)
 
     def set_worker_pid(self, lease: Lease, worker_pid: int | None) -> Lease:

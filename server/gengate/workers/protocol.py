@@ -11,7 +11,7 @@ import asyncio
 import pickle
 import struct
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, Union
+from typing import Any, TypeAlias
 
 from gengate import errors
 from gengate.domain import GenerationRequest, GenerationResult, ModelCapabilities, StreamEvent
@@ -139,8 +139,8 @@ class Pong:
     in_flight: int
 
 
-ToWorker: TypeAlias = Union[WorkerSpec, Call, Abort, Ping, Shutdown]
-FromWorker: TypeAlias = Union[Ready, StartFailed, Event, Done, Failed, Pong]
+ToWorker: TypeAlias = WorkerSpec | Call | Abort | Ping | Shutdown
+FromWorker: TypeAlias = Ready | StartFailed | Event | Done | Failed | Pong
 
 
 def encode(messages: list[Any]) -> bytes:
