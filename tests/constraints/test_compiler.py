@@ -85,7 +85,7 @@ async def test_relaxed_schema_compiles_as_validated(compiler: ConstraintCompiler
         )
     )
     assert compiled.enforcement is Enforcement.VALIDATED
-    assert compiled.relaxations == ("uniqueItems not enforced at /",)
+    assert compiled.relaxations == ("keyword uniqueItems not enforced at /",)
 
 
 def _walk(compiler: ConstraintCompiler, structured: StructuredOutput, text: str) -> bool:

@@ -69,13 +69,16 @@ def test_additional_properties_option_closes_objects_that_do_not_say() -> None:
         ({"type": "string", "format": "path"}, "unknown format 'path' served as a plain string at /"),
         (
             {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
-            "uniqueItems not enforced at /",
+            "keyword uniqueItems not enforced at /",
         ),
         (
             {"type": "object", "properties": {"a": {"type": "string"}}, "dependencies": {"a": ["b"]}},
-            "dependencies not enforced at /",
+            "keyword dependencies not enforced at /",
         ),
-        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired not enforced at /"),
+        (
+            {"type": "object", "dependentRequired": {"a": ["b"]}},
+            "keyword dependentRequired not enforced at /",
+        ),
     ],
 )
 def test_unsupported_keywords_are_relaxed_and_marked_validated(schema: dict[str, Any], expected: str) -> None:
@@ -97,7 +100,7 @@ def test_relaxations_combine_and_property_names_are_not_keywords() -> None:
     lowered = lower(so(JsonSchemaConstraint(schema)))
     assert set(lowered.relaxations) == {
         "unknown format 'byte' served as a plain string at /properties/format",
-        "uniqueItems not enforced at /properties/tags",
+        "keyword uniqueItems not enforced at /properties/tags",
     }
 
 
@@ -191,3 +194,25 @@ def test_json_object_is_any_object() -> None:
     lowered = lower(so(JsonObjectConstraint()))
     assert lowered.kind is ConstraintKind.JSON_OBJECT
     assert lowered.schema == {"type": "object"}
+
+
+def test_relaxation_reaches_subschemas_only_referenced_by_ref() -> None:
+    schema = {
+        "definitions": {
+            "wrap": {"full": {"type": "array", "items": {"oneOf": [{"type": "number"}, {"type": "integer"}]}}}
+        },
+        "type": "object",
+        "properties": {"xs": {"$ref": "#/definitions/wrap/full"}, "p": {"$ref": "#/definitions/wrap/full"}},
+    }
+    lowered = lower(so(JsonSchemaConstraint(schema)))
+    assert lowered.enforcement is Enforcement.VALIDATED
+    assert lowered.relaxations == ("oneOf served as anyOf at /definitions/wrap/full/items",)
+
+
+def test_not_and_property_names_are_relaxed() -> None:
+    schema = {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}, "not": {"required": ["x"]}}
+    lowered = lower(so(JsonSchemaConstraint(schema)))
+    assert set(lowered.relaxations) == {
+        "keyword not not enforced at /",
+        "keyword propertyNames not enforced at /",
+    }

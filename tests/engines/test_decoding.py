@@ -346,3 +346,55 @@ def test_eos_is_masked_until_the_constraint_accepts(tiny: Any) -> None:
     second = decoder.step(logits)
     assert second.token_id == eos and second.finished is FinishReason.STOP
     assert decoder.text and set(decoder.text) == {"a"}
+
+
+def test_finalize_flushes_held_text_when_the_engine_ends_the_generation() -> None:
+    decoder = make(stop=("STOP",))
+    assert [r.text_delta for r in feed(decoder, [1, 10])] == ["a", ""]
+    assert decoder.finalize() == "ST" and decoder.finalize() == ""
+    assert decoder.text == "aST" and decoder.finished is None
+
+
+def test_a_constraint_that_only_takes_the_empty_string_ends_at_once(tiny: Any) -> None:
+    _, compiler, eos = tiny
+    from gengate.domain import ChoiceConstraint
+
+    decoder = make(
+        matcher=compiler.compile_sync(StructuredOutput(ChoiceConstraint(("",)))).new_matcher(),
+        vocab=compiler.ll_tokenizer.vocab_size,
+        eos=frozenset({eos}),
+    )
+    result = decoder.step(np.zeros(compiler.ll_tokenizer.vocab_size, dtype=np.float32))
+    assert result.token_id in (None, eos) and result.finished is FinishReason.STOP
+    assert decoder.text == ""
+
+
+def test_sampled_constrained_choice_respects_top_k(tiny: Any) -> None:
+    from gengate.domain import ChoiceConstraint
+
+    structured = StructuredOutput(ChoiceConstraint(("red", "green", "blue")))
+    outputs = {
+        constrained_run(tiny, structured, "yellow", seed=seed, temperature=2.0).text for seed in range(6)
+    }
+    assert outputs <= {"red", "green", "blue"} and outputs
+
+
+def test_dead_end_raises_internal() -> None:
+    from gengate import errors
+
+    class NothingAllowed:
+        vocab_size = len(PIECES)
+
+        def fill_mask(self, row: np.ndarray) -> None:
+            row[:] = 0
+
+        def is_accepting(self) -> bool:
+            return False
+
+        def is_stopped(self) -> bool:
+            return False
+
+    for sampling in (SamplingParams(temperature=0, seed=1), SamplingParams(temperature=1.0, seed=1)):
+        with pytest.raises(errors.Internal) as info:
+            make(matcher=NothingAllowed(), sampling=sampling).step(one_hot(1))
+        assert info.value.reason == "CONSTRAINT_DEAD_END"

@@ -59,7 +59,9 @@ _LIST_VALUED = ("allOf", "anyOf", "oneOf", "prefixItems")
 _MAP_VALUED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 # Keywords llguidance reports as unimplemented that can be dropped and checked afterwards.
-_DROPPABLE_KEYWORDS = frozenset({"uniqueItems", "dependencies", "dependentRequired", "dependentSchemas"})
+_DROPPABLE_KEYWORDS = frozenset(
+    {"uniqueItems", "dependencies", "dependentRequired", "dependentSchemas", "propertyNames", "not"}
+)
 _MAX_RELAXATION_ROUNDS = 8
 
 
@@ -210,13 +212,14 @@ def _relax(schema: dict[str, Any], error: str, options: JsonCompileOptions) -> l
     """Relaxes `schema`/`options` in place for llguidance's `error`; returns what was relaxed, or []."""
     if "oneOf" in error and "coerce_one_of" in error and not options.get("coerce_one_of"):
         options["coerce_one_of"] = True
-        return [f"oneOf served as anyOf at {path}" for path, _ in _keyword_sites(schema, "oneOf")]
+        sites = [path for path, _ in _keyword_sites(schema, "oneOf")]
+        return [f"oneOf served as anyOf at {path}" for path in sites] or ["oneOf served as anyOf"]
     if m := _UNKNOWN_FORMAT.search(error):
         fmt = m.group(1).strip("\"'")
-        sites = [path for path, node in _keyword_sites(schema, "format") if node.get("format") == fmt]
-        for path in sites:
-            _node_at(schema, path).pop("format", None)
-        return [f"unknown format {fmt!r} served as a plain string at {path}" for path in sites]
+        found = [(path, node) for path, node in _keyword_sites(schema, "format") if node["format"] == fmt]
+        for _, node in found:
+            del node["format"]
+        return [f"unknown format {fmt!r} served as a plain string at {path}" for path, _ in found]
     if m := _UNIMPLEMENTED.search(error):
         keys = {k.strip().strip("\"'") for k in m.group(1).split(",")}
         if not keys or not keys <= _DROPPABLE_KEYWORDS:
@@ -225,19 +228,39 @@ def _relax(schema: dict[str, Any], error: str, options: JsonCompileOptions) -> l
         for key in sorted(keys):
             for path, node in list(_keyword_sites(schema, key)):
                 node.pop(key, None)
-                done.append(f"{key} not enforced at {path}")
+                done.append(f"keyword {key} not enforced at {path}")
         return done
     return []
 
 
 def _keyword_sites(schema: Any, keyword: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """Yields (JSON pointer, subschema) for every subschema that uses `keyword` as a keyword."""
-    for path, node in _subschemas(schema, ""):
+    for path, node in _all_subschemas(schema):
         if keyword in node:
             yield (path or "/", node)
 
 
+def _all_subschemas(schema: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every subschema once: those reached by keywords, plus local `$ref` targets anywhere."""
+    seen: set[int] = set()
+    pending: list[tuple[str, Any]] = [("", schema)]
+    while pending:
+        start_path, start = pending.pop()
+        for path, node in _subschemas(start, start_path):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            yield path, node
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/"):
+                try:
+                    pending.append((ref[1:], _node_at(schema, ref[1:])))
+                except (KeyError, IndexError, ValueError, TypeError):
+                    continue
+
+
 def _subschemas(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yields `node` and the subschemas its keywords hold, with their JSON pointers."""
     if not isinstance(node, dict):
         return
     yield path, node
@@ -283,7 +306,7 @@ def _apply_additional_properties(schema: dict[str, Any], allowed: bool) -> None:
     allOf members and schemas combining allOf/$ref are left alone: closing them would make the
     conjunction unsatisfiable.
     """
-    for path, node in list(_subschemas(schema, "")):
+    for path, node in list(_all_subschemas(schema)):
         is_object = node.get("type") == "object" or "properties" in node
         says = any(k in node for k in ("additionalProperties", "unevaluatedProperties", "patternProperties"))
         in_all_of = re.search(r"/allOf/\d+$", path) is not None

@@ -7,6 +7,7 @@ the life of the tokenizer object it was made from.
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any
 
 from llguidance import LLTokenizer
@@ -46,6 +47,9 @@ def make_ll_tokenizer_from_llama(llama: Any) -> LLTokenizer:
         from llguidance.llamacpp import lltokenizer_from_vocab
 
         vocab = llama_cpp.llama_model_get_vocab(llama.model)
-        return lltokenizer_from_vocab(vocab)
+        with warnings.catch_warnings():
+            # llguidance calls a llama.cpp function deprecated in favour of a vocab one, per token
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return lltokenizer_from_vocab(vocab)
 
     return _cached(llama, build)

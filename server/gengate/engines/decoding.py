@@ -34,8 +34,6 @@ from gengate.domain import FinishReason, SamplingParams, StoppingCriteria, Token
 
 FloatArray = npt.NDArray[np.float32]
 _MASK64 = (1 << 64) - 1
-# top-p without top-k: look at this many best tokens first and widen only if their mass is short.
-_TOP_P_WINDOWS = (64, 1024)
 
 
 @dataclass(frozen=True)
@@ -200,9 +198,9 @@ class SequenceDecoder:
     def _apply_mask(self, work: FloatArray, matcher: ConstraintMatcher) -> None:
         eos_values = work[self._eos] if self._eos.size else None
         matcher.fill_mask(self._bitmask)
-        allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
         n = min(matcher.vocab_size, work.shape[0])
-        work[:n][allowed[:n] == 0] = -np.inf
+        allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[:n].view(np.bool_)
+        np.copyto(work[:n], np.float32(-np.inf), where=~allowed)
         work[n:] = -np.inf
         if eos_values is not None:
             work[self._eos] = eos_values if matcher.is_accepting() else -np.inf
@@ -214,11 +212,19 @@ class SequenceDecoder:
                 raise self._nothing_allowed()
             return token
         scaled = work / np.float32(self._temperature) if self._temperature != 1.0 else work
-        if self._top_k is not None and self._top_k < scaled.shape[0]:
-            ids = np.argpartition(scaled, -self._top_k)[-self._top_k :]
-        else:
-            ids = None
-        cand = scaled if ids is None else scaled[ids]
+        ids: npt.NDArray[np.int64] | None = None
+        cand = scaled
+        if self._matcher is not None:
+            # constrained states usually allow few tokens: sample among those only
+            allowed = np.flatnonzero(scaled > -np.inf)
+            if allowed.shape[0] == 0:
+                raise self._nothing_allowed()
+            if allowed.shape[0] < scaled.shape[0] // 2:
+                ids, cand = allowed, scaled[allowed]
+        if self._top_k is not None and self._top_k < cand.shape[0]:
+            best = np.argpartition(cand, -self._top_k)[-self._top_k :]
+            ids = best if ids is None else ids[best]
+            cand = cand[best]
         top = float(cand.max())
         if not np.isfinite(top):
             raise self._nothing_allowed()
@@ -324,16 +330,12 @@ class SequenceDecoder:
 
 
 def _top_p_keep(probs: npt.NDArray[np.float32], top_p: float) -> npt.NDArray[np.int64]:
-    """Indices of the smallest set of most likely entries whose mass reaches top_p."""
-    size = probs.shape[0]
-    for window in (*_TOP_P_WINDOWS, size):
-        if window >= size:
-            order = np.argsort(-probs, kind="stable")
-        else:
-            part = np.argpartition(probs, -window)[-window:]
-            order = part[np.argsort(-probs[part], kind="stable")]
-        cdf = np.cumsum(probs[order], dtype=np.float64)
-        if cdf[-1] >= top_p or window >= size:
-            cut = int(np.searchsorted(cdf, top_p, side="left")) + 1
-            return order[: min(cut, order.shape[0])].astype(np.int64)
-    raise AssertionError("unreachable")
+    """Indices of the most likely entries whose mass first reaches top_p (ties at the edge kept).
+
+    A plain value sort (SIMD, ~20x faster than argsort at 128k) finds the threshold probability;
+    one comparison then selects the nucleus.
+    """
+    ordered = np.sort(probs)[::-1]
+    cdf = np.cumsum(ordered, dtype=np.float64)
+    cut = min(int(np.searchsorted(cdf, top_p * cdf[-1], side="left")), ordered.shape[0] - 1)
+    return np.flatnonzero(probs >= ordered[cut])
