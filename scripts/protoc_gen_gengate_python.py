@@ -65,9 +65,7 @@ def _python(request: plugin_pb2.CodeGeneratorRequest) -> plugin_pb2.CodeGenerato
         out.mkdir()
         flags = [f"--{kind}_out={out}" for kind in ("python", "grpc_python", "mypy", "mypy_grpc")]
         argv = [sys.executable, "-m", "grpc_tools.protoc", f"--descriptor_set_in={descriptors}"]
-        run = subprocess.run(
-            [*argv, *flags, *targets], capture_output=True, text=True, check=False
-        )
+        run = subprocess.run([*argv, *flags, *targets], capture_output=True, text=True, check=False)
         if run.returncode != 0:
             response.error = run.stderr or "grpc_tools.protoc failed"
             return response
@@ -87,9 +85,7 @@ def _filter(raw: bytes, prefix: str, plugin: list[str]) -> bytes:
     kept = [f for f in request.file_to_generate if f.startswith(prefix)]
     del request.file_to_generate[:]
     request.file_to_generate.extend(kept)
-    return subprocess.run(
-        plugin, input=request.SerializeToString(), capture_output=True, check=True
-    ).stdout
+    return subprocess.run(plugin, input=request.SerializeToString(), capture_output=True, check=True).stdout
 
 
 def main() -> None:

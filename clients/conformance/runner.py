@@ -1,0 +1,292 @@
+"""Python conformance runner: runs vectors.json with the gengate_client package.
+
+    python runner.py ADDRESS [VECTORS]   prints {"language": "python", "results": [...]} as JSON
+
+Each result is {name, ok, failures, observed}; `observed` must match the other languages'.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from gengate_client import Choice, Client, GengateError, Grammar, JsonObject, JsonSchema, OutputError, Regex
+from gengate_client._proto.gengate.v1 import generation_pb2, types_pb2
+from google.protobuf import json_format
+
+Outcome = dict[str, Any]
+
+
+def _kwargs(request: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+    """The client's generate() arguments for a protobuf-JSON GenerateRequest."""
+    pb = json_format.ParseDict(request, generation_pb2.GenerateRequest())
+    options: dict[str, Any] = {}
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
+        if pb.sampling.HasField(name):
+            options[name] = getattr(pb.sampling, name)
+    if pb.stopping.HasField("max_tokens"):
+        options["max_tokens"] = pb.stopping.max_tokens
+    if pb.stopping.stop:
+        options["stop"] = list(pb.stopping.stop)
+    if pb.HasField("n"):
+        options["n"] = pb.n
+    if pb.HasField("messages"):
+        options["messages"] = list(pb.messages.messages)
+    so = pb.structured_output
+    kind = so.WhichOneof("kind")
+    if kind == "json_schema":
+        options["output_type"] = JsonSchema(
+            json_format.MessageToDict(so.json_schema.schema), so.json_schema.name
+        )
+    elif kind == "regex":
+        options["output_type"] = Regex(so.regex.pattern)
+    elif kind == "choice":
+        options["output_type"] = Choice(list(so.choice.choices))
+    elif kind == "grammar":
+        syntax = types_pb2.GrammarSyntax.Name(so.grammar.syntax).removeprefix("GRAMMAR_SYNTAX_").lower()
+        options["output_type"] = Grammar(so.grammar.definition, syntax)  # type: ignore[arg-type]
+    elif kind == "json_object":
+        options["output_type"] = JsonObject()
+    prompt = pb.prompt if pb.HasField("prompt") else None
+    return pb.model, prompt, options
+
+
+def _error(exc: GengateError) -> Outcome:
+    return {
+        "error": {
+            "code": exc.code_name,
+            "reason": exc.reason or "",
+            "fields": sorted(v.field for v in exc.field_violations),
+        }
+    }
+
+
+def _response(resp: Any) -> Outcome:
+    raw = resp.raw
+    return {
+        "texts": [g.text for g in raw.generations],
+        "finish_reasons": [types_pb2.FinishReason.Name(g.finish_reason) for g in raw.generations],
+        "output_tokens": [g.output_tokens for g in raw.generations],
+        "enforcement": types_pb2.Enforcement.Name(raw.enforcement),
+        "seed": str(raw.effective_sampling.seed) if raw.effective_sampling.HasField("seed") else None,
+    }
+
+
+def generate(client: Client, request: dict[str, Any], timeout_ms: int | None = None) -> Outcome:
+    model, prompt, options = _kwargs(request)
+    if timeout_ms is not None:
+        options["timeout"] = timeout_ms / 1000
+    try:
+        return _response(client.generate(model, prompt, **options))
+    except GengateError as exc:
+        return _error(exc)
+    except OutputError as exc:
+        return {"error": {"code": "CLIENT_OUTPUT_ERROR", "reason": str(exc), "fields": []}}
+
+
+def stream(client: Client, request: dict[str, Any]) -> Outcome:
+    model, prompt, options = _kwargs(request)
+    kinds: list[tuple[str, int]] = []
+    texts: dict[int, str] = {}
+    ends: dict[int, Any] = {}
+    try:
+        for frame in client.generate_stream(model, prompt, **options):
+            kind = type(frame).__name__
+            if kind == "StreamStart":
+                kinds.append(("start", -1))
+            elif kind == "StreamDelta":
+                kinds.append(("delta", frame.index))
+                texts[frame.index] = texts.get(frame.index, "") + frame.text
+            else:
+                kinds.append(("end", frame.index))
+                ends[frame.index] = frame.raw
+    except GengateError as exc:
+        return _error(exc)
+    indices = sorted(set(texts) | set(ends))
+    return {
+        "texts": [texts.get(i, "") for i in indices],
+        "finish_reasons": [types_pb2.FinishReason.Name(ends[i].finish_reason) for i in indices if i in ends],
+        "output_tokens": [ends[i].usage.output_tokens for i in indices if i in ends],
+        "frames_ordered": _ordered(kinds),
+    }
+
+
+def _ordered(kinds: list[tuple[str, int]]) -> bool:
+    """One start first; per index, deltas before exactly one end, nothing after it."""
+    if not kinds or kinds[0][0] != "start" or any(k == "start" for k, _ in kinds[1:]):
+        return False
+    ended: set[int] = set()
+    for kind, index in kinds[1:]:
+        if index in ended:
+            return False
+        if kind == "end":
+            ended.add(index)
+    return len(ended) > 0
+
+
+def cancel_stream(client: Client, request: dict[str, Any], after: int) -> Outcome:
+    model, prompt, options = _kwargs(request)
+    deltas, start = 0, time.monotonic()
+    finished = False
+    try:
+        for frame in client.generate_stream(model, prompt, **options):
+            if type(frame).__name__ == "StreamDelta":
+                deltas += 1
+                if deltas == after:
+                    start = time.monotonic()
+                    break  # leaving the loop cancels the call
+        else:
+            finished = True
+    except GengateError as exc:
+        return _error(exc)
+    return {"cancelled": deltas == after and not finished, "elapsed_ms": (time.monotonic() - start) * 1000}
+
+
+def check(expect: dict[str, Any], out: Outcome, request: dict[str, Any] | None) -> list[str]:
+    """The expectation keys shared by every runner."""
+    failures: list[str] = []
+    err = out.get("error")
+    if "code" in expect:
+        if not err or err["code"] != expect["code"]:
+            return [f"expected {expect['code']}, got {err or 'success'}"]
+        if "reason" in expect and err["reason"] != expect["reason"]:
+            failures.append(f"reason {err['reason']!r} != {expect['reason']!r}")
+        if "field_violation" in expect and expect["field_violation"] not in err["fields"]:
+            failures.append(f"no field violation {expect['field_violation']} in {err['fields']}")
+        return failures
+    if err:
+        return [f"unexpected error {err}"]
+    texts = out.get("texts", [])
+    if "generations" in expect and len(texts) != expect["generations"]:
+        failures.append(f"{len(texts)} generations, expected {expect['generations']}")
+    if "max_output_tokens" in expect and any(t > expect["max_output_tokens"] for t in out["output_tokens"]):
+        failures.append(f"output_tokens {out['output_tokens']} over {expect['max_output_tokens']}")
+    if "finish_reasons" in expect and any(r not in expect["finish_reasons"] for r in out["finish_reasons"]):
+        failures.append(f"finish reasons {out['finish_reasons']} not in {expect['finish_reasons']}")
+    if "seed_echoed" in expect and out.get("seed") != expect["seed_echoed"]:
+        failures.append(f"seed {out.get('seed')} != {expect['seed_echoed']}")
+    if "enforcement" in expect and out.get("enforcement") not in expect["enforcement"]:
+        failures.append(f"enforcement {out.get('enforcement')} not in {expect['enforcement']}")
+    if expect.get("valid_json_schema") and request is not None:
+        schema = request["structuredOutput"]["jsonSchema"]["schema"]
+        for text in texts:
+            try:
+                jsonschema.Draft202012Validator(schema).validate(json.loads(text))
+            except (ValueError, jsonschema.ValidationError) as exc:
+                failures.append(f"{text!r} does not match the schema: {str(exc).splitlines()[0]}")
+    if "full_match" in expect:
+        failures += [
+            f"{t!r} does not match {expect['full_match']}"
+            for t in texts
+            if not re.fullmatch(expect["full_match"], t)
+        ]
+    if "one_of" in expect:
+        failures += [f"{t!r} not one of {expect['one_of']}" for t in texts if t not in expect["one_of"]]
+    if expect.get("json_object"):
+        for text in texts:
+            try:
+                if not isinstance(json.loads(text), dict):
+                    failures.append(f"{text!r} is not an object")
+            except ValueError:
+                failures.append(f"{text!r} is not JSON")
+    if expect.get("frames_ordered") and not out.get("frames_ordered"):
+        failures.append("frames out of order")
+    if expect.get("cancelled") and not out.get("cancelled"):
+        failures.append("the stream was not cancelled")
+    if "within_ms" in expect and out.get("elapsed_ms", 0) > expect["within_ms"]:
+        failures.append(f"took {out['elapsed_ms']:.0f} ms, limit {expect['within_ms']}")
+    return failures
+
+
+def run_vector(client: Client, v: dict[str, Any]) -> dict[str, Any]:
+    expect, call, request = v["expect"], v["call"], v.get("request")
+    failures: list[str] = []
+    observed: dict[str, Any] = {}
+    if call == "list_models":
+        models = client.list_models()
+        names = sorted(m.name for m in models)
+        observed = {"models": names}
+        tiny = next((m for m in models if m.name == expect["model_listed"]), None)
+        if tiny is None:
+            failures.append(f"{expect['model_listed']} not in {names}")
+        else:
+            kinds = {"CONSTRAINT_KIND_" + str(c.kind).upper() for c in tiny.capabilities.constraints}
+            failures += [f"{k} not supported" for k in expect.get("constraint_kinds", []) if k not in kinds]
+    elif call == "generate":
+        start = time.monotonic()
+        out = generate(client, request, v.get("timeout_ms"))
+        out["elapsed_ms"] = (time.monotonic() - start) * 1000
+        failures = check(expect, out, request)
+        if expect.get("same_text_on_repeat"):
+            again = [generate(client, request).get("texts") for _ in range(v.get("repeat", 2) - 1)]
+            failures += [f"repeat gave {t}, first {out.get('texts')}" for t in again if t != out.get("texts")]
+        observed = {"error": out["error"]} if "error" in out else {"texts": out["texts"]}
+    elif call == "stream":
+        out = stream(client, request)
+        failures = check(expect, out, request)
+        if expect.get("stream_equals_unary") and "error" not in out:
+            unary = generate(client, request)
+            if unary.get("texts") != out["texts"]:
+                failures.append(f"stream texts {out['texts']} != unary {unary.get('texts')}")
+        observed = {"error": out["error"]} if "error" in out else {"texts": out["texts"]}
+    elif call == "cancel_stream":
+        out = cancel_stream(client, request, v["cancel_after_deltas"])
+        failures = check(expect, out, request)
+        after = generate(client, {"model": "tiny", "prompt": "still there?", "stopping": {"maxTokens": 2}})
+        if "error" in after:
+            failures.append(f"server unhealthy after cancel: {after['error']}")
+        observed = {"cancelled": out.get("cancelled")}
+    elif call == "batch":
+        items: dict[int, Outcome] = {}
+        for item in client.batch_generate_iter([_batch_request(r) for r in v["requests"]]):
+            if item.error is not None:
+                items[item.index] = (
+                    _error(item.error)
+                    if isinstance(item.error, GengateError)
+                    else {"error": {"code": type(item.error).__name__, "reason": "", "fields": []}}
+                )
+            else:
+                items[item.index] = _response(item.response)
+        observed = {"items": []}
+        for i, (want, req) in enumerate(zip(expect["items"], v["requests"], strict=True)):
+            got = items.get(i)
+            if got is None:
+                failures.append(f"item {i} missing")
+                continue
+            sub = {k: val for k, val in want.items() if k != "ok"}
+            failures += [f"item {i}: {f}" for f in check(sub, got, req)]
+            observed["items"].append(got["error"] if "error" in got else {"texts": got["texts"]})
+    else:
+        failures.append(f"unknown call {call}")
+    return {"name": v["name"], "ok": not failures, "failures": failures, "observed": observed}
+
+
+def _guarded(client: Client, v: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return run_vector(client, v)
+    except Exception as exc:  # a runner crash is this vector's failure, not the suite's end
+        return {"name": v["name"], "ok": False, "failures": [f"{type(exc).__name__}: {exc}"], "observed": {}}
+
+
+def _batch_request(request: dict[str, Any]) -> dict[str, Any]:
+    model, prompt, options = _kwargs(request)
+    return {"model": model, "prompt": prompt, **options}
+
+
+def main() -> None:
+    address = sys.argv[1]
+    path = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).with_name("vectors.json")
+    vectors = json.loads(path.read_text())["vectors"]
+    with Client(address, timeout=60) as client:
+        results = [_guarded(client, v) for v in vectors]
+    json.dump({"language": "python", "results": results}, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
