@@ -1,0 +1,392 @@
+"""OpenAI-family backends driven through the real `openai` SDK against a loopback chat API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("openai", reason="the openai SDK is not installed (extra: gengate[openai])")
+
+import contract_checks as cc
+from fake_openai import API_KEY, FakeOpenAI
+from fakehttp import Fault
+from gengate import errors
+from gengate.domain import (
+    ChatMessage,
+    ChoiceConstraint,
+    ConstraintKind,
+    Enforcement,
+    FinishReason,
+    GenerationDelta,
+    GenerationEnd,
+    GrammarConstraint,
+    GrammarSyntax,
+    ImagePart,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    Role,
+    SamplingParams,
+    StoppingCriteria,
+    StructuredOutput,
+    TextPart,
+)
+from gengate.providers import openai as oai
+from gengate.providers.ollama import OllamaBackend
+from gengate.registry import backend_class
+from pydantic import SecretStr
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI()
+    server.start()
+    yield server
+    server.stop()
+
+
+def builder(fake: FakeOpenAI, cls: type[oai.OpenAIBackend], made: list[oai.OpenAIBackend]) -> cc.Make:
+    async def build(**overrides: Any) -> oai.OpenAIBackend:
+        url = fake.server.base_url if cls is oai.AzureOpenAIBackend else fake.server.base_url + "/v1"
+        opts: dict[str, Any] = {
+            "model": "gpt-test",
+            "base_url": url,
+            "api_key": SecretStr(API_KEY),
+            "timeout": 5.0,
+            "max_retries": 1,
+        } | overrides
+        if isinstance(opts["api_key"], str):
+            opts["api_key"] = SecretStr(opts["api_key"])
+        if cls is oai.VLLMServerBackend:
+            opts.setdefault("canary", False)
+        backend = cls("gpt", cls.Options(**opts))
+        await backend.start()
+        made.append(backend)
+        return backend
+
+    return build  # type: ignore[return-value]
+
+
+@pytest.fixture
+async def made(fake: FakeOpenAI) -> AsyncIterator[list[oai.OpenAIBackend]]:
+    fake.reset()
+    backends: list[oai.OpenAIBackend] = []
+    yield backends
+    for backend in backends:
+        await backend.aclose()
+
+
+@pytest.fixture
+def make(fake: FakeOpenAI, made: list[oai.OpenAIBackend]) -> cc.Make:
+    return builder(fake, oai.OpenAIBackend, made)
+
+
+FAMILY = [
+    oai.OpenAIBackend,
+    oai.AzureOpenAIBackend,
+    oai.TogetherBackend,
+    oai.GroqBackend,
+    oai.AnyscaleBackend,
+    oai.VLLMServerBackend,
+    oai.SGLangBackend,
+    oai.LlamaCppServerBackend,
+    oai.OpenAICompatibleBackend,
+    OllamaBackend,
+]
+
+
+@pytest.fixture(params=FAMILY, ids=lambda c: c.kind)
+def family_make(request: pytest.FixtureRequest, fake: FakeOpenAI, made: list[oai.OpenAIBackend]) -> cc.Make:
+    cls: type[oai.OpenAIBackend] = request.param
+    if not cls.native_n:
+        fake.ignore_n = True  # behave like the real server: one choice per request
+    return builder(fake, cls, made)
+
+
+# --- the behaviours every provider must show, for every member of the family -------------------
+
+
+async def test_family_text(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_text(family_make, fake)
+
+
+async def test_family_stream(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_stream(family_make, fake)
+    assert fake.server.requests[-1].body["stream_options"] == {"include_usage": True}
+
+
+async def test_family_n2(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    backend_native = not fake.ignore_n
+    await cc.check_n2(family_make, fake, native=backend_native)
+
+
+async def test_family_json_schema(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await family_make()
+    level = backend.capabilities.constraints[ConstraintKind.JSON_SCHEMA]
+    fake.reset()
+    await cc.check_json_schema(family_make, fake, level=level)
+
+
+async def test_family_429_then_success(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_429_then_success(
+        family_make, fake, {"error": {"message": "Rate limit reached", "type": "requests"}}
+    )
+
+
+async def test_family_500_unavailable(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_500_unavailable(family_make, fake, {"error": {"message": "boom", "type": "server_error"}})
+
+
+async def test_family_timeout(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_timeout(family_make, fake)
+
+
+async def test_family_bad_key(
+    family_make: cc.Make, fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    await cc.check_bad_key(family_make, fake, caplog, "sk-bad-key-9876543210zyxw")
+
+
+async def test_family_cancel_closes_upstream(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_cancel_closes_upstream(family_make, fake)
+
+
+# --- OpenAI specifics ----------------------------------------------------------------------------
+
+
+async def test_request_body_and_sampling(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make()
+    req = cc.prompt(
+        sampling=SamplingParams(temperature=0.2, top_p=0.9, seed=7),
+        stopping=StoppingCriteria(max_tokens=12, stop=("END",)),
+    )
+    await backend.generate(req)
+    body = fake.server.requests[0].body
+    assert body["model"] == "gpt-test"
+    assert body["max_completion_tokens"] == 12 and body["stop"] == ["END"]
+    assert (body["temperature"], body["top_p"], body["seed"]) == (0.2, 0.9, 7)
+    assert fake.server.requests[0].headers["authorization"] == f"Bearer {API_KEY}"
+    with pytest.raises(errors.InvalidArgument) as info:
+        await backend.generate(cc.prompt(sampling=SamplingParams(top_k=5)))
+    assert info.value.violations[0].field == "sampling.top_k"
+
+
+async def test_strict_schema_transform_and_null_stripping(make: cc.Make, fake: FakeOpenAI) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "nick": {"type": "string"}},
+        "required": ["name"],
+    }
+    fake.answers.append(json.dumps({"name": "Ada", "nick": None}))
+    backend = await make()
+    result = await backend.generate(
+        cc.prompt(structured_output=StructuredOutput(JsonSchemaConstraint(schema)))
+    )
+    assert json.loads(result.generations[0].text) == {"name": "Ada"}  # the forced null is gone
+    assert result.enforcement == Enforcement.NATIVE
+    rf = fake.server.requests[0].body["response_format"]
+    assert rf["type"] == "json_schema" and rf["json_schema"]["strict"] is True
+    wire = rf["json_schema"]["schema"]
+    assert wire["required"] == ["name", "nick"] and wire["additionalProperties"] is False
+    assert wire["properties"]["nick"]["type"] == ["string", "null"]
+
+
+async def test_choice_is_native_through_a_wrapped_enum(make: cc.Make, fake: FakeOpenAI) -> None:
+    fake.answers.append(json.dumps({"value": "blue"}))
+    backend = await make()
+    result = await backend.generate(
+        cc.prompt(structured_output=StructuredOutput(ChoiceConstraint(("red", "blue"))))
+    )
+    assert result.generations[0].text == "blue" and result.enforcement == Enforcement.NATIVE
+    wire = fake.server.requests[0].body["response_format"]["json_schema"]["schema"]
+    assert wire["properties"]["value"]["enum"] == ["red", "blue"]
+
+
+async def test_regex_is_prompted_validated_and_reasked(make: cc.Make, fake: FakeOpenAI) -> None:
+    fake.answers.extend(["call me maybe", "555-1234"])
+    backend = await make()
+    structured = StructuredOutput(RegexConstraint(r"\d{3}-\d{4}"))
+    result = await backend.generate(cc.prompt(structured_output=structured))
+    assert result.generations[0].text == "555-1234"
+    assert result.enforcement == Enforcement.VALIDATED
+    first, second = (r.body["messages"] for r in fake.server.requests)
+    assert first[0]["role"] == "system" and r"\d{3}-\d{4}" in first[0]["content"]
+    assert second[-2] == {"role": "assistant", "content": "call me maybe"}
+    assert "not valid" in second[-1]["content"]
+
+
+async def test_schema_reask_and_validation_failure(make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_reask(make, fake)
+
+
+async def test_grammar_refused_up_front(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make()
+    assert ConstraintKind.GRAMMAR not in backend.capabilities.constraints
+    grammar = StructuredOutput(GrammarConstraint(GrammarSyntax.LARK, 'start: "a"'))
+    with pytest.raises(errors.Unimplemented) as info:
+        await backend.generate(cc.prompt(structured_output=grammar))
+    assert "grammar" in info.value.message and "OpenAI" in info.value.message
+    assert fake.server.requests == []
+
+
+async def test_json_object_and_structured_stream(make: cc.Make, fake: FakeOpenAI) -> None:
+    fake.answers.append('{"a": 1}')
+    backend = await make()
+    events = await cc.collect(
+        backend.generate_stream(cc.prompt(structured_output=StructuredOutput(JsonObjectConstraint())))
+    )
+    assert fake.server.requests[0].body["response_format"] == {"type": "json_object"}
+    assert json.loads("".join(e.text for e in events if isinstance(e, GenerationDelta))) == {"a": 1}
+    assert isinstance(events[-1], GenerationEnd) and events[-1].usage.output_tokens == 2
+
+
+async def test_logprobs_unary_and_stream(make: cc.Make, fake: FakeOpenAI) -> None:
+    fake.answers.extend(["a b", "c d"])
+    backend = await make()
+    result = await backend.generate(cc.prompt(logprobs=2))
+    lp = result.generations[0].logprobs
+    assert lp is not None and [t.token for t in lp] == ["a", " b"] and len(lp[0].top) == 2
+    assert fake.server.requests[0].body["top_logprobs"] == 2
+    events = await cc.collect(backend.generate_stream(cc.prompt(logprobs=0)))
+    deltas = [e for e in events if isinstance(e, GenerationDelta)]
+    assert all(d.logprobs and d.logprobs[0].logprob == -0.5 for d in deltas)
+
+
+async def test_image_input(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make()
+    msg = ChatMessage(
+        Role.USER, (TextPart("What is this?"), ImagePart(data=b"\x89PNG", mime_type="image/png"))
+    )
+    await backend.generate(cc.prompt(prompt=None, messages=(msg,)) if False else _chat(msg))
+    content = fake.server.requests[0].body["messages"][0]["content"]
+    assert content[0] == {"type": "text", "text": "What is this?"}
+    assert content[1]["image_url"]["url"] == "data:image/png;base64,iVBORw=="
+
+
+def _chat(*messages: ChatMessage) -> Any:
+    from gengate.domain import GenerationRequest
+
+    return GenerationRequest(model="m", messages=messages, request_id="r")
+
+
+async def test_finish_reasons_refusal_and_stop_sequence(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make()
+    fake.finish_reason = "length"
+    assert (await backend.generate(cc.prompt())).generations[0].finish_reason == FinishReason.LENGTH
+    fake.finish_reason = "content_filter"
+    events = await cc.collect(backend.generate_stream(cc.prompt()))
+    assert isinstance(events[-1], GenerationEnd) and events[-1].finish_reason == FinishReason.CONTENT_FILTER
+    fake.finish_reason, fake.refusal = "stop", "I can't help with that."
+    gen = (await backend.generate(cc.prompt())).generations[0]
+    assert (gen.finish_reason, gen.text) == (FinishReason.REFUSAL, "I can't help with that.")
+    fake.refusal, fake.stop_reason = None, "END"
+    gen = (await backend.generate(cc.prompt(stopping=StoppingCriteria(stop=("END",))))).generations[0]
+    assert (gen.finish_reason, gen.matched_stop) == (FinishReason.STOP_SEQUENCE, "END")
+
+
+async def test_deadline_bounds_retries(make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_deadline(make, fake)
+    fake.reset()
+    fake.server.fail_next(Fault(status=429, headers={"Retry-After": "5"}))
+    backend = await make(max_retries=3)
+    started = time.monotonic()
+    with pytest.raises(errors.ResourceExhausted) as info:
+        await backend.generate(cc.prompt(deadline=time.monotonic() + 1.0))
+    assert time.monotonic() - started < 0.5  # never sleeps past the caller's deadline
+    assert info.value.retry_after_s == 5.0
+
+
+async def test_broken_and_malformed(make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_broken_stream(make, fake)
+    fake.reset()
+    await cc.check_malformed(make, fake)
+    fake.reset()
+    # Broken before the first byte: retried, then served.
+    fake.server.fail_next(Fault(break_after=0))
+    backend = await make(max_retries=1)
+    events = await cc.collect(backend.generate_stream(cc.prompt()))
+    assert isinstance(events[-1], GenerationEnd) and len(fake.server.requests) == 2
+
+
+async def test_400_is_invalid_argument_scrubbed(make: cc.Make, fake: FakeOpenAI) -> None:
+    body = {"error": {"message": f"Bad 'max_tokens' (key {API_KEY})", "type": "invalid_request_error"}}
+    fake.server.fail_next(Fault(status=400, body=body))
+    backend = await make()
+    with pytest.raises(errors.InvalidArgument) as info:
+        await backend.generate(cc.prompt())
+    assert "max_tokens" in info.value.message and API_KEY not in info.value.message
+
+
+async def test_task_cancel_closes_upstream(make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_task_cancel_closes_upstream(make, fake)
+
+
+async def test_azure_path_and_key_header(fake: FakeOpenAI, made: list[oai.OpenAIBackend]) -> None:
+    backend = await builder(fake, oai.AzureOpenAIBackend, made)(
+        model="my-deployment", api_version="2024-10-21"
+    )
+    await backend.generate(cc.prompt())
+    rec = fake.server.requests[0]
+    assert rec.path == "/openai/deployments/my-deployment/chat/completions"
+    assert rec.query["api-version"] == "2024-10-21" and rec.headers["api-key"] == API_KEY
+
+
+async def test_vllm_structured_outputs_and_canary(fake: FakeOpenAI, made: list[oai.OpenAIBackend]) -> None:
+    build = builder(fake, oai.VLLMServerBackend, made)
+    backend = await build(canary=True)
+    assert fake.server.requests[0].body["structured_outputs"] == {"choice": ["zq7", "xv9"]}
+    assert backend.capabilities.constraints[ConstraintKind.REGEX] == Enforcement.NATIVE
+    fake.answers.append("42")
+    result = await backend.generate(cc.prompt(structured_output=StructuredOutput(RegexConstraint(r"\d+"))))
+    assert result.enforcement == Enforcement.NATIVE
+    assert fake.server.requests[-1].body["structured_outputs"] == {"regex": r"\d+"}
+    assert "guided_regex" not in fake.server.requests[-1].body
+    # A server that drops structured_outputs: the canary sees free text, nothing stays native.
+    fake.reset()
+    fake.honour_structured_outputs = False
+    backend = await build(canary=True)
+    table = backend.capabilities.constraints
+    assert ConstraintKind.GRAMMAR not in table and set(table.values()) == {Enforcement.VALIDATED}
+
+
+async def test_llamacpp_server_quirks(fake: FakeOpenAI, made: list[oai.OpenAIBackend]) -> None:
+    fake.ignore_n, fake.stream_usage = True, False
+    backend = await builder(fake, oai.LlamaCppServerBackend, made)()
+    events = await cc.collect(backend.generate_stream(cc.prompt(n=2)))
+    ends = [e for e in events if isinstance(e, GenerationEnd)]
+    assert [e.index for e in ends] == [0, 1] and len(fake.server.requests) == 2
+    assert all(e.usage.output_tokens == 6 and e.usage.input_tokens > 0 for e in ends)  # counted
+    fake.answers.append("yes")
+    await backend.generate(cc.prompt(structured_output=StructuredOutput(ChoiceConstraint(("yes", "no")))))
+    assert fake.server.requests[-1].body["grammar"] == 'root ::= "yes" | "no"'
+    fake.answers.append('{"name": "A", "age": 1}')
+    await backend.generate(cc.prompt(structured_output=StructuredOutput(JsonSchemaConstraint(cc.PERSON))))
+    assert fake.server.requests[-1].body["response_format"] == {"type": "json_object", "schema": cc.PERSON}
+
+
+async def test_registry_kinds() -> None:
+    for kind in ("openai", "azure_openai", "ollama", "vllm_server", "llamacpp_server", "together", "groq"):
+        assert backend_class(kind).kind == kind
+
+
+async def test_key_never_in_repr_or_logs(make: cc.Make, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    backend = await make()
+    assert API_KEY not in repr(backend.options) and API_KEY not in str(backend.options.model_dump())
+    assert API_KEY not in caplog.text
+
+
+async def test_concurrent_fanout_is_concurrent(fake: FakeOpenAI, made: list[oai.OpenAIBackend]) -> None:
+    fake.ignore_n = True
+    backend = await builder(fake, oai.GroqBackend, made)()
+    fake.server.fail_next(Fault(delay_s=0.4), Fault(delay_s=0.4), Fault(delay_s=0.4))
+    started = time.monotonic()
+    result = await backend.generate(cc.prompt(n=3))
+    assert len(result.generations) == 3 and time.monotonic() - started < 1.0
+    await asyncio.sleep(0)
