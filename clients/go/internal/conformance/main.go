@@ -1,0 +1,484 @@
+// Command conformance runs clients/conformance/vectors.json with the Go client and prints
+// {"language": "go", "results": [...]} as JSON (see clients/conformance/run).
+//
+//	go run ./internal/conformance ADDRESS VECTORS
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	validator "github.com/santhosh-tekuri/jsonschema/v6"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	gengatev1 "github.com/gengate/gengate/clients/go/gen/gengate/v1"
+	"github.com/gengate/gengate/clients/go/gengate"
+)
+
+type vector struct {
+	Name              string            `json:"name"`
+	Call              string            `json:"call"`
+	Request           json.RawMessage   `json:"request"`
+	Requests          []json.RawMessage `json:"requests"`
+	Expect            map[string]any    `json:"expect"`
+	Repeat            int               `json:"repeat"`
+	TimeoutMs         int               `json:"timeout_ms"`
+	CancelAfterDeltas int               `json:"cancel_after_deltas"`
+}
+
+type errorOut struct {
+	Code   string   `json:"code"`
+	Reason string   `json:"reason"`
+	Fields []string `json:"fields"`
+}
+
+// outcome is what one call produced, in the same shape every runner uses.
+type outcome struct {
+	Err           *errorOut
+	Texts         []string
+	FinishReasons []string
+	OutputTokens  []uint32
+	Enforcement   string
+	Seed          string
+	FramesOrdered bool
+	Cancelled     bool
+	ElapsedMs     float64
+}
+
+type result struct {
+	Name     string         `json:"name"`
+	OK       bool           `json:"ok"`
+	Failures []string       `json:"failures"`
+	Observed map[string]any `json:"observed"`
+}
+
+func parseRequest(raw json.RawMessage) (*gengate.Request, error) {
+	req := &gengate.Request{}
+	return req, protojson.Unmarshal(raw, req)
+}
+
+func fromErr(err error) *outcome {
+	var gerr *gengate.Error
+	if !errors.As(err, &gerr) {
+		return &outcome{Err: &errorOut{Code: "CLIENT_ERROR", Reason: err.Error(), Fields: []string{}}}
+	}
+	return &outcome{Err: toErrorOut(gerr)}
+}
+
+func toErrorOut(gerr *gengate.Error) *errorOut {
+	fields := []string{}
+	for _, v := range gerr.FieldViolations {
+		fields = append(fields, v.Field)
+	}
+	sort.Strings(fields)
+	return &errorOut{Code: codeName(gerr.Code.String()), Reason: gerr.Reason, Fields: fields}
+}
+
+// codeName turns Go's "NotFound" into the spec's "NOT_FOUND".
+func codeName(s string) string {
+	if s == "Canceled" {
+		return "CANCELLED"
+	}
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && r >= 'A' && r <= 'Z' {
+			b.WriteByte('_')
+		}
+		b.WriteRune(r)
+	}
+	return strings.ToUpper(b.String())
+}
+
+func fromResponse(resp *gengate.Response) *outcome {
+	out := &outcome{Enforcement: resp.GetEnforcement().String()}
+	for _, g := range resp.GetGenerations() {
+		out.Texts = append(out.Texts, g.GetText())
+		out.FinishReasons = append(out.FinishReasons, g.GetFinishReason().String())
+		out.OutputTokens = append(out.OutputTokens, g.GetOutputTokens())
+	}
+	if s := resp.GetEffectiveSampling(); s != nil && s.Seed != nil {
+		out.Seed = fmt.Sprint(s.GetSeed())
+	}
+	return out
+}
+
+func generate(ctx context.Context, c *gengate.Client, raw json.RawMessage, timeoutMs int) *outcome {
+	req, err := parseRequest(raw)
+	if err != nil {
+		return fromErr(err)
+	}
+	if timeoutMs > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
+		defer cancel()
+	}
+	resp, err := c.Generate(ctx, req)
+	if err != nil {
+		return fromErr(err)
+	}
+	return fromResponse(resp)
+}
+
+func stream(ctx context.Context, c *gengate.Client, raw json.RawMessage) *outcome {
+	req, err := parseRequest(raw)
+	if err != nil {
+		return fromErr(err)
+	}
+	texts := map[uint32]string{}
+	ends := map[uint32]*gengatev1.GenerationEnd{}
+	type frameKind struct {
+		kind  string
+		index int
+	}
+	var kinds []frameKind
+	for frame, err := range c.GenerateStream(ctx, req) {
+		if err != nil {
+			return fromErr(err)
+		}
+		switch f := frame.GetFrame().(type) {
+		case *gengatev1.GenerateStreamResponse_Start:
+			kinds = append(kinds, frameKind{"start", -1})
+		case *gengatev1.GenerateStreamResponse_Delta:
+			kinds = append(kinds, frameKind{"delta", int(f.Delta.GetIndex())})
+			texts[f.Delta.GetIndex()] += f.Delta.GetText()
+		case *gengatev1.GenerateStreamResponse_End:
+			kinds = append(kinds, frameKind{"end", int(f.End.GetIndex())})
+			ends[f.End.GetIndex()] = f.End
+		}
+	}
+	indexSet := map[uint32]bool{}
+	for i := range texts {
+		indexSet[i] = true
+	}
+	for i := range ends {
+		indexSet[i] = true
+	}
+	var indices []uint32
+	for i := range indexSet {
+		indices = append(indices, i)
+	}
+	slices.Sort(indices)
+	out := &outcome{}
+	for _, i := range indices {
+		out.Texts = append(out.Texts, texts[i])
+		if e, ok := ends[i]; ok {
+			out.FinishReasons = append(out.FinishReasons, e.GetFinishReason().String())
+			out.OutputTokens = append(out.OutputTokens, e.GetUsage().GetOutputTokens())
+		}
+	}
+	// One start first; per index, deltas before exactly one end, nothing after it.
+	ordered := len(kinds) > 0 && kinds[0].kind == "start"
+	ended := map[int]bool{}
+	for _, k := range kinds[min(1, len(kinds)):] {
+		if k.kind == "start" || ended[k.index] {
+			ordered = false
+		}
+		if k.kind == "end" {
+			ended[k.index] = true
+		}
+	}
+	out.FramesOrdered = ordered && len(ended) > 0
+	return out
+}
+
+func cancelStream(ctx context.Context, c *gengate.Client, raw json.RawMessage, after int) *outcome {
+	req, err := parseRequest(raw)
+	if err != nil {
+		return fromErr(err)
+	}
+	deltas, finished := 0, true
+	start := time.Now()
+	for frame, err := range c.GenerateStream(ctx, req) {
+		if err != nil {
+			return fromErr(err)
+		}
+		if frame.GetDelta() != nil {
+			deltas++
+			if deltas == after {
+				start, finished = time.Now(), false
+				break // leaving the loop cancels the call
+			}
+		}
+	}
+	return &outcome{Cancelled: deltas == after && !finished, ElapsedMs: float64(time.Since(start).Microseconds()) / 1000}
+}
+
+func check(expect map[string]any, out *outcome, raw json.RawMessage) []string {
+	var failures []string
+	fail := func(format string, args ...any) { failures = append(failures, fmt.Sprintf(format, args...)) }
+	if code, ok := expect["code"].(string); ok {
+		if out.Err == nil || out.Err.Code != code {
+			return []string{fmt.Sprintf("expected %s, got %+v", code, out.Err)}
+		}
+		if reason, ok := expect["reason"].(string); ok && out.Err.Reason != reason {
+			fail("reason %q != %q", out.Err.Reason, reason)
+		}
+		if field, ok := expect["field_violation"].(string); ok && !slices.Contains(out.Err.Fields, field) {
+			fail("no field violation %s in %v", field, out.Err.Fields)
+		}
+		return failures
+	}
+	if out.Err != nil {
+		return []string{fmt.Sprintf("unexpected error %+v", *out.Err)}
+	}
+	if n, ok := expect["generations"].(float64); ok && len(out.Texts) != int(n) {
+		fail("%d generations, expected %v", len(out.Texts), n)
+	}
+	if n, ok := expect["max_output_tokens"].(float64); ok {
+		for _, t := range out.OutputTokens {
+			if float64(t) > n {
+				fail("output_tokens %v over %v", out.OutputTokens, n)
+			}
+		}
+	}
+	if allowed, ok := expect["finish_reasons"].([]any); ok {
+		for _, r := range out.FinishReasons {
+			if !slices.Contains(allowed, any(r)) {
+				fail("finish reason %s not in %v", r, allowed)
+			}
+		}
+	}
+	if seed, ok := expect["seed_echoed"].(string); ok && out.Seed != seed {
+		fail("seed %q != %q", out.Seed, seed)
+	}
+	if allowed, ok := expect["enforcement"].([]any); ok && !slices.Contains(allowed, any(out.Enforcement)) {
+		fail("enforcement %s not in %v", out.Enforcement, allowed)
+	}
+	if expect["valid_json_schema"] == true {
+		var req struct {
+			StructuredOutput struct {
+				JSONSchema struct {
+					Schema any `json:"schema"`
+				} `json:"jsonSchema"`
+			} `json:"structuredOutput"`
+		}
+		_ = json.Unmarshal(raw, &req)
+		compiler := validator.NewCompiler()
+		if err := compiler.AddResource("vector://schema.json", req.StructuredOutput.JSONSchema.Schema); err != nil {
+			fail("schema: %v", err)
+		} else if schema, err := compiler.Compile("vector://schema.json"); err != nil {
+			fail("schema: %v", err)
+		} else {
+			for _, text := range out.Texts {
+				doc, err := validator.UnmarshalJSON(strings.NewReader(text))
+				if err == nil {
+					err = schema.Validate(doc)
+				}
+				if err != nil {
+					fail("%q does not match the schema: %v", text, err)
+				}
+			}
+		}
+	}
+	if pattern, ok := expect["full_match"].(string); ok {
+		re := regexp.MustCompile("^(?:" + pattern + ")$")
+		for _, t := range out.Texts {
+			if !re.MatchString(t) {
+				fail("%q does not match %s", t, pattern)
+			}
+		}
+	}
+	if choices, ok := expect["one_of"].([]any); ok {
+		for _, t := range out.Texts {
+			if !slices.Contains(choices, any(t)) {
+				fail("%q not one of %v", t, choices)
+			}
+		}
+	}
+	if expect["json_object"] == true {
+		for _, t := range out.Texts {
+			var obj map[string]any
+			if err := json.Unmarshal([]byte(t), &obj); err != nil || obj == nil {
+				fail("%q is not a JSON object", t)
+			}
+		}
+	}
+	if expect["frames_ordered"] == true && !out.FramesOrdered {
+		fail("frames out of order")
+	}
+	if expect["cancelled"] == true && !out.Cancelled {
+		fail("the stream was not cancelled")
+	}
+	if limit, ok := expect["within_ms"].(float64); ok && out.ElapsedMs > limit {
+		fail("took %.0f ms, limit %v", out.ElapsedMs, limit)
+	}
+	return failures
+}
+
+func observe(out *outcome) map[string]any {
+	if out.Err != nil {
+		return map[string]any{"error": out.Err}
+	}
+	return map[string]any{"texts": textsOrEmpty(out.Texts)}
+}
+
+func textsOrEmpty(t []string) []string {
+	if t == nil {
+		return []string{}
+	}
+	return t
+}
+
+func runVector(ctx context.Context, c *gengate.Client, v vector) result {
+	var failures []string
+	observed := map[string]any{}
+	switch v.Call {
+	case "list_models":
+		models, err := c.ListModels(ctx)
+		if err != nil {
+			failures = append(failures, err.Error())
+			break
+		}
+		var names []string
+		want, _ := v.Expect["model_listed"].(string)
+		var found *gengate.ModelInfo
+		for _, m := range models {
+			names = append(names, m.GetName())
+			if m.GetName() == want {
+				found = m
+			}
+		}
+		sort.Strings(names)
+		observed["models"] = names
+		if found == nil {
+			failures = append(failures, fmt.Sprintf("%s not in %v", want, names))
+			break
+		}
+		kinds := map[string]bool{}
+		for _, cs := range found.GetCapabilities().GetConstraints() {
+			kinds[cs.GetKind().String()] = true
+		}
+		wanted, _ := v.Expect["constraint_kinds"].([]any)
+		for _, k := range wanted {
+			if !kinds[k.(string)] {
+				failures = append(failures, fmt.Sprintf("%s not supported", k))
+			}
+		}
+	case "generate":
+		start := time.Now()
+		out := generate(ctx, c, v.Request, v.TimeoutMs)
+		out.ElapsedMs = float64(time.Since(start).Microseconds()) / 1000
+		failures = check(v.Expect, out, v.Request)
+		if v.Expect["same_text_on_repeat"] == true {
+			for range max(v.Repeat, 2) - 1 {
+				again := generate(ctx, c, v.Request, 0)
+				if !slices.Equal(again.Texts, out.Texts) {
+					failures = append(failures, fmt.Sprintf("repeat gave %q, first %q", again.Texts, out.Texts))
+				}
+			}
+		}
+		observed = observe(out)
+		if v.TimeoutMs > 0 && out.Err != nil { // client or server may end it first: code only
+			observed = map[string]any{"code": out.Err.Code}
+		}
+	case "stream":
+		out := stream(ctx, c, v.Request)
+		failures = check(v.Expect, out, v.Request)
+		if v.Expect["stream_equals_unary"] == true && out.Err == nil {
+			if unary := generate(ctx, c, v.Request, 0); !slices.Equal(unary.Texts, out.Texts) {
+				failures = append(failures, fmt.Sprintf("stream texts %q != unary %q", out.Texts, unary.Texts))
+			}
+		}
+		observed = observe(out)
+	case "cancel_stream":
+		out := cancelStream(ctx, c, v.Request, v.CancelAfterDeltas)
+		failures = check(v.Expect, out, v.Request)
+		if after := generate(ctx, c, json.RawMessage(`{"model":"tiny","prompt":"still there?","stopping":{"maxTokens":2}}`), 0); after.Err != nil {
+			failures = append(failures, fmt.Sprintf("server unhealthy after cancel: %+v", *after.Err))
+		}
+		observed["cancelled"] = out.Cancelled
+	case "batch":
+		var reqs []*gengate.Request
+		for _, raw := range v.Requests {
+			req, err := parseRequest(raw)
+			if err != nil {
+				return result{Name: v.Name, Failures: []string{err.Error()}, Observed: observed}
+			}
+			reqs = append(reqs, req)
+		}
+		items := map[int]*outcome{}
+		for item, err := range c.BatchGenerate(ctx, reqs) {
+			if err != nil {
+				failures = append(failures, err.Error())
+				break
+			}
+			if item.Err != nil {
+				items[item.Index] = &outcome{Err: toErrorOut(item.Err)}
+			} else {
+				items[item.Index] = fromResponse(item.Response)
+			}
+		}
+		wants, _ := v.Expect["items"].([]any)
+		var obs []any
+		for i, w := range wants {
+			got, ok := items[i]
+			if !ok {
+				failures = append(failures, fmt.Sprintf("item %d missing", i))
+				continue
+			}
+			sub := map[string]any{}
+			for k, val := range w.(map[string]any) {
+				if k != "ok" {
+					sub[k] = val
+				}
+			}
+			for _, f := range check(sub, got, v.Requests[i]) {
+				failures = append(failures, fmt.Sprintf("item %d: %s", i, f))
+			}
+			if got.Err != nil {
+				obs = append(obs, got.Err)
+			} else {
+				obs = append(obs, map[string]any{"texts": textsOrEmpty(got.Texts)})
+			}
+		}
+		observed["items"] = obs
+	default:
+		failures = append(failures, "unknown call "+v.Call)
+	}
+	if failures == nil {
+		failures = []string{}
+	}
+	return result{Name: v.Name, OK: len(failures) == 0, Failures: failures, Observed: observed}
+}
+
+func main() {
+	if len(os.Args) != 3 {
+		fmt.Fprintln(os.Stderr, "usage: conformance ADDRESS VECTORS")
+		os.Exit(2)
+	}
+	raw, err := os.ReadFile(os.Args[2])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	var doc struct {
+		Vectors []vector `json:"vectors"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	c, err := gengate.Dial(os.Args[1], gengate.WithInsecure())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	results := []result{}
+	for _, v := range doc.Vectors {
+		results = append(results, runVector(ctx, c, v))
+	}
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", " ")
+	_ = enc.Encode(map[string]any{"language": "go", "results": results})
+}
