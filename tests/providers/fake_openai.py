@@ -55,7 +55,7 @@ class FakeOpenAI:
         # Real OpenAI echoes a masked key here; gengate must not pass even that on.
         body = {
             "error": {
-                "message": "Incorrect API key provided: sk-bad-k**********ey. You can find your API key at ...",
+                "message": "Incorrect API key provided: sk-bad-k**********ey.",
                 "type": "invalid_request_error",
                 "param": None,
                 "code": "invalid_api_key",

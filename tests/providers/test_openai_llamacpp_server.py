@@ -1,0 +1,185 @@
+"""The OpenAI adapter against a real third-party peer: llama-cpp-python's OpenAI-compatible
+server (`python -m llama_cpp.server`) on the tiny GGUF, with its real quirks (ignores `n`,
+HTTP 500 on json_schema response_format, no usage in streams)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("openai", reason="the openai SDK is not installed (extra: gengate[openai])")
+pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is not installed")
+
+from gengate import errors
+from gengate.domain import (
+    ChoiceConstraint,
+    Enforcement,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    JsonSchemaConstraint,
+    StoppingCriteria,
+    StreamStart,
+    StructuredOutput,
+)
+from gengate.models.tiny import TinyModelPaths
+from gengate.providers import openai as oai
+from pydantic import SecretStr
+
+KEY = "sk-llamacpp-peer-0123456789"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server_url(tiny_model: TinyModelPaths, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    log_path = Path(tmp_path_factory.mktemp("llamacpp-server")) / "server.log"
+    cmd = [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", str(tiny_model.gguf_path),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--n_ctx", "512", "--n_threads", "1", "--chat_format", "chatml",
+        "--api_key", KEY,
+    ]  # fmt: skip
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"llama_cpp.server exited: {log_path.read_text()[-2000:]}")
+            try:
+                req = urllib.request.Request(url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+                urllib.request.urlopen(req, timeout=1).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("llama_cpp.server did not come up in 90 s")
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture
+async def make(server_url: str) -> AsyncIterator[Any]:
+    made: list[oai.OpenAIBackend] = []
+
+    async def build(cls: type[oai.OpenAIBackend] = oai.LlamaCppServerBackend, **kw: Any) -> oai.OpenAIBackend:
+        opts: dict[str, Any] = {
+            "model": "tiny",
+            "base_url": server_url + "/v1",
+            "api_key": SecretStr(KEY),
+            "timeout": 60,
+            "max_retries": 0,
+        } | kw
+        if isinstance(opts["api_key"], str):
+            opts["api_key"] = SecretStr(opts["api_key"])
+        backend = cls("tiny-peer", cls.Options(**opts))
+        await backend.start()
+        made.append(backend)
+        return backend
+
+    yield build
+    for backend in made:
+        await backend.aclose()
+
+
+def _req(**kw: Any) -> GenerationRequest:
+    kw.setdefault("stopping", StoppingCriteria(max_tokens=8))
+    return GenerationRequest(model="tiny", prompt="Hello there", request_id="peer", **kw)
+
+
+async def test_text_with_server_usage(make: Any) -> None:
+    backend = await make()
+    result = await backend.generate(_req())
+    assert len(result.generations) == 1
+    assert result.usage.input_tokens > 0 and 0 < result.usage.output_tokens <= 8
+
+
+async def test_stream_counts_usage_the_server_does_not_send(make: Any) -> None:
+    backend = await make()
+    events = [e async for e in backend.generate_stream(_req())]
+    assert isinstance(events[0], StreamStart)
+    deltas = [e for e in events if isinstance(e, GenerationDelta)]
+    end = events[-1]
+    assert isinstance(end, GenerationEnd)
+    assert end.usage.output_tokens == sum(d.token_count for d in deltas) > 0
+    assert end.usage.input_tokens > 0
+
+
+async def test_n2_is_fanned_out(make: Any) -> None:
+    backend = await make()
+    result = await backend.generate(_req(n=2))
+    assert [g.index for g in result.generations] == [0, 1]
+    events = [e async for e in backend.generate_stream(_req(n=2))]
+    assert sorted(e.index for e in events if isinstance(e, GenerationEnd)) == [0, 1]
+
+
+async def test_choice_enforced_by_its_grammar(make: Any) -> None:
+    backend = await make()
+    structured = StructuredOutput(ChoiceConstraint(("alpha", "beta")))
+    result = await backend.generate(
+        _req(structured_output=structured, stopping=StoppingCriteria(max_tokens=16))
+    )
+    assert result.generations[0].text in ("alpha", "beta")
+    assert result.enforcement == Enforcement.NATIVE
+
+
+async def test_json_schema_valid_or_refused(make: Any) -> None:
+    backend = await make()
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    structured = StructuredOutput(JsonSchemaConstraint(schema))
+    try:
+        result = await backend.generate(
+            _req(structured_output=structured, stopping=StoppingCriteria(max_tokens=48))
+        )
+    except errors.Aborted as exc:  # random weights may ramble past max_tokens: refused, never invalid
+        assert exc.reason == "VALIDATION_FAILED"
+        return
+    assert isinstance(json.loads(result.generations[0].text)["ok"], bool)
+    assert result.enforcement == Enforcement.VALIDATED
+
+
+async def test_json_schema_response_format_500_is_an_error_not_a_drop(make: Any) -> None:
+    backend = await make(oai.OpenAIBackend)  # sends OpenAI's json_schema response_format
+    structured = StructuredOutput(JsonSchemaConstraint({"type": "object", "properties": {}}))
+    with pytest.raises(errors.GengateError) as info:
+        await backend.generate(_req(structured_output=structured))
+    assert isinstance(info.value, errors.Unavailable | errors.InvalidArgument)
+
+
+async def test_bad_key_and_deadline(make: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    bad = "sk-wrong-peer-key-5555555555"
+    backend = await make(api_key=bad)
+    with pytest.raises(errors.Internal) as info:
+        await backend.generate(_req())
+    assert info.value.reason == "UPSTREAM_AUTH_FAILED" and bad not in info.value.message
+    assert bad not in caplog.text
+    good = await make()
+    with pytest.raises(errors.DeadlineExceeded):
+        await good.generate(
+            _req(stopping=StoppingCriteria(max_tokens=400), deadline=time.monotonic() + 0.001)
+        )
