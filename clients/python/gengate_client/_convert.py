@@ -318,11 +318,13 @@ def stream_frame(pb: generation_pb2.GenerateStreamResponse) -> StreamFrame:
     if kind == "delta":
         d = pb.delta
         lp = logprobs(d.logprobs) if d.HasField("logprobs") else None
-        return StreamDelta(d.index, d.text, d.token_count, lp)
+        return StreamDelta(d.index, d.text, d.token_count, lp, raw=d)
     if kind == "end":
         e = pb.end
         matched = e.matched_stop if e.HasField("matched_stop") else None
-        return StreamEnd(e.index, finish_reason(e.finish_reason), matched, usage(e.usage), timings(e.timings))
+        return StreamEnd(
+            e.index, finish_reason(e.finish_reason), matched, usage(e.usage), timings(e.timings), raw=e
+        )
     raise ValueError(f"stream frame without a known kind: {kind!r}")
 
 

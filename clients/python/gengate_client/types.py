@@ -236,6 +236,7 @@ class StreamDelta:
     text: str
     token_count: int
     logprobs: tuple[TokenLogprob, ...] | None = None
+    raw: types_pb2.GenerationDelta | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,7 @@ class StreamEnd:
     matched_stop: str | None
     usage: Usage
     timings: Timings
+    raw: types_pb2.GenerationEnd | None = field(default=None, repr=False, compare=False)
 
 
 StreamFrame = StreamStart | StreamDelta | StreamEnd

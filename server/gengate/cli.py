@@ -1,0 +1,414 @@
+"""The `gengate` command: serve, generate, models, demo.
+
+`generate` passes values to the server exactly as given: the server is the one judge of what
+is valid, so e.g. `--max-tokens 0` or `--n 1000` reach it and come back as INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from gengate_client import (
+    AsyncClient,
+    Choice,
+    Client,
+    GengateError,
+    Grammar,
+    JsonObject,
+    JsonSchema,
+    OutputError,
+    Regex,
+    Response,
+    StreamDelta,
+    StreamEnd,
+    StreamFrame,
+    StreamStart,
+)
+from gengate_client._proto.gengate.v1 import generation_pb2
+from google.protobuf import json_format
+from pydantic import BaseModel, ConfigDict, Field
+
+EXIT_RPC_ERROR = 1
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A problem with the command line or its input files: printed, exit status 2."""
+
+
+def _print_rpc_error(error: GengateError, out: TextIO) -> None:
+    print(f"{error.code_name}: {error.message}", file=out)
+    for violation in error.field_violations:
+        print(f"  {violation.field}: {violation.description}", file=out)
+    if error.reason:
+        print(f"  reason: {error.reason}", file=out)
+    if error.retry_after is not None:
+        print(f"  retry after: {error.retry_after:g}s", file=out)
+
+
+def _read_json(path: str, what: str) -> Any:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"{what}: cannot read {path}: {exc.strerror}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{what}: {path} is not valid JSON: {exc}") from exc
+
+
+def _output_type(args: argparse.Namespace) -> Any:
+    if args.json_schema:
+        schema = _read_json(args.json_schema, "--json-schema")
+        if not isinstance(schema, dict):
+            raise CliError("--json-schema: the file must hold a JSON object")
+        return JsonSchema(schema)
+    if args.regex is not None:
+        return Regex(args.regex)
+    if args.choice:
+        return Choice(args.choice)
+    if args.grammar:
+        try:
+            definition = Path(args.grammar).read_text()
+        except OSError as exc:
+            raise CliError(f"--grammar: cannot read {args.grammar}: {exc.strerror}") from exc
+        return Grammar(definition, syntax=args.grammar_syntax)
+    if args.json_object:
+        return JsonObject()
+    return None
+
+
+def _metadata(pairs: Sequence[str]) -> list[tuple[str, str]]:
+    result = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"--metadata: expected KEY=VALUE, got {pair!r}")
+        result.append((key.strip().lower(), value))
+    return result
+
+
+def _generate_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "max_tokens": args.max_tokens,
+        "n": args.n,
+        "seed": args.seed,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "stop": args.stop or None,
+        "logprobs": args.logprobs,
+        "request_id": args.request_id,
+        "output_type": _output_type(args),
+    }
+    if args.messages:
+        messages = _read_json(args.messages, "--messages")
+        if not isinstance(messages, list):
+            raise CliError("--messages: the file must hold a JSON list of {role, content} objects")
+        kwargs["messages"] = messages
+    return kwargs
+
+
+def _frame_json(frame: StreamFrame) -> str:
+    if isinstance(frame, StreamStart):
+        pb = generation_pb2.GenerateStreamResponse(start=frame.raw)
+    elif isinstance(frame, StreamDelta):
+        pb = generation_pb2.GenerateStreamResponse(delta=frame.raw)
+    else:
+        pb = generation_pb2.GenerateStreamResponse(end=frame.raw)
+    return json_format.MessageToJson(pb, indent=None)
+
+
+def _print_response(response: Response, as_json: bool) -> None:
+    if as_json:
+        print(json_format.MessageToJson(response.raw))
+        return
+    for text in response.texts:
+        print(text)
+
+
+def _stream(client: Client, model: str, prompt: str | None, kwargs: dict[str, Any], as_json: bool) -> None:
+    """Prints deltas as they arrive; with several generations each is printed when it ends."""
+    several = (kwargs.get("n") or 1) > 1
+    pending: dict[int, list[str]] = {}
+    for frame in client.generate_stream(model, prompt, **kwargs):
+        if as_json:
+            print(_frame_json(frame), flush=True)
+        elif isinstance(frame, StreamDelta):
+            if several:
+                pending.setdefault(frame.index, []).append(frame.text)
+            else:
+                sys.stdout.write(frame.text)
+                sys.stdout.flush()
+        elif isinstance(frame, StreamEnd):
+            if several:
+                print(f"[{frame.index}] " + "".join(pending.pop(frame.index, [])), flush=True)
+            else:
+                print(flush=True)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    kwargs = _generate_kwargs(args)
+    metadata = _metadata(args.metadata or [])
+    with Client(args.address, metadata=metadata or None, timeout=args.timeout) as client:
+        try:
+            if args.stream:
+                _stream(client, args.model, args.prompt, kwargs, args.json)
+                return 0
+            try:
+                response = client.generate(args.model, args.prompt, **kwargs)
+            except OutputError as exc:
+                if exc.response is None:
+                    raise
+                # The call succeeded; show the server's answer as it is and say why it is not complete.
+                print(f"warning: {exc}", file=sys.stderr)
+                response = exc.response
+            _print_response(response, args.json)
+        except GengateError as exc:
+            _print_rpc_error(exc, sys.stderr)
+            return EXIT_RPC_ERROR
+    return 0
+
+
+def _format_models_table(models: Sequence[Any]) -> str:
+    header = ("NAME", "BACKEND", "CONSTRAINTS", "GRAMMARS", "MAX_N", "CONTEXT", "FEATURES")
+    rows = [header]
+    for m in models:
+        caps = m.capabilities
+        constraints = ",".join(f"{c.kind.lower()}={c.enforcement.lower()}" for c in caps.constraints) or "-"
+        grammars = ",".join(g.lower() for g in caps.grammar_syntaxes) or "-"
+        features = [
+            name for name, on in (("chat", caps.chat), ("logprobs", caps.logprobs), ("seed", caps.seed)) if on
+        ]
+        features += [m.lower() for m in caps.input_modalities if m.value != "TEXT"]
+        context = str(caps.context_length) if caps.context_length else "?"
+        rows.append(
+            (m.name, m.backend, constraints, grammars, str(caps.max_n), context, ",".join(features) or "-")
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    metadata = _metadata(args.metadata or [])
+    with Client(args.address, metadata=metadata or None, timeout=args.timeout) as client:
+        try:
+            models = client.list_models()
+        except GengateError as exc:
+            _print_rpc_error(exc, sys.stderr)
+            return EXIT_RPC_ERROR
+    if args.json:
+        print(json_format.MessageToJson(generation_pb2.ListModelsResponse(models=[m.raw for m in models])))
+    else:
+        print(_format_models_table(models))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gengate.config import load_config
+    from gengate.errors import ConfigError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    from gengate.api.server import serve
+
+    serve(config, args.host, args.port)
+    return 0
+
+
+class City(BaseModel):
+    """The demo's structured-output type: the server enforces the schema, pydantic validates it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=24)
+    population: int = Field(ge=0, le=40_000_000)
+    country_code: str = Field(pattern=r"^[A-Z]{2}$")
+
+
+def _header(title: str) -> None:
+    print(f"\n=== {title} ===", flush=True)
+
+
+def _ensure_tiny_model() -> None:
+    """Builds the tiny model into its cache on first use, saying so (later starts reuse it)."""
+    from gengate.models.tiny import MARKER_FILE, build_tiny_model, default_tiny_dir
+
+    dest = default_tiny_dir()
+    if (dest / MARKER_FILE).exists():
+        return
+    print(f"building tiny model into {dest} ...", flush=True)
+    started = time.perf_counter()
+    build_tiny_model(dest)
+    print(f"built in {time.perf_counter() - started:.2f}s", flush=True)
+
+
+async def _demo_calls(client: AsyncClient) -> None:
+    model = "tiny"
+    _header("plain text (random weights: nonsense, but a real model)")
+    response = await client.generate(model, "Write a short story about a robot.", max_tokens=24, seed=7)
+    print(repr(response.text))
+    print(f"finish={response.finish_reason}  usage={response.usage}  seed={response.seed}")
+
+    _header("stream (deltas printed as they arrive)")
+    async for frame in client.generate_stream(
+        model, "Hello, world! How are you today?", max_tokens=24, seed=3
+    ):
+        if isinstance(frame, StreamDelta):
+            print(frame.text, end="", flush=True)
+        elif isinstance(frame, StreamEnd):
+            print(f"\n[end: {frame.finish_reason}, {frame.usage.output_tokens} tokens]")
+
+    _header("pydantic object: City(name, population >= 0, country_code ^[A-Z]{2}$)")
+    try:
+        city = await client.generate_object(
+            model, "A city as JSON:", output_type=City, max_tokens=200, seed=11
+        )
+        print(repr(city))
+    except OutputError as exc:  # a random-weights model may ramble until max_tokens
+        print(f"({exc})")
+
+    _header(r"regex: phone number \(\d{3}\) \d{3}-\d{4}")
+    phone = await client.generate(model, "Phone:", output_type=Regex(r"\(\d{3}\) \d{3}-\d{4}"), seed=5)
+    print(f"{phone.parsed}   (enforcement={phone.enforcement})")
+
+    _header("choice: Literal['positive', 'negative', 'neutral']")
+    sentiment_type = Literal["positive", "negative", "neutral"]
+    sentiment = await client.generate(model, "The food was great!", output_type=sentiment_type, seed=2)
+    print(sentiment.parsed)
+
+    _header("batch: one bad item does not fail the others")
+    items = await client.batch_generate(
+        [
+            {"model": model, "prompt": "One", "max_tokens": 8, "seed": 1},
+            {"model": "no-such-model", "prompt": "Two"},
+            {"model": model, "prompt": "Three", "max_tokens": 0},
+        ]
+    )
+    for item in items:
+        if item.response is not None:
+            print(f"[{item.index}] ok: {item.response.text!r}")
+        elif isinstance(item.error, GengateError):
+            print(f"[{item.index}] {item.error.code_name}: {item.error.message}")
+
+
+async def _demo() -> int:
+    from gengate.api.server import start_server
+    from gengate.config import load_config
+    from gengate.errors import ConfigError
+
+    try:
+        config = load_config(None)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    _ensure_tiny_model()
+    started = time.perf_counter()
+    server = await start_server(config, host="127.0.0.1", port=0)
+    print(
+        f"gengate serving on {server.address} (started in {time.perf_counter() - started:.1f}s)", flush=True
+    )
+    try:
+        async with AsyncClient(server.address, timeout=120) as client:
+            await _demo_calls(client)
+    except GengateError as exc:
+        _print_rpc_error(exc, sys.stderr)
+        return EXIT_RPC_ERROR
+    finally:
+        await server.stop(grace=1.0)
+    print("\nserver stopped", flush=True)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    return asyncio.run(_demo())
+
+
+def _add_client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", required=True, help="server address, HOST:PORT")
+    parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    parser.add_argument(
+        "--metadata",
+        action="append",
+        metavar="KEY=VALUE",
+        help="gRPC metadata sent with the call (repeatable)",
+    )
+    parser.add_argument("--json", action="store_true", help="print protobuf JSON instead of text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gengate", description="One gRPC service for text and typed output."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the server until SIGINT/SIGTERM")
+    serve.add_argument("--config", help="YAML config file (default: the embedded tiny model)")
+    serve.add_argument("--host", help="bind address (default from config: 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default from config: 50051; 0 picks a free one)")
+    serve.set_defaults(func=cmd_serve)
+
+    gen = sub.add_parser("generate", help="ask a served model for text or structured output")
+    _add_client_options(gen)
+    gen.add_argument("--model", required=True)
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="raw prompt text")
+    source.add_argument("--messages", metavar="FILE", help="JSON list of {role, content} ('-' for stdin)")
+    shape = gen.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help="JSON Schema file the output must satisfy")
+    shape.add_argument("--regex", metavar="RE", help="regular expression the output must fully match")
+    shape.add_argument(
+        "--choice", action="append", metavar="X", help="allowed output (repeat for each choice)"
+    )
+    shape.add_argument("--grammar", metavar="FILE", help="grammar file the output must be a sentence of")
+    shape.add_argument("--json-object", action="store_true", help="output must be some JSON object")
+    gen.add_argument("--grammar-syntax", choices=("lark", "gbnf", "ebnf"), default="lark")
+    gen.add_argument("--max-tokens", type=int)
+    gen.add_argument("--n", type=int, help="number of generations")
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--temperature", type=float)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--stop", action="append", metavar="STR", help="stop string (repeatable)")
+    gen.add_argument("--logprobs", type=int, metavar="K", help="return logprobs with K alternatives")
+    gen.add_argument("--request-id")
+    gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    gen.set_defaults(func=cmd_generate)
+
+    models = sub.add_parser("models", help="list served models and their capabilities")
+    _add_client_options(models)
+    models.set_defaults(func=cmd_models)
+
+    demo = sub.add_parser("demo", help="start the server on the tiny model in-process and show each feature")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `gengate` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.func(args)
+    except CliError as exc:
+        print(f"gengate: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, TypeError) as exc:  # e.g. a negative value for an unsigned proto field
+        print(f"gengate: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    return status

@@ -1,0 +1,90 @@
+"""The `gengate` command end to end, as separate processes: serve, generate, models, demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="the embedded default serves the tiny model on llama.cpp")
+
+GENGATE = [sys.executable, "-m", "gengate"]
+
+
+def gengate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GENGATE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[str]:
+    """`gengate serve --port 0` in a child process; yields the address it prints."""
+    proc = subprocess.Popen(
+        [*GENGATE, "serve", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    address = None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        match = re.search(r"gengate serving on (\S+:\d+)", line)
+        if match:
+            address = match.group(1)
+            break
+    assert address, "".join(seen)
+    yield address
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+
+
+def test_generate_and_models_against_a_served_process(served: str) -> None:
+    result = gengate(
+        "generate", "--address", served, "--model", "tiny", "--prompt", "Date:", "--regex", r"\d{4}-\d{2}"
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"\d{4}-\d{2}\n", result.stdout)
+
+    base = ["generate", "--address", served, "--model", "tiny"]
+    result = gengate(*base, "--prompt", "x", "--choice", "a", "--choice", "b", "--n", "2", "--json")
+    data = json.loads(result.stdout)
+    assert [g["text"] in ("a", "b") for g in data["generations"]] == [True, True]
+    assert data["enforcement"] != "ENFORCEMENT_NONE"
+
+    result = gengate("generate", "--address", served, "--model", "tiny", "--prompt", "x", "--max-tokens", "0")
+    assert result.returncode == 1 and result.stderr.startswith("INVALID_ARGUMENT: ")
+    assert "stopping.max_tokens" in result.stderr
+
+    result = gengate(*base, "--prompt", "Hi", "--max-tokens", "6", "--stream", "--json")
+    frames = [json.loads(line) for line in result.stdout.splitlines()]
+    assert "start" in frames[0] and "end" in frames[-1]
+
+    result = gengate("models", "--address", served)
+    assert result.returncode == 0 and result.stdout.splitlines()[1].startswith("tiny ")
+
+
+def test_serve_refuses_a_bad_config(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("models:\n  - name: x\n    backend: llamacpp\n    colour: blue\n")
+    result = gengate("serve", "--config", str(config), "--port", "0")
+    assert result.returncode == 2 and "colour" in result.stderr
+
+
+def test_demo_builds_serves_and_shows_each_kind(tmp_path: Path) -> None:
+    env = {**os.environ, "GENGATE_CACHE": str(tmp_path)}
+    result = subprocess.run([*GENGATE, "demo"], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"building tiny model into {tmp_path / 'tiny'}" in out
+    assert re.search(r"City\(name='.*', population=\d+, country_code='[A-Z]{2}'\)", out)
+    assert re.search(r"^\(\d{3}\) \d{3}-\d{4}", out, re.MULTILINE)
+    assert re.search(r"^(positive|negative|neutral)$", out, re.MULTILINE)
+    assert "[1] NOT_FOUND" in out and out.rstrip().endswith("server stopped")
