@@ -330,3 +330,44 @@ async def test_cancellation_frees_the_slot(tiny_model: TinyModelPaths) -> None:
         assert engine.stats.active == 0 and engine.stats.tokens_generated < 200
     finally:
         await engine.aclose()
+
+
+@pytest.mark.gpu
+async def test_gpu_batches_and_agrees_with_cpu(
+    tiny_model: TinyModelPaths, backend: TransformersBackend
+) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    engine = TransformersBackend("tiny-gpu", TransformersOptions(model=str(tiny_model.hf_dir), device="cuda"))
+    await engine.start()
+    try:
+        reqs = [request(prompt=f"Day {i}: Monday", sampling=GREEDY, logprobs=0) for i in range(8)]
+        on_gpu = await asyncio.gather(*(engine.generate(r) for r in reqs))
+        on_cpu = await asyncio.gather(*(backend.generate(r) for r in reqs))
+        assert engine.stats.max_batch_size > 1
+        first = [token_ids(r.generations[0].logprobs)[0] for r in on_gpu]
+        assert first == [token_ids(r.generations[0].logprobs)[0] for r in on_cpu]
+        structured = StructuredOutput(CONSTRAINTS["json_schema"])
+        result = await engine.generate(
+            request(n=4, structured_output=structured, stopping=StoppingCriteria(max_tokens=60))
+        )
+        for gen in result.generations:
+            assert gen.finish_reason is FinishReason.STOP and validate_output(structured, gen.text) is None
+    finally:
+        await engine.aclose()
+
+
+async def test_empty_prompt_starts_from_bos_and_effective_stopping(backend: TransformersBackend) -> None:
+    events = backend.generate_stream(request(prompt="", stopping=StoppingCriteria()))
+    start = await anext(events)
+    await events.aclose()  # type: ignore[attr-defined]
+    assert isinstance(start, StreamStart)
+    assert start.input_tokens == 1
+    assert start.effective_stopping.max_tokens == 2048 - 1  # no max_tokens: up to the context
+
+
+async def test_n_above_max_is_refused(backend: TransformersBackend) -> None:
+    with pytest.raises(errors.InvalidArgument) as caught:
+        await backend.generate(request(n=17))
+    assert caught.value.violations[0].field == "n"

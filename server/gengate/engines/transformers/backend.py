@@ -209,7 +209,7 @@ class TransformersBackend:
             input_tokens=len(prompt_ids),
             enforcement=enforcement,
             effective_sampling=sampling,
-            effective_stopping=request.stopping,
+            effective_stopping=stopping,
         )
 
         from gengate.engines.transformers.request import RequestRun
