@@ -216,3 +216,14 @@ def test_not_and_property_names_are_relaxed() -> None:
         "keyword not not enforced at /",
         "keyword propertyNames not enforced at /",
     }
+
+
+def test_calendar_formats_are_served_as_validated_even_when_strict() -> None:
+    schema = {"type": "object", "properties": {"day": {"type": "string", "format": "date"}}}
+    lowered = lower(so(JsonSchemaConstraint(schema, strict=True)))
+    assert lowered.enforcement is Enforcement.VALIDATED
+    assert lowered.relaxations == (
+        "format date calendar validity checked after generation at /properties/day",
+    )
+    grammar = json.loads(lowered.grammar)["grammars"][0]["json_schema"]
+    assert grammar["properties"]["day"]["format"] == "date"  # the shape is still enforced

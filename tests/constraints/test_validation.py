@@ -85,3 +85,9 @@ def test_rust_only_regex_falls_back_to_llguidance() -> None:
     constraint = RegexConstraint(r"(?U)[a-c]+")
     assert check(constraint, "abc") is None
     assert check(constraint, "abd") is not None
+
+
+def test_impossible_dates_are_caught_after_generation() -> None:
+    constraint = JsonSchemaConstraint({"type": "string", "format": "date"})
+    assert check(constraint, '"2024-02-29"') is None
+    assert check(constraint, '"2023-02-29"') is not None

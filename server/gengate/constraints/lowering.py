@@ -63,6 +63,8 @@ _DROPPABLE_KEYWORDS = frozenset(
     {"uniqueItems", "dependencies", "dependentRequired", "dependentSchemas", "propertyNames", "not"}
 )
 _MAX_RELAXATION_ROUNDS = 8
+# llguidance's regexes for these accept impossible dates (Feb 29 of any year, year 0000).
+_CALENDAR_FORMATS = frozenset({"date", "date-time"})
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,7 @@ def _lower_json_schema(c: JsonSchemaConstraint, structured: StructuredOutput) ->
         grammar = LLMatcher.grammar_from_json_schema(relaxed, overrides=options)
         error = LLMatcher.validate_grammar(grammar)
         if not error:
+            relaxations.extend(_partially_enforced_formats(relaxed))
             enforcement = Enforcement.VALIDATED if relaxations else Enforcement.ENGINE
             return LoweredConstraint(
                 ConstraintKind.JSON_SCHEMA, grammar, enforcement, tuple(relaxations), schema=schema
@@ -231,6 +234,19 @@ def _relax(schema: dict[str, Any], error: str, options: JsonCompileOptions) -> l
                 done.append(f"keyword {key} not enforced at {path}")
         return done
     return []
+
+
+def _partially_enforced_formats(schema: dict[str, Any]) -> list[str]:
+    """Formats whose llguidance grammar is looser than the format (e.g. 2023-02-29 passes as a date).
+
+    The shape is still enforced; calendar validity is only checked after generation, so these
+    make the result VALIDATED rather than ENGINE (strict does not refuse them).
+    """
+    return [
+        f"format {node['format']} calendar validity checked after generation at {path}"
+        for path, node in _keyword_sites(schema, "format")
+        if node["format"] in _CALENDAR_FORMATS
+    ]
 
 
 def _keyword_sites(schema: Any, keyword: str) -> Iterator[tuple[str, dict[str, Any]]]:
