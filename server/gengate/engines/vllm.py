@@ -1,0 +1,393 @@
+"""vLLM engine: an in-process AsyncLLM (vLLM v1) inside a gengate worker process.
+
+vLLM does the hard parts itself: continuous batching of concurrent requests (and of
+BatchGenerate items, which arrive as concurrent requests), prefix caching, tensor parallelism
+over the GPUs placement gave this worker (`num_gpus` → CUDA_VISIBLE_DEVICES →
+`tensor_parallel_size`), and structured outputs through `StructuredOutputsParams` (json,
+regex, choice, grammar, json_object), enforced by its guidance (llguidance) backend by default.
+
+vLLM is an optional extra (`pip install 'gengate[vllm]'`) with its own torch/transformers pins,
+shipped in its own GPU image (bench/gpu/Dockerfile.vllm); it is imported only in `start()`. The
+mapping from domain objects to vLLM's parameters, and from vLLM's outputs back to stream events,
+are pure functions below, unit-tested without vLLM (tests/engines/test_vllm_logic.py).
+
+Multi-node: a model larger than one node is vLLM's job, through its Ray executor. Start a Ray
+cluster over the nodes (`ray start --head` on one, `ray start --address=HEAD:6379` on the
+others, same image and model path everywhere), then configure the model with
+`distributed_executor_backend: ray`, `tensor_parallel_size` = GPUs per node and
+`pipeline_parallel_size` = number of nodes, and run gengate on the head node. gengate's
+placement only reserves the head node's local GPUs; Ray places the remote workers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gengate import errors
+from gengate.backend import collect_stream
+from gengate.domain import (
+    ChoiceConstraint,
+    ConstraintKind,
+    Enforcement,
+    FinishReason,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    GenerationResult,
+    GrammarConstraint,
+    GrammarSyntax,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    ModelCapabilities,
+    RegexConstraint,
+    StoppingCriteria,
+    StreamEvent,
+    StreamStart,
+    StructuredOutput,
+    Timings,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    Whitespace,
+)
+
+StructuredBackend = Literal["guidance", "xgrammar", "outlines", "auto"]
+
+# Grammar syntaxes each of vLLM's structured-output backends accepts in `grammar=`.
+GRAMMAR_SYNTAXES: dict[str, frozenset[GrammarSyntax]] = {
+    "guidance": frozenset({GrammarSyntax.LARK, GrammarSyntax.GBNF}),
+    "xgrammar": frozenset({GrammarSyntax.GBNF, GrammarSyntax.EBNF}),
+    "outlines": frozenset({GrammarSyntax.LARK}),
+    "auto": frozenset({GrammarSyntax.GBNF}),
+}
+
+
+class VLLMOptions(BaseModel):
+    """Config keys of a `vllm` model (engine arguments gengate passes on to vLLM)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="Hugging Face model id or local folder.")
+    tokenizer: str | None = None
+    revision: str | None = None
+    dtype: str = "auto"
+    quantization: str | None = None
+    max_model_len: int | None = Field(default=None, ge=16)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    tensor_parallel_size: int | None = Field(
+        default=None, ge=1, description="Unset: the number of GPUs placement gave the worker."
+    )
+    pipeline_parallel_size: int = Field(default=1, ge=1, description="Nodes, with the Ray executor.")
+    distributed_executor_backend: Literal["mp", "ray", "uni"] | None = None
+    enable_prefix_caching: bool = True
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    enforce_eager: bool = False
+    trust_remote_code: bool = False
+    structured_outputs_backend: StructuredBackend = "guidance"
+    max_n: int = Field(default=16, ge=1)
+    max_logprobs: int = Field(default=20, ge=0)
+    chat_template: str | None = None
+    seed: int = 0
+
+
+# --- pure mapping, tested without vLLM -----------------------------------------------------------
+
+
+def sampling_kwargs(request: GenerationRequest, *, default_max_tokens: int) -> dict[str, Any]:
+    """vllm.SamplingParams keyword arguments for `request` (unset fields keep vLLM's defaults)."""
+    sampling = request.sampling
+    kwargs: dict[str, Any] = {"n": request.n}
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "seed",
+    ):
+        value = getattr(sampling, name)
+        if value is not None:
+            kwargs[name] = value
+    kwargs["max_tokens"] = (
+        request.stopping.max_tokens if request.stopping.max_tokens is not None else default_max_tokens
+    )
+    if request.stopping.stop:
+        kwargs["stop"] = list(request.stopping.stop)
+        kwargs["include_stop_str_in_output"] = False
+    if request.logprobs is not None:
+        kwargs["logprobs"] = request.logprobs
+    return kwargs
+
+
+def structured_outputs_kwargs(output: StructuredOutput) -> dict[str, Any]:
+    """vllm.sampling_params.StructuredOutputsParams keyword arguments for one constraint."""
+    constraint = output.constraint
+    kwargs: dict[str, Any]
+    if isinstance(constraint, JsonSchemaConstraint):
+        kwargs = {"json": constraint.schema}
+    elif isinstance(constraint, RegexConstraint):
+        kwargs = {"regex": constraint.pattern}
+    elif isinstance(constraint, ChoiceConstraint):
+        kwargs = {"choice": list(constraint.choices)}
+    elif isinstance(constraint, GrammarConstraint):
+        kwargs = {"grammar": constraint.definition}
+    elif isinstance(constraint, JsonObjectConstraint):
+        kwargs = {"json_object": True}
+    else:  # pragma: no cover - the Constraint union is closed
+        raise errors.Unimplemented(f"constraint {constraint!r} is not supported by vLLM")
+    if output.whitespace is Whitespace.COMPACT:
+        kwargs["disable_any_whitespace"] = True
+    if output.additional_properties is False:
+        kwargs["disable_additional_properties"] = True
+    return kwargs
+
+
+def finish_reason_of(reason: str | None, stop_reason: int | str | None) -> tuple[FinishReason, str | None]:
+    """Maps vLLM's finish_reason/stop_reason to ours; a string stop_reason is the matched stop."""
+    if reason == "stop":
+        if isinstance(stop_reason, str):
+            return FinishReason.STOP_SEQUENCE, stop_reason
+        return FinishReason.STOP, None
+    if reason == "length":
+        return FinishReason.LENGTH, None
+    if reason == "abort":
+        return FinishReason.CANCELLED, None
+    return FinishReason.ERROR, None
+
+
+def convert_logprobs(
+    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None, top: int
+) -> tuple[TokenLogprob, ...] | None:
+    """vLLM's per-token {token_id: Logprob(logprob, rank, decoded_token)} to typed logprobs."""
+    if logprobs is None:
+        return None
+    out = []
+    for token_id, candidates in zip(token_ids, logprobs, strict=False):
+        chosen = candidates.get(token_id)
+        ranked = sorted(
+            ((tid, lp) for tid, lp in candidates.items()), key=lambda item: getattr(item[1], "rank", 0) or 0
+        )
+        out.append(
+            TokenLogprob(
+                token=(getattr(chosen, "decoded_token", None) or "") if chosen is not None else "",
+                logprob=float(chosen.logprob) if chosen is not None else float("-inf"),
+                token_id=token_id,
+                top=tuple(
+                    TopLogprob(token=lp.decoded_token or "", logprob=float(lp.logprob), token_id=tid)
+                    for tid, lp in ranked[:top]
+                ),
+            )
+        )
+    return tuple(out)
+
+
+@dataclass
+class _Generation:
+    tokens: int = 0
+    first_token_at: float | None = None
+    done: bool = False
+
+
+@dataclass
+class OutputTracker:
+    """Turns vLLM's DELTA RequestOutputs into domain events, counting usage per generation."""
+
+    input_tokens: int
+    top_logprobs: int
+    arrived: float = field(default_factory=time.monotonic)
+    generations: dict[int, _Generation] = field(default_factory=dict)
+
+    def feed(self, output: Any) -> Iterable[StreamEvent]:
+        now = time.monotonic()
+        for completion in output.outputs:
+            state = self.generations.setdefault(completion.index, _Generation())
+            if state.done:
+                continue
+            token_ids = list(completion.token_ids or ())
+            if token_ids or completion.text:
+                state.tokens += len(token_ids)
+                state.first_token_at = state.first_token_at or now
+                yield GenerationDelta(
+                    index=completion.index,
+                    text=completion.text or "",
+                    token_count=len(token_ids),
+                    logprobs=convert_logprobs(token_ids, completion.logprobs, self.top_logprobs),
+                )
+            if completion.finish_reason is not None:
+                state.done = True
+                reason, matched = finish_reason_of(completion.finish_reason, completion.stop_reason)
+                yield GenerationEnd(
+                    index=completion.index,
+                    finish_reason=reason,
+                    matched_stop=matched,
+                    usage=Usage(self.input_tokens, state.tokens),
+                    timings=Timings(
+                        time_to_first_token_s=(state.first_token_at or now) - self.arrived,
+                        total_s=now - self.arrived,
+                    ),
+                )
+
+    def finished(self, n: int) -> bool:
+        return len(self.generations) >= n and all(g.done for g in self.generations.values())
+
+
+def capabilities_for(options: VLLMOptions, *, context_length: int, chat: bool) -> ModelCapabilities:
+    return ModelCapabilities(
+        constraints={kind: Enforcement.ENGINE for kind in ConstraintKind},
+        grammar_syntaxes=GRAMMAR_SYNTAXES[options.structured_outputs_backend],
+        max_n=options.max_n,
+        logprobs=options.max_logprobs > 0,
+        max_top_logprobs=options.max_logprobs,
+        context_length=context_length,
+        seed=True,
+        chat=chat,
+    )
+
+
+def engine_kwargs(options: VLLMOptions, *, visible_devices: str | None) -> dict[str, Any]:
+    """vllm.AsyncEngineArgs keyword arguments; tensor parallelism follows the GPUs placed."""
+    gpus = len([d for d in (visible_devices or "").split(",") if d.strip()])
+    if gpus == 0:
+        raise errors.Unavailable(
+            "vLLM needs a GPU and this worker was given none (CUDA_VISIBLE_DEVICES is empty)", reason="NO_GPU"
+        )
+    tp = options.tensor_parallel_size or max(1, gpus // options.pipeline_parallel_size)
+    kwargs: dict[str, Any] = {
+        "model": options.model,
+        "tokenizer": options.tokenizer,
+        "revision": options.revision,
+        "dtype": options.dtype,
+        "quantization": options.quantization,
+        "max_model_len": options.max_model_len,
+        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": options.pipeline_parallel_size,
+        "distributed_executor_backend": options.distributed_executor_backend,
+        "enable_prefix_caching": options.enable_prefix_caching,
+        "max_num_seqs": options.max_num_seqs,
+        "max_num_batched_tokens": options.max_num_batched_tokens,
+        "enforce_eager": options.enforce_eager,
+        "trust_remote_code": options.trust_remote_code,
+        "max_logprobs": options.max_logprobs,
+        "seed": options.seed,
+    }
+    return {key: value for key, value in kwargs.items() if value is not None}
+
+
+# --- the backend -------------------------------------------------------------------------------
+
+
+class VLLMBackend:
+    """One model on vLLM's AsyncLLM; meant to run in a worker process pinned to its GPUs."""
+
+    kind: ClassVar[str] = "vllm"
+    Options: ClassVar[type[BaseModel]] = VLLMOptions
+
+    def __init__(self, name: str, options: VLLMOptions) -> None:
+        self.name = name
+        self.options = options
+        self.capabilities = capabilities_for(options, context_length=options.max_model_len or 0, chat=True)
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._vllm: Any = None
+        self._context_length = options.max_model_len or 0
+
+    async def start(self) -> None:
+        kwargs = engine_kwargs(self.options, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        try:
+            import vllm
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise errors.ConfigError(
+                f"model {self.name!r}: vLLM is not installed ({exc}); use the GPU image "
+                "(bench/gpu/Dockerfile.vllm) or pip install -r bench/gpu/requirements-vllm.txt"
+            ) from exc
+        self._vllm = vllm
+        try:
+            from vllm.config import StructuredOutputsConfig
+
+            kwargs["structured_outputs_config"] = StructuredOutputsConfig(
+                backend=self.options.structured_outputs_backend
+            )
+        except ImportError:  # older layouts take a plain mapping
+            kwargs["structured_outputs_config"] = {"backend": self.options.structured_outputs_backend}
+        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        tokenizer = self._engine.get_tokenizer()
+        self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
+        self._context_length = int(self._engine.model_config.max_model_len)
+        chat = bool(self.options.chat_template or getattr(self._tokenizer, "chat_template", None))
+        self.capabilities = capabilities_for(self.options, context_length=self._context_length, chat=chat)
+
+    async def aclose(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            engine.shutdown()
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if request.prompt is not None:
+            return list(self._tokenizer.encode(request.prompt))
+        messages = [{"role": str(m.role), "content": m.text} for m in request.messages or ()]
+        ids = self._tokenizer.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=True, chat_template=self.options.chat_template
+        )
+        if isinstance(ids, Mapping):  # tokenizers that answer a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def _sampling_params(self, request: GenerationRequest, prompt_len: int) -> Any:
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        kwargs = sampling_kwargs(request, default_max_tokens=max(1, self._context_length - prompt_len))
+        if request.structured_output is not None:
+            kwargs["structured_outputs"] = StructuredOutputsParams(
+                **structured_outputs_kwargs(request.structured_output)
+            )
+        return self._vllm.SamplingParams(output_kind=RequestOutputKind.DELTA, **kwargs)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await collect_stream(self.generate_stream(request))
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        if self._engine is None:
+            raise errors.Unavailable(f"model {self.name!r} is not loaded")
+        from vllm.inputs import TokensPrompt
+
+        arrived = time.monotonic()
+        prompt_ids = self._prompt_ids(request)
+        if len(prompt_ids) >= self._context_length:
+            raise errors.InvalidArgument(
+                f"the prompt has {len(prompt_ids)} tokens; model {self.name!r} takes {self._context_length}",
+                reason="PROMPT_TOO_LONG",
+            )
+        params = self._sampling_params(request, len(prompt_ids))
+        engine_request_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
+        yield StreamStart(
+            request_id=request.request_id or engine_request_id,
+            model=self.name,
+            input_tokens=len(prompt_ids),
+            enforcement=Enforcement.ENGINE if request.structured_output is not None else Enforcement.NONE,
+            effective_sampling=request.sampling,
+            effective_stopping=StoppingCriteria(max_tokens=params.max_tokens, stop=request.stopping.stop),
+        )
+        tracker = OutputTracker(len(prompt_ids), request.logprobs or 0, arrived=arrived)
+        try:
+            async for output in self._engine.generate(
+                TokensPrompt(prompt_token_ids=prompt_ids), params, engine_request_id
+            ):
+                for event in tracker.feed(output):
+                    yield event
+        finally:
+            if not tracker.finished(request.n) and self._engine is not None:
+                await self._engine.abort(engine_request_id)

@@ -1,0 +1,207 @@
+"""The vLLM engine's pure mapping logic, tested without vLLM installed."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from gengate import errors
+from gengate.config import parse_config
+from gengate.domain import (
+    ChoiceConstraint,
+    ConstraintKind,
+    Enforcement,
+    FinishReason,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    GrammarConstraint,
+    GrammarSyntax,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    SamplingParams,
+    StoppingCriteria,
+    StructuredOutput,
+    Whitespace,
+)
+from gengate.engines.vllm import (
+    OutputTracker,
+    VLLMBackend,
+    VLLMOptions,
+    capabilities_for,
+    convert_logprobs,
+    engine_kwargs,
+    finish_reason_of,
+    sampling_kwargs,
+    structured_outputs_kwargs,
+)
+
+
+def test_module_does_not_import_vllm() -> None:
+    assert "vllm" not in sys.modules
+
+
+def test_sampling_mapping_sets_only_what_the_request_sets() -> None:
+    request = GenerationRequest(
+        model="m",
+        prompt="p",
+        n=2,
+        sampling=SamplingParams(temperature=0.7, top_k=40, seed=11, presence_penalty=0.5),
+        stopping=StoppingCriteria(max_tokens=32, stop=("\n\n", "END")),
+        logprobs=3,
+    )
+    assert sampling_kwargs(request, default_max_tokens=1000) == {
+        "n": 2,
+        "temperature": 0.7,
+        "top_k": 40,
+        "seed": 11,
+        "presence_penalty": 0.5,
+        "max_tokens": 32,
+        "stop": ["\n\n", "END"],
+        "include_stop_str_in_output": False,
+        "logprobs": 3,
+    }
+
+
+def test_unset_max_tokens_uses_the_rest_of_the_context_not_vllms_16() -> None:
+    kwargs = sampling_kwargs(GenerationRequest(model="m", prompt="p"), default_max_tokens=4000)
+    assert kwargs == {"n": 1, "max_tokens": 4000}
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        (StructuredOutput(JsonSchemaConstraint({"type": "object"})), {"json": {"type": "object"}}),
+        (StructuredOutput(RegexConstraint(r"\d+")), {"regex": r"\d+"}),
+        (StructuredOutput(ChoiceConstraint(("a", "b"))), {"choice": ["a", "b"]}),
+        (StructuredOutput(GrammarConstraint(GrammarSyntax.LARK, "start: /x/")), {"grammar": "start: /x/"}),
+        (StructuredOutput(JsonObjectConstraint()), {"json_object": True}),
+        (
+            StructuredOutput(
+                JsonSchemaConstraint({"type": "object"}),
+                whitespace=Whitespace.COMPACT,
+                additional_properties=False,
+            ),
+            {
+                "json": {"type": "object"},
+                "disable_any_whitespace": True,
+                "disable_additional_properties": True,
+            },
+        ),
+    ],
+)
+def test_structured_outputs_mapping(output: StructuredOutput, expected: dict[str, Any]) -> None:
+    assert structured_outputs_kwargs(output) == expected
+
+
+@pytest.mark.parametrize(
+    ("reason", "stop_reason", "expected"),
+    [
+        ("stop", None, (FinishReason.STOP, None)),
+        ("stop", 2, (FinishReason.STOP, None)),  # an EOS / stop token id
+        ("stop", "END", (FinishReason.STOP_SEQUENCE, "END")),
+        ("length", None, (FinishReason.LENGTH, None)),
+        ("abort", None, (FinishReason.CANCELLED, None)),
+        ("error", None, (FinishReason.ERROR, None)),
+    ],
+)
+def test_finish_reasons(reason: str, stop_reason: object, expected: tuple[FinishReason, str | None]) -> None:
+    assert finish_reason_of(reason, stop_reason) == expected  # type: ignore[arg-type]
+
+
+def _lp(logprob: float, rank: int, token: str) -> SimpleNamespace:
+    return SimpleNamespace(logprob=logprob, rank=rank, decoded_token=token)
+
+
+def test_logprobs_conversion() -> None:
+    converted = convert_logprobs(
+        [5, 9],
+        [{5: _lp(-0.1, 1, "a"), 6: _lp(-2.5, 2, "b")}, {7: _lp(-0.2, 1, "c"), 9: _lp(-1.0, 2, "d")}],
+        top=1,
+    )
+    assert converted is not None
+    assert [(t.token, t.logprob, t.token_id) for t in converted] == [("a", -0.1, 5), ("d", -1.0, 9)]
+    assert [[(x.token, x.token_id) for x in t.top] for t in converted] == [[("a", 5)], [("c", 7)]]
+    assert convert_logprobs([1], None, top=2) is None
+
+
+def _completion(index: int, text: str, ids: list[int], finish: str | None = None, stop: Any = None) -> Any:
+    return SimpleNamespace(
+        index=index, text=text, token_ids=ids, logprobs=None, finish_reason=finish, stop_reason=stop
+    )
+
+
+def test_tracker_turns_delta_outputs_into_events_with_usage() -> None:
+    tracker = OutputTracker(input_tokens=7, top_logprobs=0)
+    outputs = [
+        SimpleNamespace(outputs=[_completion(0, "Hel", [1, 2]), _completion(1, "Yo", [3])]),
+        SimpleNamespace(outputs=[_completion(0, "lo", [4], "stop", "\n")]),
+        SimpleNamespace(outputs=[_completion(1, "", [], "length")]),
+    ]
+    events = [event for output in outputs for event in tracker.feed(output)]
+    assert not any(isinstance(e, GenerationDelta) and e.text == "" for e in events)
+    deltas = [(e.index, e.text, e.token_count) for e in events if isinstance(e, GenerationDelta)]
+    assert deltas == [(0, "Hel", 2), (1, "Yo", 1), (0, "lo", 1)]
+    ends = {e.index: e for e in events if isinstance(e, GenerationEnd)}
+    assert ends[0].finish_reason is FinishReason.STOP_SEQUENCE and ends[0].matched_stop == "\n"
+    assert ends[0].usage.input_tokens == 7 and ends[0].usage.output_tokens == 3
+    assert ends[1].finish_reason is FinishReason.LENGTH and ends[1].usage.output_tokens == 1
+    assert tracker.finished(2) and not OutputTracker(1, 0).finished(1)
+
+
+def test_tensor_parallel_size_follows_the_placed_gpus() -> None:
+    options = VLLMOptions(model="m")
+    assert engine_kwargs(options, visible_devices="2,5")["tensor_parallel_size"] == 2
+    assert engine_kwargs(options, visible_devices="0")["enable_prefix_caching"] is True
+    assert (
+        engine_kwargs(VLLMOptions(model="m", tensor_parallel_size=4), visible_devices="0,1")[
+            "tensor_parallel_size"
+        ]
+        == 4
+    )
+    multi_node = VLLMOptions(model="m", pipeline_parallel_size=2, distributed_executor_backend="ray")
+    kwargs = engine_kwargs(multi_node, visible_devices="0,1,2,3")
+    assert (kwargs["tensor_parallel_size"], kwargs["pipeline_parallel_size"]) == (2, 2)
+    assert kwargs["distributed_executor_backend"] == "ray"
+    assert "max_model_len" not in kwargs  # unset options keep vLLM's defaults
+
+
+@pytest.mark.parametrize("visible", [None, ""])
+def test_no_gpu_is_a_clear_start_error(visible: str | None) -> None:
+    with pytest.raises(errors.Unavailable, match="vLLM needs a GPU"):
+        engine_kwargs(VLLMOptions(model="m"), visible_devices=visible)
+
+
+def test_capabilities_declare_every_constraint_kind() -> None:
+    caps = capabilities_for(VLLMOptions(model="m"), context_length=4096, chat=True)
+    assert set(caps.constraints) == set(ConstraintKind)
+    assert set(caps.constraints.values()) == {Enforcement.ENGINE}
+    assert caps.grammar_syntaxes == {GrammarSyntax.LARK, GrammarSyntax.GBNF}
+    assert caps.max_n == 16 and caps.logprobs and caps.seed and caps.context_length == 4096
+
+
+def test_config_accepts_vllm_models_without_vllm_installed() -> None:
+    config = parse_config(
+        {
+            "models": [
+                {"name": "big", "backend": "vllm", "model": "/models/x", "num_gpus": 2, "max_model_len": 8192}
+            ]
+        }
+    ).models[0]
+    assert isinstance(config.options, VLLMOptions) and config.num_gpus == 2
+
+
+async def test_start_without_gpu_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(errors.Unavailable, match="vLLM needs a GPU"):
+        await VLLMBackend("big", VLLMOptions(model="m")).start()
+
+
+async def test_start_without_vllm_installed_names_the_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(errors.ConfigError, match=r"Dockerfile\.vllm"):
+        await VLLMBackend("big", VLLMOptions(model="m")).start()
