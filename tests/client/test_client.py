@@ -284,3 +284,15 @@ def test_leaving_a_stream_early_cancels_it(fake: RunningFake) -> None:
         stream.close()
     assert fake.servicer.stream_cancelled.wait(5)
     assert not fake.servicer.stream_completed.is_set()
+
+
+def test_trace_context_is_propagated(fake: RunningFake) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("caller") as span, Client(fake.address) as client:
+        client.generate("tiny", "x")
+        trace_id = format(span.get_span_context().trace_id, "032x")
+    assert trace_id in fake.servicer.metadata[-1]["traceparent"]
+    assert trace.get_current_span().get_span_context().is_valid is False

@@ -107,7 +107,33 @@ class CallSettings:
     def kwargs(self, default_timeout: float | None, default_metadata: MetadataLike | None) -> dict[str, Any]:
         """Keyword arguments for a stub call: timeout and merged metadata."""
         timeout = self.timeout if self.timeout is not None else default_timeout
-        return {"timeout": timeout, "metadata": call_metadata(default_metadata, self.metadata)}
+        metadata = call_metadata(default_metadata, self.metadata)
+        trace = trace_context()
+        if trace:
+            metadata = [*(metadata or []), *trace]
+        return {"timeout": timeout, "metadata": metadata}
+
+
+_UNLOADED: Any = object()
+_inject: Any = _UNLOADED
+
+
+def trace_context() -> list[tuple[str, str]]:
+    """W3C trace context of the current OpenTelemetry span (when opentelemetry is installed), so one
+    trace spans client → server → backend. Empty without opentelemetry or an active span."""
+    global _inject
+    if _inject is _UNLOADED:
+        try:
+            from opentelemetry import propagate
+        except ImportError:
+            _inject = None
+        else:
+            _inject = propagate.inject
+    if _inject is None:
+        return []
+    carrier: dict[str, str] = {}
+    _inject(carrier)
+    return [(k.lower(), v) for k, v in carrier.items()]
 
 
 def as_request(item: Request | Mapping[str, Any]) -> Request:
