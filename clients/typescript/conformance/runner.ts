@@ -1,0 +1,295 @@
+/**
+ * TypeScript conformance runner: runs clients/conformance/vectors.json with @gengate/client and
+ * prints {"language": "typescript", "results": [...]} as JSON (see clients/conformance/run).
+ *
+ *   node --import tsx conformance/runner.ts ADDRESS VECTORS
+ */
+import { readFileSync } from "node:fs";
+
+import { fromJson, type JsonValue } from "@bufbuild/protobuf";
+import { z } from "zod";
+
+import {
+  ConstraintKind,
+  Enforcement,
+  FinishReason,
+  GenerateRequestSchema,
+  GengateClient,
+  GengateError,
+  type GenerateRequest,
+  type GenerateResponse,
+} from "../src/index.js";
+
+interface Vector {
+  name: string;
+  call: string;
+  request?: JsonValue;
+  requests?: JsonValue[];
+  expect: Record<string, unknown>;
+  repeat?: number;
+  timeout_ms?: number;
+  cancel_after_deltas?: number;
+}
+
+interface ErrorOut {
+  code: string;
+  reason: string;
+  fields: string[];
+}
+
+interface Outcome {
+  error?: ErrorOut;
+  texts?: string[];
+  finishReasons?: string[];
+  outputTokens?: number[];
+  enforcement?: string;
+  seed?: string | undefined;
+  framesOrdered?: boolean;
+  cancelled?: boolean;
+  elapsedMs?: number;
+}
+
+const finishName = (r: FinishReason): string => `FINISH_REASON_${FinishReason[r]}`;
+const parse = (raw: JsonValue | undefined): GenerateRequest => fromJson(GenerateRequestSchema, raw ?? {});
+
+function fromError(e: unknown): Outcome {
+  const err = GengateError.from(e);
+  return { error: { code: err.codeName === "CANCELED" ? "CANCELLED" : err.codeName, reason: err.reason, fields: err.fieldViolations.map((v) => v.field).sort() } };
+}
+
+function fromResponse(resp: GenerateResponse): Outcome {
+  const seed = resp.effectiveSampling?.seed;
+  return {
+    texts: resp.generations.map((g) => g.text),
+    finishReasons: resp.generations.map((g) => finishName(g.finishReason)),
+    outputTokens: resp.generations.map((g) => g.outputTokens),
+    enforcement: `ENFORCEMENT_${Enforcement[resp.enforcement]}`,
+    seed: seed === undefined ? undefined : String(seed),
+  };
+}
+
+async function generate(client: GengateClient, raw: JsonValue | undefined, timeoutMs?: number): Promise<Outcome> {
+  try {
+    return fromResponse(await client.generate(parse(raw), timeoutMs === undefined ? {} : { timeoutMs }));
+  } catch (e) {
+    return fromError(e);
+  }
+}
+
+async function stream(client: GengateClient, raw: JsonValue | undefined): Promise<Outcome> {
+  const texts = new Map<number, string>();
+  const ends = new Map<number, { finishReason: FinishReason; outputTokens: number }>();
+  const kinds: [string, number][] = [];
+  try {
+    for await (const frame of client.generateStream(parse(raw))) {
+      const f = frame.frame;
+      if (f.case === "start") kinds.push(["start", -1]);
+      else if (f.case === "delta") {
+        kinds.push(["delta", f.value.index]);
+        texts.set(f.value.index, (texts.get(f.value.index) ?? "") + f.value.text);
+      } else if (f.case === "end") {
+        kinds.push(["end", f.value.index]);
+        ends.set(f.value.index, { finishReason: f.value.finishReason, outputTokens: f.value.usage?.outputTokens ?? 0 });
+      }
+    }
+  } catch (e) {
+    return fromError(e);
+  }
+  const indices = [...new Set([...texts.keys(), ...ends.keys()])].sort((a, b) => a - b);
+  const ended = new Set<number>();
+  let ordered = kinds[0]?.[0] === "start";
+  for (const [kind, index] of kinds.slice(1)) {
+    if (kind === "start" || ended.has(index)) ordered = false;
+    if (kind === "end") ended.add(index);
+  }
+  return {
+    texts: indices.map((i) => texts.get(i) ?? ""),
+    finishReasons: indices.filter((i) => ends.has(i)).map((i) => finishName(ends.get(i)!.finishReason)),
+    outputTokens: indices.filter((i) => ends.has(i)).map((i) => ends.get(i)!.outputTokens),
+    framesOrdered: ordered && ended.size > 0,
+  };
+}
+
+async function cancelStream(client: GengateClient, raw: JsonValue | undefined, after: number): Promise<Outcome> {
+  const controller = new AbortController();
+  let deltas = 0;
+  let start = Date.now();
+  try {
+    for await (const frame of client.generateStream(parse(raw), { signal: controller.signal })) {
+      if (frame.frame.case === "delta" && ++deltas === after) {
+        start = Date.now();
+        controller.abort();
+      }
+    }
+    return { cancelled: false };
+  } catch (e) {
+    const err = GengateError.from(e);
+    if (err.codeName !== "CANCELED") return fromError(e);
+    return { cancelled: deltas === after, elapsedMs: Date.now() - start };
+  }
+}
+
+function check(expect: Record<string, unknown>, out: Outcome, raw: JsonValue | undefined): string[] {
+  const failures: string[] = [];
+  const err = out.error;
+  if (typeof expect["code"] === "string") {
+    if (!err || err.code !== expect["code"]) return [`expected ${expect["code"]}, got ${JSON.stringify(err ?? "success")}`];
+    if (typeof expect["reason"] === "string" && err.reason !== expect["reason"]) failures.push(`reason ${err.reason} != ${expect["reason"]}`);
+    const field = expect["field_violation"];
+    if (typeof field === "string" && !err.fields.includes(field)) failures.push(`no field violation ${field} in ${err.fields.join(",")}`);
+    return failures;
+  }
+  if (err) return [`unexpected error ${JSON.stringify(err)}`];
+  const texts = out.texts ?? [];
+  if (typeof expect["generations"] === "number" && texts.length !== expect["generations"]) {
+    failures.push(`${texts.length} generations, expected ${expect["generations"]}`);
+  }
+  const maxTokens = expect["max_output_tokens"];
+  if (typeof maxTokens === "number" && (out.outputTokens ?? []).some((t) => t > maxTokens)) {
+    failures.push(`output_tokens ${out.outputTokens?.join(",")} over ${maxTokens}`);
+  }
+  const reasons = expect["finish_reasons"] as string[] | undefined;
+  if (reasons && (out.finishReasons ?? []).some((r) => !reasons.includes(r))) {
+    failures.push(`finish reasons ${out.finishReasons?.join(",")} not in ${reasons.join(",")}`);
+  }
+  if (typeof expect["seed_echoed"] === "string" && out.seed !== expect["seed_echoed"]) failures.push(`seed ${out.seed} != ${expect["seed_echoed"]}`);
+  const enforcement = expect["enforcement"] as string[] | undefined;
+  if (enforcement && !enforcement.includes(out.enforcement ?? "")) failures.push(`enforcement ${out.enforcement} not in ${enforcement.join(",")}`);
+  if (expect["valid_json_schema"] === true) {
+    const schema = (raw as { structuredOutput: { jsonSchema: { schema: z.core.JSONSchema.JSONSchema } } }).structuredOutput.jsonSchema.schema;
+    const validator = z.fromJSONSchema(schema);
+    for (const text of texts) {
+      let value: unknown;
+      try {
+        value = JSON.parse(text);
+      } catch {
+        failures.push(`${JSON.stringify(text)} is not JSON`);
+        continue;
+      }
+      const result = validator.safeParse(value);
+      if (!result.success) failures.push(`${JSON.stringify(text)} does not match the schema: ${result.error.message}`);
+    }
+  }
+  if (typeof expect["full_match"] === "string") {
+    const re = new RegExp(`^(?:${expect["full_match"]})$`, "u");
+    for (const t of texts) if (!re.test(t)) failures.push(`${JSON.stringify(t)} does not match ${expect["full_match"]}`);
+  }
+  const choices = expect["one_of"] as string[] | undefined;
+  if (choices) for (const t of texts) if (!choices.includes(t)) failures.push(`${JSON.stringify(t)} not one of ${choices.join(",")}`);
+  if (expect["json_object"] === true) {
+    for (const t of texts) {
+      let value: unknown;
+      try {
+        value = JSON.parse(t);
+      } catch {
+        value = undefined;
+      }
+      if (typeof value !== "object" || value === null || Array.isArray(value)) failures.push(`${JSON.stringify(t)} is not a JSON object`);
+    }
+  }
+  if (expect["frames_ordered"] === true && !out.framesOrdered) failures.push("frames out of order");
+  if (expect["cancelled"] === true && !out.cancelled) failures.push("the stream was not cancelled");
+  const within = expect["within_ms"];
+  if (typeof within === "number" && (out.elapsedMs ?? 0) > within) failures.push(`took ${out.elapsedMs} ms, limit ${within}`);
+  return failures;
+}
+
+const observe = (out: Outcome): Record<string, unknown> => (out.error ? { error: out.error } : { texts: out.texts ?? [] });
+const same = (a: string[] | undefined, b: string[] | undefined): boolean => JSON.stringify(a) === JSON.stringify(b);
+
+async function runVector(client: GengateClient, v: Vector): Promise<{ name: string; ok: boolean; failures: string[]; observed: Record<string, unknown> }> {
+  let failures: string[] = [];
+  let observed: Record<string, unknown> = {};
+  const expect = v.expect;
+  switch (v.call) {
+    case "list_models": {
+      const models = await client.listModels();
+      const names = models.map((m) => m.name).sort();
+      observed = { models: names };
+      const found = models.find((m) => m.name === expect["model_listed"]);
+      if (!found) {
+        failures.push(`${expect["model_listed"]} not in ${names.join(",")}`);
+        break;
+      }
+      const kinds = new Set((found.capabilities?.constraints ?? []).map((c) => `CONSTRAINT_KIND_${ConstraintKind[c.kind]}`));
+      for (const k of (expect["constraint_kinds"] as string[] | undefined) ?? []) if (!kinds.has(k)) failures.push(`${k} not supported`);
+      break;
+    }
+    case "generate": {
+      const start = Date.now();
+      const out = await generate(client, v.request, v.timeout_ms);
+      out.elapsedMs = Date.now() - start;
+      failures = check(expect, out, v.request);
+      if (expect["same_text_on_repeat"] === true) {
+        for (let i = 1; i < (v.repeat ?? 2); i++) {
+          const again = await generate(client, v.request);
+          if (!same(again.texts, out.texts)) failures.push(`repeat gave ${JSON.stringify(again.texts)}, first ${JSON.stringify(out.texts)}`);
+        }
+      }
+      observed = observe(out);
+      // The client or the server may end it first: compare the code only.
+      if (v.timeout_ms !== undefined && out.error) observed = { code: out.error.code };
+      break;
+    }
+    case "stream": {
+      const out = await stream(client, v.request);
+      failures = check(expect, out, v.request);
+      if (expect["stream_equals_unary"] === true && !out.error) {
+        const unary = await generate(client, v.request);
+        if (!same(unary.texts, out.texts)) failures.push(`stream texts ${JSON.stringify(out.texts)} != unary ${JSON.stringify(unary.texts)}`);
+      }
+      observed = observe(out);
+      break;
+    }
+    case "cancel_stream": {
+      const out = await cancelStream(client, v.request, v.cancel_after_deltas ?? 1);
+      failures = check(expect, out, v.request);
+      const after = await generate(client, { model: "tiny", prompt: "still there?", stopping: { maxTokens: 2 } });
+      if (after.error) failures.push(`server unhealthy after cancel: ${JSON.stringify(after.error)}`);
+      observed = { cancelled: out.cancelled ?? null };
+      break;
+    }
+    case "batch": {
+      const requests = v.requests ?? [];
+      const items = new Map<number, Outcome>();
+      for await (const item of client.batchGenerate(requests.map(parse))) {
+        items.set(item.index, item.error ? { error: fromError(item.error).error! } : fromResponse(item.response));
+      }
+      const obs: unknown[] = [];
+      for (const [i, want] of ((expect["items"] as Record<string, unknown>[]) ?? []).entries()) {
+        const got = items.get(i);
+        if (!got) {
+          failures.push(`item ${i} missing`);
+          continue;
+        }
+        const sub = Object.fromEntries(Object.entries(want).filter(([k]) => k !== "ok"));
+        failures.push(...check(sub, got, requests[i]).map((f) => `item ${i}: ${f}`));
+        obs.push(got.error ?? { texts: got.texts ?? [] });
+      }
+      observed = { items: obs };
+      break;
+    }
+    default:
+      failures.push(`unknown call ${v.call}`);
+  }
+  return { name: v.name, ok: failures.length === 0, failures, observed };
+}
+
+async function main(): Promise<void> {
+  const [address, path] = process.argv.slice(2);
+  if (!address || !path) throw new Error("usage: runner.ts ADDRESS VECTORS");
+  const vectors = (JSON.parse(readFileSync(path, "utf8")) as { vectors: Vector[] }).vectors;
+  const client = new GengateClient({ address, timeoutMs: 120_000 });
+  const results = [];
+  for (const v of vectors) {
+    try {
+      results.push(await runVector(client, v));
+    } catch (e) {
+      results.push({ name: v.name, ok: false, failures: [String(e)], observed: {} });
+    }
+  }
+  process.stdout.write(JSON.stringify({ language: "typescript", results }, null, 1) + "\n");
+  process.exit(0);
+}
+
+await main();
