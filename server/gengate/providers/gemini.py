@@ -1,0 +1,314 @@
+"""Google Gemini API and Vertex AI through the official `google-genai` SDK.
+
+JSON Schema is native through `response_json_schema` (Gemini enforces a subset of keywords;
+a schema using others is still sent, and reported VALIDATED), choices through the
+`text/x.enum` MIME type, JSON object through `application/json`; regex is prompted and
+validated; grammars are refused. `n` is native (`candidate_count`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
+
+import httpx
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types
+from pydantic import Field
+
+from gengate import errors
+from gengate.domain import (
+    ChoiceConstraint,
+    ConstraintKind,
+    Enforcement,
+    Generation,
+    GenerationRequest,
+    ImagePart,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    Role,
+    StructuredOutput,
+    TextPart,
+    Usage,
+)
+from gengate.providers import structured as so
+from gengate.providers.base import (
+    Chunk,
+    ChunkEnd,
+    ChunkText,
+    ChunkUsage,
+    Completion,
+    ProviderBackend,
+    ProviderCall,
+    ProviderOptions,
+    map_finish_reason,
+)
+from gengate.providers.errors import from_status, parse_retry_after
+
+# The JSON Schema keywords Gemini's `response_json_schema` enforces; others are ignored by it.
+_GEMINI_KEYWORDS = frozenset(
+    {
+        "$id",
+        "$defs",
+        "$ref",
+        "$anchor",
+        "$schema",
+        "type",
+        "format",
+        "title",
+        "description",
+        "enum",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "minimum",
+        "maximum",
+        "anyOf",
+        "oneOf",
+        "properties",
+        "additionalProperties",
+        "required",
+        "propertyOrdering",
+    }
+)
+_CHILD_MAPS = ("properties", "$defs")
+_CHILD_LISTS = ("anyOf", "oneOf", "prefixItems")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
+
+
+class GeminiOptions(ProviderOptions):
+    """Config keys of a `gemini` model; set `vertexai` (with project/location) for Vertex AI."""
+
+    vertexai: bool = Field(default=False, description="Use Vertex AI instead of the Gemini API.")
+    project: str | None = Field(
+        default=None, description="Vertex AI project (default: from the environment)."
+    )
+    location: str | None = Field(default=None, description="Vertex AI location, e.g. us-central1.")
+    api_version: str | None = Field(default=None, description="API version path, e.g. v1beta.")
+
+
+def outside_gemini_subset(node: Any) -> bool:
+    """Whether a schema uses keywords Gemini does not enforce (so the result is only VALIDATED)."""
+    if isinstance(node, list):
+        return any(outside_gemini_subset(v) for v in node)
+    if not isinstance(node, dict):
+        return False
+    for key, value in node.items():
+        if key not in _GEMINI_KEYWORDS:
+            return True
+        if key in _CHILD_MAPS and isinstance(value, dict):
+            if any(outside_gemini_subset(v) for v in value.values()):
+                return True
+        elif key in (*_CHILD_LISTS, "items", "additionalProperties") and outside_gemini_subset(value):
+            return True
+    return False
+
+
+def gemini_plan(structured: StructuredOutput, level: Enforcement) -> so.StructuredPlan:
+    """Native schema as-is (any root), choices through text/x.enum; the rest prompted."""
+    c = structured.constraint
+    if level != Enforcement.NATIVE:
+        return so.StructuredPlan(
+            structured, level, native=False, instructions=so.constraint_instructions(structured)
+        )
+    if isinstance(c, JsonSchemaConstraint):
+        enforcement = Enforcement.VALIDATED if outside_gemini_subset(c.schema) else Enforcement.NATIVE
+        return so.StructuredPlan(structured, enforcement, native=True, native_schema=c.schema)
+    return so.StructuredPlan(structured, Enforcement.NATIVE, native=True)
+
+
+def _parts(parts: tuple[TextPart | ImagePart, ...]) -> list[types.Part]:
+    out: list[types.Part] = []
+    for part in parts:
+        if isinstance(part, TextPart):
+            out.append(types.Part(text=part.text))
+        elif part.url:
+            out.append(
+                types.Part(file_data=types.FileData(file_uri=part.url, mime_type=part.mime_type or None))
+            )
+        else:
+            out.append(
+                types.Part(inline_data=types.Blob(data=part.data, mime_type=part.mime_type or "image/png"))
+            )
+    return out
+
+
+def _retry_delay(details: Any) -> float | None:
+    """RetryInfo.retryDelay ("12s") from a google.rpc error body, if any."""
+    error = details.get("error", details) if isinstance(details, Mapping) else None
+    for item in (error or {}).get("details", ()) if isinstance(error, Mapping) else ():
+        if isinstance(item, Mapping) and str(item.get("@type", "")).endswith("RetryInfo"):
+            match = _DURATION.match(str(item.get("retryDelay", "")))
+            if match:
+                return float(match.group(1))
+    return None
+
+
+def _candidate_text(candidate: Any) -> str:
+    content = candidate.content
+    if content is None or not content.parts:
+        return ""
+    return "".join(p.text for p in content.parts if p.text and not p.thought)
+
+
+def _finish(candidate: Any) -> Any:
+    reason = candidate.finish_reason
+    return map_finish_reason(reason.value if reason is not None else None)
+
+
+class GeminiBackend(ProviderBackend):
+    """Gemini models over generateContent / streamGenerateContent (Gemini API or Vertex AI)."""
+
+    kind: ClassVar[str] = "gemini"
+    Options: ClassVar[type[ProviderOptions]] = GeminiOptions
+    label: ClassVar[str] = "Gemini"
+    structured_support: ClassVar[dict[ConstraintKind, Enforcement]] = {
+        ConstraintKind.JSON_SCHEMA: Enforcement.NATIVE,
+        ConstraintKind.CHOICE: Enforcement.NATIVE,
+        ConstraintKind.JSON_OBJECT: Enforcement.NATIVE,
+        ConstraintKind.REGEX: Enforcement.VALIDATED,
+    }
+    native_n: ClassVar[bool] = True
+    image_input: ClassVar[bool] = True
+    seed_supported: ClassVar[bool] = True
+    default_api_key_envs: ClassVar[tuple[str, ...]] = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+
+    def __init__(self, name: str, options: ProviderOptions) -> None:
+        super().__init__(name, options)
+        self._client: genai.Client | None = None
+
+    @property
+    def opts(self) -> GeminiOptions:
+        assert isinstance(self.options, GeminiOptions)
+        return self.options
+
+    async def start(self) -> None:
+        if not self.opts.vertexai:  # Vertex AI authenticates with Google credentials, keys optional
+            await super().start()
+        self._client = genai.Client(**self._client_kwargs())
+
+    def _client_kwargs(self, http_client: httpx.AsyncClient | None = None) -> dict[str, Any]:
+        http_kwargs: dict[str, Any] = {
+            "base_url": self.options.base_url,
+            "api_version": self.opts.api_version,
+            "timeout": int(self.options.timeout * 1000),
+            "httpx_async_client": http_client,
+        }
+        http = types.HttpOptions(**{k: v for k, v in http_kwargs.items() if v is not None})
+        kwargs: dict[str, Any] = {"http_options": http}
+        if self.opts.vertexai:
+            kwargs.update(vertexai=True, project=self.opts.project, location=self.opts.location)
+        if self.api_key:
+            kwargs["api_key"] = self.api_key
+        return kwargs
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aio.aclose()
+            self._client = None
+
+    @property
+    def client(self) -> genai.Client:
+        if self._client is None:
+            raise RuntimeError(f"model {self.name!r} used before start()")
+        return self._client
+
+    def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
+        assert req.structured_output is not None
+        return gemini_plan(req.structured_output, level)
+
+    def normalize_error(self, exc: BaseException) -> errors.GengateError:
+        if isinstance(exc, genai_errors.APIError) and isinstance(exc.code, int) and exc.code >= 400:
+            headers = getattr(exc.response, "headers", None)
+            header_map = {str(k): str(v) for k, v in dict(headers).items()} if headers else None
+            error = from_status(
+                exc.code,
+                exc.details or exc.message,
+                headers=header_map,
+                provider=self.label,
+                error_type=exc.status,
+            )
+            if error.retry_after_s is not None and parse_retry_after(header_map) is None:
+                error.retry_after_s = _retry_delay(exc.details) or error.retry_after_s
+            return error
+        return super().normalize_error(exc)
+
+    def _request(self, call: ProviderCall) -> dict[str, Any]:
+        req = call.request
+        system = "\n\n".join(m.text for m in call.messages if m.role == Role.SYSTEM)
+        contents = [
+            types.Content(role="model" if m.role == Role.ASSISTANT else "user", parts=_parts(m.content))
+            for m in call.messages
+            if m.role != Role.SYSTEM
+        ]
+        s = req.sampling
+        config: dict[str, Any] = {
+            "system_instruction": system or None,
+            "candidate_count": call.n if call.n > 1 else None,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "seed": s.seed,
+            "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty,
+            "max_output_tokens": req.stopping.max_tokens,
+            "stop_sequences": list(req.stopping.stop) or None,
+            "http_options": types.HttpOptions(timeout=max(1, int(call.timeout * 1000))),
+        }
+        plan = call.plan
+        if plan is not None and plan.native:
+            c = plan.structured.constraint
+            if isinstance(c, ChoiceConstraint):
+                config["response_mime_type"] = "text/x.enum"
+                config["response_schema"] = {"type": "STRING", "enum": list(c.choices)}
+            elif isinstance(c, JsonObjectConstraint):
+                config["response_mime_type"] = "application/json"
+            else:
+                config["response_mime_type"] = "application/json"
+                config["response_json_schema"] = plan.native_schema
+        generation_config = types.GenerateContentConfig(**{k: v for k, v in config.items() if v is not None})
+        return {"model": self.options.model, "contents": contents, "config": generation_config}
+
+    @staticmethod
+    def _usage(response: Any) -> Usage | None:
+        meta = response.usage_metadata
+        if meta is None or meta.candidates_token_count is None:
+            return None
+        return Usage(meta.prompt_token_count or 0, meta.candidates_token_count)
+
+    async def _complete(self, call: ProviderCall) -> Completion:
+        response = await self.client.aio.models.generate_content(**self._request(call))
+        generations = [
+            Generation(index=c.index or 0, text=_candidate_text(c), finish_reason=_finish(c))
+            for c in response.candidates or []
+        ]
+        return Completion(sorted(generations, key=lambda g: g.index), self._usage(response))
+
+    async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
+        # The SDK's stream nests generators, so closing ours would leave the HTTP response open
+        # until garbage collection: each stream gets its own connection, closed in `finally`.
+        http = httpx.AsyncClient(timeout=call.timeout)
+        client = genai.Client(**self._client_kwargs(http))
+        stream: Any = None
+        try:
+            stream = await client.aio.models.generate_content_stream(**self._request(call))
+            async for response in stream:
+                for candidate in response.candidates or []:
+                    index = candidate.index or 0
+                    text = _candidate_text(candidate)
+                    if text:
+                        yield ChunkText(index, text)
+                    if candidate.finish_reason is not None:
+                        yield ChunkEnd(index, _finish(candidate))
+                usage = self._usage(response)
+                if usage is not None:
+                    yield ChunkUsage(usage.input_tokens, usage.output_tokens)
+        finally:
+            try:
+                if stream is not None:
+                    await stream.aclose()
+            finally:
+                await http.aclose()
