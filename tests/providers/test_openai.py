@@ -263,7 +263,7 @@ async def test_image_input(make: cc.Make, fake: FakeOpenAI) -> None:
     msg = ChatMessage(
         Role.USER, (TextPart("What is this?"), ImagePart(data=b"\x89PNG", mime_type="image/png"))
     )
-    await backend.generate(cc.prompt(prompt=None, messages=(msg,)) if False else _chat(msg))
+    await backend.generate(_chat(msg))
     content = fake.server.requests[0].body["messages"][0]["content"]
     assert content[0] == {"type": "text", "text": "What is this?"}
     assert content[1]["image_url"]["url"] == "data:image/png;base64,iVBORw=="
