@@ -227,3 +227,22 @@ def test_calendar_formats_are_served_as_validated_even_when_strict() -> None:
     )
     grammar = json.loads(lowered.grammar)["grammars"][0]["json_schema"]
     assert grammar["properties"]["day"]["format"] == "date"  # the shape is still enforced
+
+
+def test_unset_additional_properties_generates_listed_keys_but_validates_the_original() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    lowered = lower(so(JsonSchemaConstraint(schema)))
+    generated = json.loads(lowered.grammar)["grammars"][0]["json_schema"]
+    assert generated["additionalProperties"] is False  # the engine only writes listed keys
+    assert lowered.schema == schema  # results are still judged by the caller's schema
+    assert lowered.enforcement is Enforcement.ENGINE
+
+
+def test_closing_objects_falls_back_when_it_would_be_unsatisfiable() -> None:
+    # `y` is required but only allowed through patternProperties of a sibling branch: closing
+    # the object would make it unsatisfiable, so the open form is enforced instead.
+    schema = {"type": "object", "required": ["y"], "properties": {"x": {"type": "integer"}}}
+    lowered = lower(so(JsonSchemaConstraint(schema)))
+    generated = json.loads(lowered.grammar)["grammars"][0]["json_schema"]
+    assert "additionalProperties" not in generated
+    assert LLMatcher.validate_grammar(lowered.grammar) == ""

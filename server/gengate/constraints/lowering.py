@@ -167,8 +167,29 @@ def _lower_json_schema(c: JsonSchemaConstraint, structured: StructuredOutput) ->
         )
     schema = effective_schema(c, structured)
     check_schema(schema)
+    if structured.additional_properties is None:
+        # Generate only the listed properties unless asked otherwise: every such output is still
+        # valid against the caller's schema, and models do not wander off into invented keys.
+        # Where closing objects makes the schema unsatisfiable, fall back to the open form.
+        closed = copy.deepcopy(schema)
+        _apply_additional_properties(closed, False)
+        try:
+            return _enforce_json_schema(c, closed, structured, validate_against=schema)
+        except errors.InvalidArgument:
+            pass
+    return _enforce_json_schema(c, schema, structured, validate_against=schema)
+
+
+def _enforce_json_schema(
+    c: JsonSchemaConstraint,
+    generate: dict[str, Any],
+    structured: StructuredOutput,
+    *,
+    validate_against: dict[str, Any],
+) -> LoweredConstraint:
+    """Grammar for `generate`, relaxed round by round where the engine refuses a keyword."""
     options = _json_options(structured)
-    relaxed = copy.deepcopy(schema)
+    relaxed = copy.deepcopy(generate)
     relaxed.pop("x-guidance", None)
     relaxations: list[str] = []
     for _ in range(_MAX_RELAXATION_ROUNDS):
@@ -178,7 +199,7 @@ def _lower_json_schema(c: JsonSchemaConstraint, structured: StructuredOutput) ->
             relaxations.extend(_partially_enforced_formats(relaxed))
             enforcement = Enforcement.VALIDATED if relaxations else Enforcement.ENGINE
             return LoweredConstraint(
-                ConstraintKind.JSON_SCHEMA, grammar, enforcement, tuple(relaxations), schema=schema
+                ConstraintKind.JSON_SCHEMA, grammar, enforcement, tuple(relaxations), schema=validate_against
             )
         found = _relax(relaxed, error, options)
         if not found:
@@ -326,5 +347,18 @@ def _apply_additional_properties(schema: dict[str, Any], allowed: bool) -> None:
         is_object = node.get("type") == "object" or "properties" in node
         says = any(k in node for k in ("additionalProperties", "unevaluatedProperties", "patternProperties"))
         in_all_of = re.search(r"/allOf/\d+$", path) is not None
-        if is_object and not says and not in_all_of and "allOf" not in node and "$ref" not in node:
+        listed = node.get("properties", {})
+        closable = allowed or (
+            all(k in listed for k in node.get("required", []))
+            and node.get("minProperties", 0) <= len(listed)
+            and not any(k in node for k in ("anyOf", "oneOf", "if", "dependentRequired", "dependencies"))
+        )
+        if (
+            is_object
+            and not says
+            and not in_all_of
+            and "allOf" not in node
+            and "$ref" not in node
+            and closable
+        ):
             node["additionalProperties"] = allowed
