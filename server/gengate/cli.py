@@ -282,8 +282,11 @@ async def _demo_calls(client: AsyncClient) -> None:
     except OutputError as exc:  # a random-weights model may ramble until max_tokens
         print(f"({exc})")
 
-    _header(r"regex: phone number \(\d{3}\) \d{3}-\d{4}")
-    phone = await client.generate(model, "Phone:", output_type=Regex(r"\(\d{3}\) \d{3}-\d{4}"), seed=5)
+    # [0-9], not \d: \d matches any Unicode digit (e.g. fullwidth ９), and the engine knows it.
+    _header(r"regex: phone number \([0-9]{3}\) [0-9]{3}-[0-9]{4}")
+    phone = await client.generate(
+        model, "Phone:", output_type=Regex(r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"), seed=5
+    )
     print(f"{phone.parsed}   (enforcement={phone.enforcement})")
 
     _header("choice: Literal['positive', 'negative', 'neutral']")

@@ -13,7 +13,6 @@ from gengate.backend import Backend
 from gengate.config import ModelConfig, ServerConfig
 from gengate.domain import ModelInfo
 from gengate.errors import InvalidArgument, NotFound, ResourceExhausted
-from gengate.registry import backend_class
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +62,11 @@ BackendFactory = Callable[[ModelConfig], Backend]
 
 
 def build_backend(config: ModelConfig) -> Backend:
-    """Instantiates the configured backend class (cheap; loading happens in start())."""
-    cls = backend_class(config.backend)
-    backend: Backend = cls(config.name, config.options)
-    return backend
+    """Instantiates the configured backend (cheap; loading happens in start()): local engines in
+    worker processes pinned to their GPUs, unless `isolation: inline` (gengate.workers.factory)."""
+    from gengate.workers.factory import build_backend as build_local_or_inline
+
+    return build_local_or_inline(config)
 
 
 class Router:

@@ -48,10 +48,18 @@ def served() -> Iterator[str]:
 
 def test_generate_and_models_against_a_served_process(served: str) -> None:
     result = gengate(
-        "generate", "--address", served, "--model", "tiny", "--prompt", "Date:", "--regex", r"\d{4}-\d{2}"
+        "generate",
+        "--address",
+        served,
+        "--model",
+        "tiny",
+        "--prompt",
+        "Date:",
+        "--regex",
+        "[0-9]{4}-[0-9]{2}",
     )
     assert result.returncode == 0, result.stderr
-    assert re.fullmatch(r"\d{4}-\d{2}\n", result.stdout)
+    assert re.fullmatch(r"[0-9]{4}-[0-9]{2}\n", result.stdout)
 
     base = ["generate", "--address", served, "--model", "tiny"]
     result = gengate(*base, "--prompt", "x", "--choice", "a", "--choice", "b", "--n", "2", "--json")
@@ -85,6 +93,6 @@ def test_demo_builds_serves_and_shows_each_kind(tmp_path: Path) -> None:
     out = result.stdout
     assert f"building tiny model into {tmp_path / 'tiny'}" in out
     assert re.search(r"City\(name='.*', population=\d+, country_code='[A-Z]{2}'\)", out)
-    assert re.search(r"^\(\d{3}\) \d{3}-\d{4}", out, re.MULTILINE)
+    assert re.search(r"^\([0-9]{3}\) [0-9]{3}-[0-9]{4}", out, re.MULTILINE)
     assert re.search(r"^(positive|negative|neutral)$", out, re.MULTILINE)
     assert "[1] NOT_FOUND" in out and out.rstrip().endswith("server stopped")

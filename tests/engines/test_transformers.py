@@ -276,18 +276,38 @@ async def test_every_constraint_holds(backend: TransformersBackend, name: str) -
         assert len(stopped) == 4
 
 
-async def test_validated_constraint_is_checked_or_aborted(backend: TransformersBackend) -> None:
-    schema = {"type": "array", "items": {"enum": [1, 2, 3]}, "maxItems": 3, "uniqueItems": True}
+async def test_validated_constraint_retries_then_validates_or_aborts(
+    backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uniqueItems is not enforced by the engine (VALIDATED): bad generations are re-generated."""
+    from gengate.engines.transformers import request as request_module
+
+    launches = 0
+    launch = request_module.RequestRun._launch
+
+    def counting(self: request_module.RequestRun, gen: object) -> None:
+        nonlocal launches
+        launches += 1
+        launch(self, gen)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(request_module.RequestRun, "_launch", counting)
+    schema = {"type": "array", "items": {"enum": [1, 2]}, "minItems": 2, "maxItems": 2, "uniqueItems": True}
     structured = StructuredOutput(JsonSchemaConstraint(schema))
-    try:
-        result = await backend.generate(request(n=4, structured_output=structured))
-    except errors.Aborted as exc:
-        assert exc.reason == "VALIDATION_FAILED"
-        return
-    assert result.enforcement is Enforcement.VALIDATED
-    for gen in result.generations:
-        if gen.finish_reason is FinishReason.STOP:
-            assert validate_output(structured, gen.text) is None, gen.text
+    outcomes = []
+    for seed in range(4):
+        req = request(n=4, structured_output=structured, sampling=SamplingParams(seed=seed))
+        try:
+            result = await backend.generate(req)
+        except errors.Aborted as exc:
+            assert exc.reason == "VALIDATION_FAILED" and "non-unique" in exc.message
+            outcomes.append("aborted")
+            continue
+        assert result.enforcement is Enforcement.VALIDATED
+        for gen in result.generations:
+            assert gen.finish_reason is FinishReason.STOP and validate_output(structured, gen.text) is None
+        outcomes.append("validated")
+    assert launches > 4 * 4, "no generation was re-generated"
+    assert "validated" in outcomes
 
 
 async def wait_idle(engine: TransformersBackend) -> None:

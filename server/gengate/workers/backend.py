@@ -34,6 +34,7 @@ from gengate.registry import BACKEND_CLASSES
 from gengate.workers.placement import DeviceProvider, DeviceRequest, Lease, PlacementError, PlacementFile
 from gengate.workers.protocol import (
     Abort,
+    Aborted,
     Call,
     Done,
     Event,
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 
 ServingListener = Callable[[bool], Any]
 OUTPUT_TAIL_LINES = 60
+ABORT_ACK_TIMEOUT_S = 1.0
 
 
 class WorkerStartError(errors.Unavailable):
@@ -77,6 +79,7 @@ class _Call:
     def __init__(self) -> None:
         self.inbox: asyncio.Queue[Event | Done | Failed | errors.GengateError] = asyncio.Queue()
         self.finished = False
+        self.released: asyncio.Event = asyncio.Event()  # the worker has let go of the call
 
 
 class _Worker:
@@ -352,10 +355,16 @@ class WorkerBackend:
         await self._on_worker_exit(worker)
 
     def _dispatch(self, message: Any) -> None:
-        if isinstance(message, Event | Done | Failed):
+        if isinstance(message, Event | Done | Failed | Aborted):
             call = self._calls.get(message.call_id)
-            if call is not None:
-                call.inbox.put_nowait(message)
+            if call is None:
+                return
+            if isinstance(message, Aborted):
+                call.released.set()
+                return
+            if not isinstance(message, Event):
+                call.released.set()
+            call.inbox.put_nowait(message)
         elif isinstance(message, Pong):
             future = self._pongs.get(message.ping_id)
             if future is not None and not future.done():
@@ -374,6 +383,7 @@ class WorkerBackend:
             retry_after_s=self._backoff,
         )
         for call in list(self._calls.values()):
+            call.released.set()
             if not call.finished:
                 call.inbox.put_nowait(failure)
         for future in self._pongs.values():
@@ -488,9 +498,18 @@ class WorkerBackend:
             worker.send(Call(call_id, request, stream))
             yield call
         finally:
-            self._calls.pop(call_id, None)
-            if not call.finished:
-                worker.send(Abort(call_id))
+            try:
+                if not call.finished and not call.released.is_set() and not worker.dead:
+                    worker.send(Abort(call_id))
+                    # Like an in-process engine, return once the engine has dropped the request
+                    # (frees its batch slot and KV cache); past the deadline, do not wait.
+                    left = request.time_left()
+                    wait_s = ABORT_ACK_TIMEOUT_S if left is None else max(0.0, min(left, ABORT_ACK_TIMEOUT_S))
+                    if wait_s > 0:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(call.released.wait(), wait_s)
+            finally:
+                self._calls.pop(call_id, None)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         async with self._call(request, stream=False) as call:

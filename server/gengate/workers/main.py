@@ -23,6 +23,7 @@ from typing import Any
 from gengate.backend import Backend
 from gengate.workers.protocol import (
     Abort,
+    Aborted,
     Call,
     Done,
     ErrorPayload,
@@ -138,6 +139,7 @@ async def serve(fd: int) -> int:
                     aborted = tasks.pop(message.call_id, None)
                     if aborted is not None:
                         aborted.cancel()
+                        aborted.add_done_callback(functools.partial(_acknowledge, outbox, message.call_id))
                 elif isinstance(message, Ping):
                     outbox.send(Pong(message.ping_id, len(tasks)))
                 elif isinstance(message, Shutdown):
@@ -156,6 +158,10 @@ async def serve(fd: int) -> int:
         await outbox.drain()
         writer.close()
     return 0
+
+
+def _acknowledge(outbox: Outbox, call_id: int, _task: asyncio.Task[None]) -> None:
+    outbox.send(Aborted(call_id))
 
 
 def _forget(tasks: dict[int, asyncio.Task[None]], call_id: int, _task: asyncio.Task[None]) -> None:

@@ -134,13 +134,20 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Aborted:
+    """Call `call_id` was aborted and the engine has let go of it (its generator is closed)."""
+
+    call_id: int
+
+
+@dataclass(frozen=True)
 class Pong:
     ping_id: int
     in_flight: int
 
 
 ToWorker: TypeAlias = WorkerSpec | Call | Abort | Ping | Shutdown
-FromWorker: TypeAlias = Ready | StartFailed | Event | Done | Failed | Pong
+FromWorker: TypeAlias = Ready | StartFailed | Event | Done | Failed | Aborted | Pong
 
 
 def encode(messages: list[Any]) -> bytes:
