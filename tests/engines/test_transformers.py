@@ -308,6 +308,13 @@ async def test_validated_constraint_retries_then_validates_or_aborts(
         outcomes.append("validated")
     assert launches > 4 * 4, "no generation was re-generated"
     assert "validated" in outcomes
+    seed = outcomes.index("validated")
+    events = await events_of(
+        backend, request(n=4, structured_output=structured, sampling=SamplingParams(seed=seed))
+    )
+    deltas = [e for e in events if isinstance(e, GenerationDelta)]
+    assert sorted(d.index for d in deltas) == [0, 1, 2, 3], "validated text is released once, whole"
+    assert all(validate_output(structured, d.text) is None for d in deltas)
 
 
 async def wait_idle(engine: TransformersBackend) -> None:
