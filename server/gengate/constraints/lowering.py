@@ -21,6 +21,7 @@ from llguidance import LLMatcher
 from llguidance.gbnf_to_lark import any_to_lark
 
 from gengate import errors
+from gengate.constraints.regex_dialect import ascii_shorthands
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -98,7 +99,7 @@ def lower(structured: StructuredOutput) -> LoweredConstraint:
         _check(grammar, FIELD_SCHEMA, "INVALID_SCHEMA")
         return LoweredConstraint(ConstraintKind.JSON_OBJECT, grammar, schema=schema)
     if isinstance(c, RegexConstraint):
-        grammar = LLMatcher.grammar_from_regex(c.pattern)
+        grammar = LLMatcher.grammar_from_regex(ascii_shorthands(c.pattern))
         _check(grammar, FIELD_REGEX, "INVALID_REGEX", what="invalid regex")
         return LoweredConstraint(ConstraintKind.REGEX, grammar)
     if isinstance(c, ChoiceConstraint):
@@ -191,6 +192,9 @@ def _enforce_json_schema(
     options = _json_options(structured)
     relaxed = copy.deepcopy(generate)
     relaxed.pop("x-guidance", None)
+    for _, node in _all_subschemas(relaxed):
+        if isinstance(node.get("pattern"), str):
+            node["pattern"] = ascii_shorthands(node["pattern"])
     relaxations: list[str] = []
     for _ in range(_MAX_RELAXATION_ROUNDS):
         grammar = LLMatcher.grammar_from_json_schema(relaxed, overrides=options)

@@ -20,6 +20,7 @@ import regex
 from llguidance import LLMatcher, LLTokenizer
 
 from gengate.constraints.lowering import choice_lark, effective_schema, grammar_to_lark
+from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     ChoiceConstraint,
     GrammarConstraint,
@@ -66,7 +67,7 @@ def _validate_json(text: str, schema: dict[str, Any]) -> str | None:
 @functools.lru_cache(maxsize=256)
 def _compile_regex(pattern: str) -> regex.Pattern[str] | None:
     try:
-        return regex.compile(pattern, regex.VERSION1)
+        return regex.compile(ascii_shorthands(pattern), regex.VERSION1)
     except regex.error:
         return None
 
@@ -76,7 +77,7 @@ def _validate_regex(pattern: str, text: str) -> str | None:
     if compiled is not None:
         ok = compiled.fullmatch(text) is not None
     else:
-        ok = _llguidance_accepts(LLMatcher.grammar_from_regex(pattern), text)
+        ok = _llguidance_accepts(LLMatcher.grammar_from_regex(ascii_shorthands(pattern)), text)
     return None if ok else f"{_short(text)} does not fully match the pattern"
 
 

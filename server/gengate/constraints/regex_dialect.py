@@ -1,0 +1,47 @@
+"""One regex dialect for every client: `\\d` and `\\w` mean ASCII, as in ECMA-262 (JSON Schema's
+`pattern`), Go's RE2 and JavaScript.
+
+llguidance and Python's `re` read them as Unicode classes, so a Go or TypeScript client would
+reject a fullwidth digit the server accepted. Patterns are rewritten before compiling and
+validating, so what is generated and what is checked agree with what clients check.
+"""
+
+from __future__ import annotations
+
+_OUTSIDE = {"d": "[0-9]", "D": "[^0-9]", "w": "[0-9A-Za-z_]", "W": "[^0-9A-Za-z_]"}
+_INSIDE = {"d": "0-9", "w": "0-9A-Za-z_"}
+
+
+def ascii_shorthands(pattern: str) -> str:
+    """Rewrites `\\d \\D \\w \\W` to explicit ASCII classes; every other escape is kept as written.
+
+    Inside a bracket class `\\D` and `\\W` cannot be spelled as ranges and keep their meaning.
+    """
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            table = _INSIDE if in_class else _OUTSIDE
+            out.append(table.get(nxt, ch + nxt))
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+            out.append(ch)
+            i += 1
+            # a leading ^ and a leading ] are literal parts of the class syntax
+            if i < len(pattern) and pattern[i] == "^":
+                out.append("^")
+                i += 1
+            if i < len(pattern) and pattern[i] == "]":
+                out.append("]")
+                i += 1
+            continue
+        if ch == "]" and in_class:
+            in_class = False
+        out.append(ch)
+        i += 1
+    return "".join(out)
