@@ -138,6 +138,7 @@ class BatchScheduler:
         self._active: list[Sequence] = []
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
+        self._keep_last_logits = True
         self._thread = threading.Thread(target=self._run, name="gengate-transformers", daemon=True)
         self._thread.start()
 
@@ -262,14 +263,21 @@ class BatchScheduler:
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> Any:
         self.stats.forward_passes += 1
-        return self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        args = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": positions,
+            "past_key_values": cache,
+            "use_cache": True,
+        }
+        if self._keep_last_logits:
+            try:
+                return self.model(**args, logits_to_keep=1)
+            except TypeError as exc:  # remote-code models that predate `logits_to_keep`
+                if "logits_to_keep" not in str(exc):
+                    raise
+                self._keep_last_logits = False
+        return self.model(**args)
 
     def _prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Runs every token of `seqs` (prompt + generated) as one left-padded batch."""
