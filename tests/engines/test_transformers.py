@@ -344,10 +344,12 @@ async def test_requests_run_as_real_batches(backend: TransformersBackend) -> Non
     stats.max_batch_size = max(stats.max_batch_size, biggest)
 
 
-async def test_cancellation_frees_the_slot(tiny_model: TinyModelPaths) -> None:
-    engine = TransformersBackend(
-        "one-slot", TransformersOptions(model=str(tiny_model.hf_dir), max_batch_size=1)
-    )
+async def test_cancellation_frees_the_slot(
+    tiny_model: TinyModelPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GENGATE_CACHE", str(tiny_model.hf_dir.parent.parent))  # `tiny: true` finds it built
+    engine = TransformersBackend("one-slot", TransformersOptions(tiny=True, max_batch_size=1))
+    assert engine.capabilities.context_length == 2048  # declared before loading
     await engine.start()
     try:
         stream = engine.generate_stream(
