@@ -1,0 +1,218 @@
+"""LiteLLM as a catch-all adapter: any model string LiteLLM knows ("anthropic/...",
+"bedrock/...", "openai/<x>" with base_url for any OpenAI-compatible server, ...).
+
+JSON Schema and choices are sent as OpenAI `response_format` json_schema (strict form) when
+LiteLLM says the model supports response schemas (or the config says so), JSON object when it
+supports `response_format`; everything else is prompted and validated; grammars are refused.
+`n` is native when LiteLLM lists it for the model, else fanned out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
+
+# LiteLLM fetches its model price map from the internet at import unless told otherwise.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import litellm
+from pydantic import Field
+
+from gengate import errors
+from gengate.domain import (
+    ConstraintKind,
+    Enforcement,
+    Generation,
+    GenerationRequest,
+    ImagePart,
+    JsonSchemaConstraint,
+    TextPart,
+    Usage,
+)
+from gengate.providers import structured as so
+from gengate.providers.base import (
+    Chunk,
+    ChunkEnd,
+    ChunkText,
+    ChunkUsage,
+    Completion,
+    ProviderBackend,
+    ProviderCall,
+    ProviderOptions,
+    image_url,
+    map_finish_reason,
+)
+from gengate.providers.errors import from_status
+
+
+class LiteLLMOptions(ProviderOptions):
+    """Config keys of a `litellm` model; `model` is LiteLLM's model string."""
+
+    custom_llm_provider: str | None = Field(
+        default=None, description="LiteLLM provider, if not in the model string."
+    )
+    response_schema: bool | None = Field(
+        default=None, description="Whether the model enforces JSON Schema natively (default: ask LiteLLM)."
+    )
+
+
+def _model_facts(options: LiteLLMOptions) -> tuple[bool, set[str]]:
+    """(supports response schema, supported OpenAI params) as LiteLLM reports them."""
+    try:
+        params = litellm.get_supported_openai_params(
+            model=options.model, custom_llm_provider=options.custom_llm_provider
+        )
+    except Exception:  # unknown model/provider: assume the plain chat subset
+        params = None
+    schema = options.response_schema
+    if schema is None:
+        try:
+            schema = bool(
+                litellm.supports_response_schema(
+                    model=options.model, custom_llm_provider=options.custom_llm_provider
+                )
+            )
+        except Exception:
+            schema = False
+    return schema, set(params or ())
+
+
+def _content(parts: tuple[TextPart | ImagePart, ...]) -> str | list[dict[str, Any]]:
+    if all(isinstance(p, TextPart) for p in parts):
+        return "".join(p.text for p in parts if isinstance(p, TextPart))
+    return [
+        {"type": "text", "text": p.text}
+        if isinstance(p, TextPart)
+        else {"type": "image_url", "image_url": {"url": image_url(p)}}
+        for p in parts
+    ]
+
+
+class LiteLLMBackend(ProviderBackend):
+    """Any model LiteLLM can reach, through litellm.acompletion."""
+
+    kind: ClassVar[str] = "litellm"
+    Options: ClassVar[type[ProviderOptions]] = LiteLLMOptions
+    label: ClassVar[str] = "LiteLLM"
+    requires_api_key: ClassVar[bool] = False  # LiteLLM reads each provider's own variables
+    image_input: ClassVar[bool] = True
+
+    def __init__(self, name: str, options: ProviderOptions) -> None:
+        assert isinstance(options, LiteLLMOptions)
+        self._schema_native, self._params = _model_facts(options)
+        super().__init__(name, options)
+
+    @property
+    def native_n(self) -> bool:  # type: ignore[override]
+        return "n" in self._params
+
+    def supported_constraints(self) -> dict[ConstraintKind, Enforcement]:
+        native = Enforcement.NATIVE if self._schema_native else Enforcement.VALIDATED
+        json_object = Enforcement.NATIVE if "response_format" in self._params else Enforcement.VALIDATED
+        return {
+            ConstraintKind.JSON_SCHEMA: native,
+            ConstraintKind.CHOICE: native,
+            ConstraintKind.JSON_OBJECT: json_object,
+            ConstraintKind.REGEX: Enforcement.VALIDATED,
+        }
+
+    def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
+        assert req.structured_output is not None
+        return so.plan_openai_style(req.structured_output, level, strict_transform=True)
+
+    def normalize_error(self, exc: BaseException) -> errors.GengateError:
+        status = getattr(exc, "status_code", None)
+        headers = getattr(exc, "litellm_response_headers", None)
+        if isinstance(status, int) and status >= 400 and isinstance(headers, Mapping):
+            # LiteLLM keeps the upstream headers (Retry-After) here, not on its synthetic response.
+            body = getattr(exc, "message", None) or str(exc)
+            return from_status(
+                status,
+                body,
+                headers={str(k): str(v) for k, v in headers.items()},
+                provider=self.label,
+                error_type=type(exc).__name__,
+            )
+        return super().normalize_error(exc)
+
+    def _params_for(self, call: ProviderCall) -> dict[str, Any]:
+        req = call.request
+        s = req.sampling
+        params: dict[str, Any] = {
+            "model": self.options.model,
+            "messages": [{"role": m.role.value, "content": _content(m.content)} for m in call.messages],
+            "timeout": call.timeout,
+            "num_retries": 0,  # the base retries, with the caller's deadline in mind
+            "max_retries": 0,
+            "n": call.n if call.n > 1 else None,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "seed": s.seed,
+            "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty,
+            "max_tokens": req.stopping.max_tokens,
+            "stop": list(req.stopping.stop) or None,
+            "api_base": self.options.base_url,
+            "api_key": self.api_key,
+            "custom_llm_provider": self.options.custom_llm_provider
+            if isinstance(self.options, LiteLLMOptions)
+            else None,
+        }
+        plan = call.plan
+        if plan is not None and plan.native:
+            if plan.native_schema is None:
+                params["response_format"] = {"type": "json_object"}
+            else:
+                c = plan.structured.constraint
+                name = (c.name if isinstance(c, JsonSchemaConstraint) else "") or "output"
+                params["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": name, "schema": plan.native_schema, "strict": plan.strict},
+                }
+        return {k: v for k, v in params.items() if v is not None}
+
+    async def _complete(self, call: ProviderCall) -> Completion:
+        response = await litellm.acompletion(**self._params_for(call))
+        generations = [
+            Generation(
+                index=choice.index,
+                text=choice.message.content or "",
+                finish_reason=map_finish_reason(choice.finish_reason),
+            )
+            for choice in response.choices
+        ]
+        usage = getattr(response, "usage", None)
+        totals = Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage else None
+        return Completion(sorted(generations, key=lambda g: g.index), totals)
+
+    async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
+        params = self._params_for(call) | {"stream": True, "stream_options": {"include_usage": True}}
+        stream = await litellm.acompletion(**params)
+        try:
+            async for chunk in stream:
+                for choice in chunk.choices:
+                    text = choice.delta.content if choice.delta else None
+                    if text:
+                        yield ChunkText(choice.index, text)
+                    if choice.finish_reason:
+                        yield ChunkEnd(choice.index, map_finish_reason(choice.finish_reason))
+                usage = getattr(chunk, "usage", None)
+                if usage is not None and usage.completion_tokens:
+                    yield ChunkUsage(usage.prompt_tokens or 0, usage.completion_tokens)
+        finally:
+            await _close_stream(stream)
+
+
+async def _close_stream(stream: Any) -> None:
+    """Closes LiteLLM's stream wrapper and the upstream HTTP response under it."""
+    inner = getattr(stream, "completion_stream", None)
+    for target in (inner, getattr(inner, "response", None), stream):
+        for name in ("aclose", "close"):
+            method = getattr(target, name, None)
+            if method is None:
+                continue
+            result = method()
+            if hasattr(result, "__await__"):
+                await result
+            break
