@@ -116,7 +116,7 @@ def test_structured_output_flags(
     schema.write_text(json.dumps({"type": "object", "properties": {"name": {"type": "string"}}}))
     status, out, _ = run(capsys, *base, "--json-schema", str(schema))
     assert status == 0 and json.loads(out)["name"] == "Paris"
-    sent_schema = fake.servicer.requests[-1].structured_output.json_schema.schema
+    sent_schema = json.loads(fake.servicer.requests[-1].structured_output.json_schema.schema_json)
     assert sent_schema["properties"]["name"]["type"] == "string"
 
     grammar = tmp_path / "yn.gbnf"

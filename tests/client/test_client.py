@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 from typing import Literal
 
 import grpc
@@ -28,7 +29,6 @@ from gengate_client import (
     UnavailableError,
 )
 from gengate_client._proto.gengate.v1 import generation_pb2, types_pb2
-from google.protobuf import json_format
 from pydantic import BaseModel, Field
 
 
@@ -131,7 +131,11 @@ def test_structured_outputs_are_parsed(fake: RunningFake) -> None:
         assert client.generate("tiny", "?", output_type=Literal["sad", "happy"]).parsed == "sad"
         assert client.generate("tiny", "date", output_type=Regex(r"\d{4}-\d{2}-\d{2}")).parsed == "2024-01-31"
     sent = fake.servicer.requests[0]
-    assert json_format.MessageToDict(sent.structured_output.json_schema.schema) == City.model_json_schema()
+    sent_schema = sent.structured_output.json_schema
+    assert not sent_schema.HasField("schema")  # sent as JSON text: keeps property order
+    assert list(json.loads(sent_schema.schema_json)["properties"]) == list(
+        City.model_json_schema()["properties"]
+    )
 
 
 def test_truncated_structured_output_raises_with_the_response(fake: RunningFake) -> None:

@@ -8,7 +8,6 @@ from typing import Literal
 import pytest
 from fake_gengate import RunningFake
 from gengate_client import AsyncClient, Client, TruncatedOutputError
-from google.protobuf import json_format
 from pydantic import BaseModel, Field
 
 outlines = pytest.importorskip("outlines")
@@ -29,9 +28,7 @@ def test_generator_with_pydantic_literal_and_regex(fake: RunningFake) -> None:
         assert City.model_validate_json(text).country_code == "FR"
         sent = fake.servicer.requests[-1]
         assert sent.stopping.max_tokens == 100
-        assert (
-            json_format.MessageToDict(sent.structured_output.json_schema.schema) == City.model_json_schema()
-        )
+        assert json.loads(sent.structured_output.json_schema.schema_json) == City.model_json_schema()
 
         assert outlines.Generator(model, Literal["yes", "no"])("Yes or no?") == "yes"
         assert list(fake.servicer.requests[-1].structured_output.choice.choices) == ["yes", "no"]

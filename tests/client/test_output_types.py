@@ -13,7 +13,6 @@ import pytest
 from gengate_client import Choice, Grammar, JsonObject, JsonSchema, OutputValidationError, Regex
 from gengate_client._proto.gengate.v1 import types_pb2
 from gengate_client.output_types import resolve_output_type
-from google.protobuf import json_format
 from pydantic import BaseModel, Field
 
 
@@ -40,7 +39,9 @@ class Point:
 
 
 def schema_of(so: types_pb2.StructuredOutput) -> dict[str, object]:
-    return json_format.MessageToDict(so.json_schema.schema)
+    assert not so.json_schema.HasField("schema")  # sent as JSON text, order kept
+    schema: dict[str, object] = json.loads(so.json_schema.schema_json)
+    return schema
 
 
 def test_pydantic_model_sends_its_schema_and_parses_an_instance() -> None:

@@ -52,5 +52,5 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 def test_default_serves_tiny_on_llamacpp() -> None:
     config = default_config(env={})
-    assert [m.name for m in config.models][0] == "tiny"
+    assert config.models[0].name == "tiny"
     assert config.models[0].backend == "llamacpp"

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pydantic
-from google.protobuf import struct_pb2
 
 from gengate_client._proto.gengate.v1 import types_pb2
 from gengate_client.errors import OutputValidationError
@@ -85,14 +84,13 @@ def _json_loads(text: str) -> Any:
         raise OutputValidationError(f"output is not valid JSON: {exc}", text=text) from exc
 
 
-def _struct(schema: Mapping[str, Any]) -> struct_pb2.Struct:
-    value = struct_pb2.Struct()
-    value.update(schema)
-    return value
+def _schema_json(schema: Mapping[str, Any]) -> str:
+    """Schemas travel as JSON text: a Struct would lose property order and exact integers."""
+    return json.dumps(schema)
 
 
 def _json_schema_spec(schema: Mapping[str, Any], parse: Callable[[str], Any], name: str = "") -> OutputSpec:
-    kind = types_pb2.JsonSchema(schema=_struct(schema), name=name)
+    kind = types_pb2.JsonSchema(schema_json=_schema_json(schema), name=name)
     return OutputSpec(types_pb2.StructuredOutput(json_schema=kind), parse)
 
 
@@ -183,7 +181,7 @@ def resolve_output_type(output_type: Any) -> OutputSpec | None:
         return _grammar_spec(output_type.definition, output_type.syntax)
     if isinstance(output_type, JsonSchema):
         kind = types_pb2.JsonSchema(
-            schema=_struct(output_type.schema), name=output_type.name, strict=output_type.strict
+            schema_json=_schema_json(output_type.schema), name=output_type.name, strict=output_type.strict
         )
         return OutputSpec(types_pb2.StructuredOutput(json_schema=kind), _json_loads)
     if isinstance(output_type, JsonObject) or output_type is dict:

@@ -6,6 +6,7 @@ proto field becomes None, never 0.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gengate_client._proto.gengate.v1 import generation_pb2 as gpb
@@ -150,10 +151,8 @@ def structured_from_pb(msg: pb.StructuredOutput, prefix: str = "") -> d.Structur
     where = f"{prefix}structured_output"
     constraint: d.Constraint
     if kind == "json_schema":
-        if not msg.json_schema.HasField("schema"):
-            raise InvalidArgument.field(f"{where}.json_schema.schema", "is required", reason="INVALID_SCHEMA")
         constraint = d.JsonSchemaConstraint(
-            schema=struct_to_dict(msg.json_schema.schema),
+            schema=_schema_from_pb(msg.json_schema, f"{where}.json_schema"),
             name=msg.json_schema.name,
             strict=msg.json_schema.strict,
         )
@@ -182,6 +181,28 @@ def structured_from_pb(msg: pb.StructuredOutput, prefix: str = "") -> d.Structur
         whitespace=_WHITESPACE_FROM_PB.get(options.whitespace),
         additional_properties=_optional(options, "additional_properties"),
     )
+
+
+def _schema_from_pb(msg: pb.JsonSchema, where: str) -> dict[str, Any]:
+    """The schema from schema_json (order and integers kept) or from the Struct."""
+    has_struct = msg.HasField("schema")
+    if msg.schema_json and has_struct:
+        raise InvalidArgument.field(f"{where}.schema_json", "set schema or schema_json, not both")
+    if has_struct:
+        return struct_to_dict(msg.schema)
+    if not msg.schema_json:
+        raise InvalidArgument.field(
+            f"{where}.schema", "is required (or schema_json)", reason="INVALID_SCHEMA"
+        )
+    try:
+        schema = json.loads(msg.schema_json)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument.field(
+            f"{where}.schema_json", f"not valid JSON: {exc}", reason="INVALID_SCHEMA"
+        ) from exc
+    if not isinstance(schema, dict):
+        raise InvalidArgument.field(f"{where}.schema_json", "must be a JSON object", reason="INVALID_SCHEMA")
+    return schema
 
 
 def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
@@ -254,7 +275,7 @@ def structured_to_pb(so: d.StructuredOutput) -> pb.StructuredOutput:
     if isinstance(c, d.JsonSchemaConstraint):
         msg.json_schema.name = c.name
         msg.json_schema.strict = c.strict
-        msg.json_schema.schema.update(c.schema)
+        msg.json_schema.schema_json = json.dumps(c.schema)
     elif isinstance(c, d.RegexConstraint):
         msg.regex.pattern = c.pattern
     elif isinstance(c, d.ChoiceConstraint):

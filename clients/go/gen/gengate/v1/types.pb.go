@@ -1010,6 +1010,9 @@ func (*StructuredOutput_Grammar) isStructuredOutput_Kind() {}
 func (*StructuredOutput_JsonObject) isStructuredOutput_Kind() {}
 
 // JsonSchema constrains output to JSON valid against a JSON Schema (Draft 2020-12).
+// Give the schema as a Struct or as JSON text (set exactly one). Prefer schema_json: a Struct
+// is a map, so it loses the declared property order (which models follow when generating)
+// and stores every number as a double.
 type JsonSchema struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Schema *structpb.Struct       `protobuf:"bytes,1,opt,name=schema,proto3" json:"schema,omitempty"`
@@ -1017,7 +1020,9 @@ type JsonSchema struct {
 	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// Refuse rather than relax: when true, a schema that cannot be enforced exactly by the
 	// backend is refused instead of being served in a relaxed form plus validation.
-	Strict        bool `protobuf:"varint,3,opt,name=strict,proto3" json:"strict,omitempty"`
+	Strict bool `protobuf:"varint,3,opt,name=strict,proto3" json:"strict,omitempty"`
+	// The schema as JSON text; keeps property order and exact integers.
+	SchemaJson    string `protobuf:"bytes,4,opt,name=schema_json,json=schemaJson,proto3" json:"schema_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1073,7 +1078,15 @@ func (x *JsonSchema) GetStrict() bool {
 	return false
 }
 
-// Regex constrains output to a full match of a regular expression.
+func (x *JsonSchema) GetSchemaJson() string {
+	if x != nil {
+		return x.SchemaJson
+	}
+	return ""
+}
+
+// Regex constrains output to a full match of a regular expression. `\d` and `\w` are ASCII
+// (as in ECMA-262, RE2 and JSON Schema's `pattern`), whatever engine enforces the pattern.
 type Regex struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pattern       string                 `protobuf:"bytes,1,opt,name=pattern,proto3" json:"pattern,omitempty"`
@@ -1257,8 +1270,10 @@ func (*JsonObject) Descriptor() ([]byte, []int) {
 type StructuredOutputOptions struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Whitespace Whitespace             `protobuf:"varint,1,opt,name=whitespace,proto3,enum=gengate.v1.Whitespace" json:"whitespace,omitempty"`
-	// For JSON Schema objects that do not say: whether properties not listed are allowed.
-	// Unset follows JSON Schema (allowed); engines still only generate listed ones.
+	// For JSON Schema objects that do not say whether properties not listed are allowed.
+	// Unset: results are validated against the schema as given (JSON Schema allows them), and
+	// grammar engines generate only the listed properties. true: allowed and may be generated.
+	// false: not allowed, in generation and validation.
 	AdditionalProperties *bool `protobuf:"varint,2,opt,name=additional_properties,json=additionalProperties,proto3,oneof" json:"additional_properties,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
@@ -2317,12 +2332,14 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\vjson_object\x18\x05 \x01(\v2\x16.gengate.v1.JsonObjectH\x00R\n" +
 	"jsonObject\x12=\n" +
 	"\aoptions\x18\x06 \x01(\v2#.gengate.v1.StructuredOutputOptionsR\aoptionsB\x06\n" +
-	"\x04kind\"i\n" +
+	"\x04kind\"\x8a\x01\n" +
 	"\n" +
 	"JsonSchema\x12/\n" +
 	"\x06schema\x18\x01 \x01(\v2\x17.google.protobuf.StructR\x06schema\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
-	"\x06strict\x18\x03 \x01(\bR\x06strict\"!\n" +
+	"\x06strict\x18\x03 \x01(\bR\x06strict\x12\x1f\n" +
+	"\vschema_json\x18\x04 \x01(\tR\n" +
+	"schemaJson\"!\n" +
 	"\x05Regex\x12\x18\n" +
 	"\apattern\x18\x01 \x01(\tR\apattern\"\"\n" +
 	"\x06Choice\x12\x18\n" +

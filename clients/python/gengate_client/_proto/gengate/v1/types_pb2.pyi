@@ -471,19 +471,26 @@ Global___StructuredOutput: _TypeAlias = StructuredOutput  # noqa: Y015
 
 @_typing.final
 class JsonSchema(_message.Message):
-    """JsonSchema constrains output to JSON valid against a JSON Schema (Draft 2020-12)."""
+    """JsonSchema constrains output to JSON valid against a JSON Schema (Draft 2020-12).
+    Give the schema as a Struct or as JSON text (set exactly one). Prefer schema_json: a Struct
+    is a map, so it loses the declared property order (which models follow when generating)
+    and stores every number as a double.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     SCHEMA_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     STRICT_FIELD_NUMBER: _builtins.int
+    SCHEMA_JSON_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """A short name for the schema, used by providers that want one."""
     strict: _builtins.bool
     """Refuse rather than relax: when true, a schema that cannot be enforced exactly by the
     backend is refused instead of being served in a relaxed form plus validation.
     """
+    schema_json: _builtins.str
+    """The schema as JSON text; keeps property order and exact integers."""
     @_builtins.property
     def schema(self) -> _struct_pb2.Struct: ...
     def __init__(
@@ -492,10 +499,11 @@ class JsonSchema(_message.Message):
         schema: _struct_pb2.Struct | None = ...,
         name: _builtins.str = ...,
         strict: _builtins.bool = ...,
+        schema_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["schema", b"schema"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "schema", b"schema", "strict", b"strict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "schema", b"schema", "schema_json", b"schema_json", "strict", b"strict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -503,7 +511,9 @@ Global___JsonSchema: _TypeAlias = JsonSchema  # noqa: Y015
 
 @_typing.final
 class Regex(_message.Message):
-    """Regex constrains output to a full match of a regular expression."""
+    """Regex constrains output to a full match of a regular expression. `\\d` and `\\w` are ASCII
+    (as in ECMA-262, RE2 and JSON Schema's `pattern`), whatever engine enforces the pattern.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -595,8 +605,10 @@ class StructuredOutputOptions(_message.Message):
     ADDITIONAL_PROPERTIES_FIELD_NUMBER: _builtins.int
     whitespace: Global___Whitespace.ValueType
     additional_properties: _builtins.bool
-    """For JSON Schema objects that do not say: whether properties not listed are allowed.
-    Unset follows JSON Schema (allowed); engines still only generate listed ones.
+    """For JSON Schema objects that do not say whether properties not listed are allowed.
+    Unset: results are validated against the schema as given (JSON Schema allows them), and
+    grammar engines generate only the listed properties. true: allowed and may be generated.
+    false: not allowed, in generation and validation.
     """
     def __init__(
         self,
