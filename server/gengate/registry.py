@@ -36,6 +36,19 @@ BACKEND_CLASSES: dict[str, str] = {
 }
 
 
+# The optional extra that installs a kind's SDK, where it is not named after the kind.
+BACKEND_EXTRAS: dict[str, str] = {
+    "azure_openai": "openai",
+    "openai_compatible": "openai",
+    "together": "openai",
+    "groq": "openai",
+    "anyscale": "openai",
+    "vllm_server": "openai",
+    "sglang": "openai",
+    "llamacpp_server": "openai",
+}
+
+
 class BackendClass(Protocol):
     """What the registry needs of a backend class."""
 
@@ -56,6 +69,7 @@ def backend_class(kind: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
-            f"backend {kind!r} is not available: {exc}. Install its extra: pip install 'gengate[{kind}]'"
+            f"backend {kind!r} is not available: {exc}. "
+            f"Install its extra: pip install 'gengate[{BACKEND_EXTRAS.get(kind, kind)}]'"
         ) from exc
     return getattr(module, class_name)
