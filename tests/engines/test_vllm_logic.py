@@ -169,10 +169,11 @@ def test_tensor_parallel_size_follows_the_placed_gpus() -> None:
     assert "max_model_len" not in kwargs  # unset options keep vLLM's defaults
 
 
-@pytest.mark.parametrize("visible", [None, ""])
-def test_no_gpu_is_a_clear_start_error(visible: str | None) -> None:
+def test_no_gpu_is_a_clear_start_error() -> None:
     with pytest.raises(errors.Unavailable, match="vLLM needs a GPU"):
-        engine_kwargs(VLLMOptions(model="m"), visible_devices=visible)
+        engine_kwargs(VLLMOptions(model="m"), visible_devices="")
+    # Not placed by gengate (inline): one GPU unless tensor_parallel_size says otherwise.
+    assert engine_kwargs(VLLMOptions(model="m"), visible_devices=None)["tensor_parallel_size"] == 1
 
 
 def test_capabilities_declare_every_constraint_kind() -> None:

@@ -257,7 +257,9 @@ def capabilities_for(options: VLLMOptions, *, context_length: int, chat: bool) -
 
 def engine_kwargs(options: VLLMOptions, *, visible_devices: str | None) -> dict[str, Any]:
     """vllm.AsyncEngineArgs keyword arguments; tensor parallelism follows the GPUs placed."""
-    gpus = len([d for d in (visible_devices or "").split(",") if d.strip()])
+    # Unset means "not placed by gengate" (isolation: inline): every GPU is visible; use one
+    # unless tensor_parallel_size says otherwise.
+    gpus = 1 if visible_devices is None else len([d for d in visible_devices.split(",") if d.strip()])
     if gpus == 0:
         raise errors.Unavailable(
             "vLLM needs a GPU and this worker was given none (CUDA_VISIBLE_DEVICES is empty)", reason="NO_GPU"
