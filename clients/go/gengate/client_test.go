@@ -1,6 +1,7 @@
 package gengate_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -12,6 +13,7 @@ import (
 	"errors"
 	"math/big"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -224,6 +226,65 @@ func TestGenerateJSONDecodesIntoTheType(t *testing.T) {
 	age := schema["properties"].(map[string]any)["age"].(map[string]any)
 	if age["maximum"] != float64(150) {
 		t.Fatalf("age schema %v", age)
+	}
+	if order := propertyOrder(t, schemaOf(t, fake.lastRequest())); !slices.Equal(order, []string{"name", "age", "note"}) {
+		t.Fatalf("properties sent in order %v, want the struct's field order", order)
+	}
+}
+
+// propertyOrder reads the keys of a schema's top-level "properties" in the order the text has them.
+func propertyOrder(t *testing.T, schemaJSON string) []string {
+	t.Helper()
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(schemaJSON), &top); err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(top["properties"]))
+	if _, err := dec.Token(); err != nil { // {
+		t.Fatal(err)
+	}
+	var keys []string
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, key.(string))
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return keys
+}
+
+func TestJSONSchemaSendsTheTextAsIs(t *testing.T) {
+	fake, addr := startFake(t, nil)
+	text := `{"type":"object","properties":{"zeta":{"type":"integer","maximum":9007199254740993},"alpha":{"type":"string"}}}`
+	structured, err := gengate.JSONSchema("big", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := gengate.Prompt("tiny", "x")
+	req.StructuredOutput = structured
+	if _, err := dial(t, addr).Generate(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if got := schemaOf(t, fake.lastRequest()); got != text {
+		t.Fatalf("sent %s", got)
+	}
+	if _, err := gengate.JSONSchema("bad", []byte(`[1]`)); err == nil {
+		t.Fatal("a JSON array was accepted as a schema")
+	}
+}
+
+func TestDecodeJSONKeepsExactIntegersInTheSchema(t *testing.T) {
+	schema := []byte(`{"type":"object","properties":{"n":{"type":"integer","maximum":9007199254740993}}}`)
+	if _, err := gengate.DecodeJSON[map[string]int64](schema, `{"n":9007199254740993}`); err != nil {
+		t.Fatalf("the maximum itself was refused: %v", err)
+	}
+	if _, err := gengate.DecodeJSON[map[string]int64](schema, `{"n":9007199254740994}`); !errors.Is(err, gengate.ErrInvalidOutput) {
+		t.Fatalf("one over the maximum: %v", err)
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	gengatev1 "github.com/gengate/gengate/clients/go/gen/gengate/v1"
 )
@@ -174,11 +173,12 @@ func startFake(t *testing.T, creds credentials.TransportCredentials) (*fakeServe
 	return fake, lis.Addr().String()
 }
 
+// schemaOf is the schema a request sent: as JSON text (schema_json), never as a Struct.
 func schemaOf(t *testing.T, req *gengatev1.GenerateRequest) string {
 	t.Helper()
-	raw, err := protojson.Marshal(req.GetStructuredOutput().GetJsonSchema().GetSchema())
-	if err != nil {
-		t.Fatal(err)
+	sent := req.GetStructuredOutput().GetJsonSchema()
+	if sent.GetSchema() != nil || sent.GetSchemaJson() == "" {
+		t.Fatalf("schema not sent as schema_json: %v", sent)
 	}
-	return string(raw)
+	return sent.GetSchemaJson()
 }

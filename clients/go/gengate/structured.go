@@ -1,6 +1,7 @@
 package gengate
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,37 +10,31 @@ import (
 
 	"github.com/invopop/jsonschema"
 	validator "github.com/santhosh-tekuri/jsonschema/v6"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	gengatev1 "github.com/gengate/gengate/clients/go/gen/gengate/v1"
 )
 
 // SchemaFor derives the JSON Schema of T (a struct, usually) from its fields and `json` /
 // `jsonschema` tags: fields without `omitempty` are required, other properties are refused.
-func SchemaFor[T any]() (map[string]any, error) {
+// It is JSON text, properties in the struct's field order (a model writes them in that order).
+func SchemaFor[T any]() ([]byte, error) {
 	r := &jsonschema.Reflector{DoNotReference: true, ExpandedStruct: true}
 	var zero T
-	raw, err := json.Marshal(r.Reflect(&zero))
-	if err != nil {
-		return nil, err
-	}
-	var schema map[string]any
-	if err := json.Unmarshal(raw, &schema); err != nil {
-		return nil, err
-	}
-	delete(schema, "$schema")
-	delete(schema, "$id")
-	return schema, nil
+	schema := r.Reflect(&zero)
+	schema.Version = ""
+	schema.ID = ""
+	return json.Marshal(schema)
 }
 
-// JSONSchema constrains output to JSON valid against schema.
-func JSONSchema(name string, schema map[string]any) (*Structured, error) {
-	s, err := structpb.NewStruct(schema)
-	if err != nil {
-		return nil, fmt.Errorf("gengate: schema is not JSON: %w", err)
+// JSONSchema constrains output to JSON valid against schemaJSON, a JSON Schema as JSON text.
+// The text travels as is (JsonSchema.schema_json), so property order and exact numbers are kept.
+func JSONSchema(name string, schemaJSON []byte) (*Structured, error) {
+	var object map[string]json.RawMessage
+	if err := json.Unmarshal(schemaJSON, &object); err != nil || object == nil {
+		return nil, fmt.Errorf("gengate: schema is not a JSON object: %v", err)
 	}
 	return &Structured{Kind: &gengatev1.StructuredOutput_JsonSchema{
-		JsonSchema: &gengatev1.JsonSchema{Schema: s, Name: name},
+		JsonSchema: &gengatev1.JsonSchema{SchemaJson: string(schemaJSON), Name: name},
 	}}, nil
 }
 
@@ -74,9 +69,13 @@ func GenerateJSON[T any](ctx context.Context, c *Client, req *Request, opts ...C
 	return out, resp, err
 }
 
-// DecodeJSON validates text against schema and decodes it into T.
-func DecodeJSON[T any](schema map[string]any, text string) (T, error) {
+// DecodeJSON validates text against schemaJSON (a JSON Schema as JSON text) and decodes it into T.
+func DecodeJSON[T any](schemaJSON []byte, text string) (T, error) {
 	var out T
+	schema, err := validator.UnmarshalJSON(bytes.NewReader(schemaJSON))
+	if err != nil {
+		return out, fmt.Errorf("gengate: schema is not JSON: %w", err)
+	}
 	compiler := validator.NewCompiler()
 	if err := compiler.AddResource("gengate://schema.json", schema); err != nil {
 		return out, err
