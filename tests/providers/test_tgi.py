@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from gengate.domain import (
     JsonSchemaConstraint,
     RegexConstraint,
     Role,
+    StoppingCriteria,
     StructuredOutput,
     TextPart,
 )
@@ -186,3 +189,27 @@ async def test_broken_stream_and_malformed_body(make: cc.Make, fake: FakeTGI) ->
     await cc.check_broken_stream(make, fake)
     fake.reset()
     await cc.check_malformed(make, fake)
+
+
+async def test_stored_hf_token_is_never_sent(
+    fake: FakeTGI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A token saved by `huggingface-cli login` must not travel to whatever endpoint is configured.
+    stored = "hf_storedtokenthatmustnotleak"
+    (tmp_path / "token").write_text(stored)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "token"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    fake.reset()
+    backend = TGIBackend("tgi", TGIOptions(model="tgi-test", base_url=fake.server.base_url, timeout=5.0))
+    await backend.start()
+    try:
+        with contextlib.suppress(errors.GengateError):
+            await backend.generate(
+                GenerationRequest(model="m", prompt="hi", stopping=StoppingCriteria(max_tokens=4))
+            )
+    finally:
+        await backend.aclose()
+    assert fake.server.requests, "the request never reached the fake"
+    assert all(stored not in str(r.headers) for r in fake.server.requests)
