@@ -7,9 +7,18 @@ import { GrammarSyntax, type StructuredOutputSchema } from "./gen/gengate/v1/typ
 
 export type StructuredOutputInit = MessageInitShape<typeof StructuredOutputSchema>;
 
-/** Output must be JSON valid against `schema` (JSON Schema Draft 2020-12). */
-export function jsonSchema(schema: JsonObject, name = "output", strict = false): StructuredOutputInit {
-  return { kind: { case: "jsonSchema", value: { schema, name, strict } } };
+/**
+ * Output must be JSON valid against `schema` (JSON Schema Draft 2020-12), given as an object or
+ * as JSON text. It travels as JSON text (`schemaJson`), so property order survives; pass text to
+ * keep integers beyond 2^53 exact, or integer-like property names in their written order.
+ */
+export function jsonSchema(schema: JsonObject | string, name = "output", strict = false): StructuredOutputInit {
+  const schemaJson = typeof schema === "string" ? schema : JSON.stringify(schema);
+  const parsed: unknown = JSON.parse(schemaJson);
+  if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+    throw new TypeError("a JSON Schema must be a JSON object");
+  }
+  return { kind: { case: "jsonSchema", value: { schemaJson, name, strict } } };
 }
 
 /** Output must fully match the regular expression. */

@@ -10,7 +10,7 @@ import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-ho
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
 import { z } from "zod";
 
-import { Code, GengateClient, GengateError, InvalidOutputError, prompt, regex } from "../src/index.js";
+import { Code, GengateClient, GengateError, InvalidOutputError, jsonSchema, prompt, regex } from "../src/index.js";
 import { startFake, type Fake } from "./fake.js";
 
 describe("GengateClient against an in-process fake server", () => {
@@ -122,11 +122,25 @@ describe("GengateClient against an in-process fake server", () => {
     assert.equal(sent?.case, "jsonSchema");
     if (sent?.case !== "jsonSchema") return;
     assert.equal(sent.value.name, "person");
-    const schema = sent.value.schema as { type: string; required: string[]; properties: Record<string, { maximum?: number }>; additionalProperties: boolean };
+    assert.equal(sent.value.schema, undefined, "the schema must travel as schemaJson, not as a Struct");
+    const schema = JSON.parse(sent.value.schemaJson) as { type: string; required: string[]; properties: Record<string, { maximum?: number }>; additionalProperties: boolean };
+    assert.deepEqual(Object.keys(schema.properties), ["name", "age", "note"]);
+    assert.ok(sent.value.schemaJson.indexOf('"name"') < sent.value.schemaJson.indexOf('"age"'));
     assert.equal(schema.type, "object");
     assert.deepEqual(schema.required, ["name", "age"]);
     assert.equal(schema.properties["age"]?.maximum, 150);
     assert.equal(schema.additionalProperties, false);
+  });
+
+  it("sends a schema given as text exactly as written", async () => {
+    const text = '{"type":"object","properties":{"zeta":{"type":"integer","maximum":9007199254740993},"10":{"type":"string"}}}';
+    await client.generate(prompt("tiny", "x", { structuredOutput: jsonSchema(text, "big") }));
+    const sent = fake.requests.at(-1)!.structuredOutput?.kind;
+    assert.equal(sent?.case, "jsonSchema");
+    if (sent?.case !== "jsonSchema") return;
+    assert.equal(sent.value.schemaJson, text);
+    assert.equal(sent.value.schema, undefined);
+    assert.throws(() => jsonSchema("[1]"), TypeError);
   });
 
   it("refuses output outside the schema", async () => {
