@@ -196,11 +196,12 @@ async def test_stored_hf_token_is_never_sent(
 ) -> None:
     # A token saved by `huggingface-cli login` must not travel to whatever endpoint is configured.
     stored = "hf_storedtokenthatmustnotleak"
-    (tmp_path / "token").write_text(stored)
-    monkeypatch.setenv("HF_HOME", str(tmp_path))
-    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "token"))
+    token_file = tmp_path / "token"
+    token_file.write_text(stored)  # as `hf auth login` leaves it
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(token_file))
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     fake.reset()
     backend = TGIBackend("tgi", TGIOptions(model="tgi-test", base_url=fake.server.base_url, timeout=5.0))
     await backend.start()
@@ -212,4 +213,5 @@ async def test_stored_hf_token_is_never_sent(
     finally:
         await backend.aclose()
     assert fake.server.requests, "the request never reached the fake"
+    assert huggingface_hub.get_token() == stored  # the fallback really had a token to leak
     assert all(stored not in str(r.headers) for r in fake.server.requests)

@@ -127,12 +127,13 @@ class TGIBackend(ProviderBackend):
         self._client = self._new_client(self.options.timeout)
 
     def _new_client(self, timeout: float) -> AsyncInferenceClient:
-        client = AsyncInferenceClient(model=self.options.base_url, token=self.api_key, timeout=timeout)
-        if self.api_key is None:
-            # Never fall back to a Hugging Face token stored on this machine, which the SDK would
-            # otherwise send to whatever endpoint the config names (False = "send none").
-            client.token = False  # type: ignore[assignment]
-        return client
+        # With no key configured the SDK would fall back to a Hugging Face token stored on this
+        # machine (`hf auth login`) and send it to whatever endpoint the config names: an explicit
+        # empty Authorization header overrides that fallback.
+        headers = None if self.api_key else {"authorization": ""}
+        return AsyncInferenceClient(
+            model=self.options.base_url, token=self.api_key, timeout=timeout, headers=headers
+        )
 
     async def aclose(self) -> None:
         if self._client is not None:
