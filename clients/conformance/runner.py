@@ -40,9 +40,9 @@ def _kwargs(request: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
     so = pb.structured_output
     kind = so.WhichOneof("kind")
     if kind == "json_schema":
-        options["output_type"] = JsonSchema(
-            json_format.MessageToDict(so.json_schema.schema), so.json_schema.name
-        )
+        sent = so.json_schema
+        schema = json.loads(sent.schema_json) if sent.schema_json else json_format.MessageToDict(sent.schema)
+        options["output_type"] = JsonSchema(schema, sent.name)
     elif kind == "regex":
         options["output_type"] = Regex(so.regex.pattern)
     elif kind == "choice":
@@ -173,7 +173,8 @@ def check(expect: dict[str, Any], out: Outcome, request: dict[str, Any] | None) 
     if "enforcement" in expect and out.get("enforcement") not in expect["enforcement"]:
         failures.append(f"enforcement {out.get('enforcement')} not in {expect['enforcement']}")
     if expect.get("valid_json_schema") and request is not None:
-        schema = request["structuredOutput"]["jsonSchema"]["schema"]
+        sent = request["structuredOutput"]["jsonSchema"]
+        schema = json.loads(sent["schemaJson"]) if "schemaJson" in sent else sent["schema"]
         for text in texts:
             try:
                 jsonschema.Draft202012Validator(schema).validate(json.loads(text))
@@ -194,6 +195,14 @@ def check(expect: dict[str, Any], out: Outcome, request: dict[str, Any] | None) 
                     failures.append(f"{text!r} is not an object")
             except ValueError:
                 failures.append(f"{text!r} is not JSON")
+    if "key_order" in expect:
+        for text in texts:
+            try:
+                keys = list(json.loads(text))
+            except ValueError:
+                keys = []
+            if keys != expect["key_order"]:
+                failures.append(f"{text!r}: keys {keys}, expected in order {expect['key_order']}")
     if expect.get("frames_ordered") and not out.get("frames_ordered"):
         failures.append("frames out of order")
     if expect.get("cancelled") and not out.get("cancelled"):

@@ -156,7 +156,8 @@ function check(expect: Record<string, unknown>, out: Outcome, raw: JsonValue | u
   const enforcement = expect["enforcement"] as string[] | undefined;
   if (enforcement && !enforcement.includes(out.enforcement ?? "")) failures.push(`enforcement ${out.enforcement} not in ${enforcement.join(",")}`);
   if (expect["valid_json_schema"] === true) {
-    const schema = (raw as { structuredOutput: { jsonSchema: { schema: z.core.JSONSchema.JSONSchema } } }).structuredOutput.jsonSchema.schema;
+    const sent = (raw as { structuredOutput: { jsonSchema: { schema?: z.core.JSONSchema.JSONSchema; schemaJson?: string } } }).structuredOutput.jsonSchema;
+    const schema = (sent.schemaJson !== undefined ? JSON.parse(sent.schemaJson) : sent.schema) as z.core.JSONSchema.JSONSchema;
     const validator = z.fromJSONSchema(schema);
     for (const text of texts) {
       let value: unknown;
@@ -185,6 +186,18 @@ function check(expect: Record<string, unknown>, out: Outcome, raw: JsonValue | u
         value = undefined;
       }
       if (typeof value !== "object" || value === null || Array.isArray(value)) failures.push(`${JSON.stringify(t)} is not a JSON object`);
+    }
+  }
+  const keyOrder = expect["key_order"] as string[] | undefined;
+  if (keyOrder) {
+    for (const t of texts) {
+      let keys: string[] = [];
+      try {
+        keys = Object.keys(JSON.parse(t) as object);
+      } catch {
+        keys = [];
+      }
+      if (!same(keys, keyOrder)) failures.push(`${JSON.stringify(t)}: keys ${keys.join(",")}, expected in order ${keyOrder.join(",")}`);
     }
   }
   if (expect["frames_ordered"] === true && !out.framesOrdered) failures.push("frames out of order");

@@ -256,13 +256,18 @@ func check(expect map[string]any, out *outcome, raw json.RawMessage) []string {
 		var req struct {
 			StructuredOutput struct {
 				JSONSchema struct {
-					Schema any `json:"schema"`
+					Schema     any    `json:"schema"`
+					SchemaJSON string `json:"schemaJson"`
 				} `json:"jsonSchema"`
 			} `json:"structuredOutput"`
 		}
 		_ = json.Unmarshal(raw, &req)
+		sent := req.StructuredOutput.JSONSchema.Schema
+		if text := req.StructuredOutput.JSONSchema.SchemaJSON; text != "" {
+			sent, _ = validator.UnmarshalJSON(strings.NewReader(text))
+		}
 		compiler := validator.NewCompiler()
-		if err := compiler.AddResource("vector://schema.json", req.StructuredOutput.JSONSchema.Schema); err != nil {
+		if err := compiler.AddResource("vector://schema.json", sent); err != nil {
 			fail("schema: %v", err)
 		} else if schema, err := compiler.Compile("vector://schema.json"); err != nil {
 			fail("schema: %v", err)
@@ -301,6 +306,13 @@ func check(expect map[string]any, out *outcome, raw json.RawMessage) []string {
 			}
 		}
 	}
+	if order, ok := expect["key_order"].([]any); ok {
+		for _, t := range out.Texts {
+			if keys := topLevelKeys(t); !slices.Equal(keys, order) {
+				fail("%q: keys %v, expected in order %v", t, keys, order)
+			}
+		}
+	}
 	if expect["frames_ordered"] == true && !out.FramesOrdered {
 		fail("frames out of order")
 	}
@@ -311,6 +323,27 @@ func check(expect map[string]any, out *outcome, raw json.RawMessage) []string {
 		fail("took %.0f ms, limit %v", out.ElapsedMs, limit)
 	}
 	return failures
+}
+
+// topLevelKeys lists a JSON object's keys in the order the text has them (nil if not an object).
+func topLevelKeys(text string) []any {
+	dec := json.NewDecoder(strings.NewReader(text))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	var keys []any
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		keys = append(keys, key)
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return keys
 }
 
 func observe(out *outcome) map[string]any {
