@@ -46,6 +46,7 @@ BACKEND_EXTRAS: dict[str, str] = {
     "vllm_server": "openai",
     "sglang": "openai",
     "llamacpp_server": "openai",
+    "vllm": "vllm",
 }
 
 

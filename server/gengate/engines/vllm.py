@@ -6,8 +6,9 @@ over the GPUs placement gave this worker (`num_gpus` â†’ CUDA_VISIBLE_DEVICES â†
 `tensor_parallel_size`), and structured outputs through `StructuredOutputsParams` (json,
 regex, choice, grammar, json_object), enforced by its guidance (llguidance) backend by default.
 
-vLLM is an optional extra (`pip install 'gengate[vllm]'`) with its own torch/transformers pins,
-shipped in its own GPU image (bench/gpu/Dockerfile.vllm); it is imported only in `start()`. The
+vLLM is installed apart from the CPU stack (bench/gpu/requirements-vllm.txt: it pins its own
+torch/transformers/llguidance) and shipped in its own GPU image (bench/gpu/Dockerfile.vllm); it is
+imported only in `start()`. The
 mapping from domain objects to vLLM's parameters, and from vLLM's outputs back to stream events,
 are pure functions below, unit-tested without vLLM (tests/engines/test_vllm_logic.py).
 
