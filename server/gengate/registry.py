@@ -46,7 +46,6 @@ BACKEND_EXTRAS: dict[str, str] = {
     "vllm_server": "openai",
     "sglang": "openai",
     "llamacpp_server": "openai",
-    "vllm": "vllm",
 }
 
 
@@ -71,6 +70,10 @@ def backend_class(kind: str) -> Any:
     except ImportError as exc:
         raise ConfigError(
             f"backend {kind!r} is not available: {exc}. "
-            f"Install its extra: pip install 'gengate[{BACKEND_EXTRAS.get(kind, kind)}]'"
+            + (
+                "vLLM has its own stack: see bench/gpu/README.md"
+                if kind == "vllm"
+                else f"Install its extra: pip install 'gengate[{BACKEND_EXTRAS.get(kind, kind)}]'"
+            )
         ) from exc
     return getattr(module, class_name)
