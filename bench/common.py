@@ -97,21 +97,23 @@ async def run_concurrent(
 async def run_interleaved(
     variants: Sequence[tuple[str, Callable[[int], Awaitable[int]]]],
     requests: int,
-    concurrency: int,
+    concurrency: int | Sequence[int],
     rounds: int,
     warmup: int = 3,
 ) -> list[RunStats]:
     """Runs every variant `rounds` times, taking turns (A B C A B C ...), and sums each one's rounds.
 
     Taking turns spreads the machine's slow moments over all variants instead of one.
+    `concurrency` is one for all variants, or one per variant.
     """
+    limits = [concurrency] * len(variants) if isinstance(concurrency, int) else list(concurrency)
     for _, call in variants:
         for i in range(warmup):
             await call(1_000_000 + i)
-    totals = [RunStats(name, concurrency) for name, _ in variants]
+    totals = [RunStats(name, limit) for (name, _), limit in zip(variants, limits, strict=True)]
     for _ in range(rounds):
         for total, (name, call) in zip(totals, variants, strict=True):
-            one = await run_concurrent(name, call, requests, concurrency)
+            one = await run_concurrent(name, call, requests, total.concurrency)
             total.requests += one.requests
             total.tokens += one.tokens
             total.wall_s += one.wall_s

@@ -1,0 +1,166 @@
+"""What batching and constraints buy or cost, each against a peer measured in the same run.
+
+(1) transformers engine (`tiny: true`, in-process): 16 concurrent requests, which its scheduler
+    steps together, vs the same 16 one after another. Ratio = batched / sequential tokens/s.
+(2) the same through a `gengate serve` subprocess and `gengate_client.AsyncClient`.
+(3) llama.cpp tiny engine: a JSON Schema request vs the same unconstrained request.
+    Ratio = constrained / unconstrained tokens/s (the grammar engine's per-token cost; the
+    schema is compiled once and cached, its first compile is timed on its own).
+
+    .venv/bin/python bench/batching.py [--quick] [--skip-server]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from common import PROMPT, RunStats, gengate_server, print_ratios, print_table, run_interleaved
+
+MAX_TOKENS = 32
+BATCH = 16
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "rating": {"type": "integer"},
+        "summary": {"type": "string"},
+    },
+    "required": ["title", "tags", "rating", "summary"],
+}
+
+Call = Callable[[int], Awaitable[int]]
+Pair = tuple[RunStats, RunStats]
+
+
+def engine_call(backend: Any, *, schema: dict[str, Any] | None = None) -> Call:
+    """One generate() on an in-process gengate backend; returns its output tokens."""
+    from gengate.domain import (
+        GenerationRequest,
+        JsonSchemaConstraint,
+        SamplingParams,
+        StoppingCriteria,
+        StructuredOutput,
+    )
+
+    structured = None if schema is None else StructuredOutput(JsonSchemaConstraint(schema))
+
+    async def call(i: int) -> int:
+        request = GenerationRequest(
+            model=backend.name,
+            prompt=PROMPT,
+            sampling=SamplingParams(seed=i, temperature=1.0),
+            stopping=StoppingCriteria(max_tokens=MAX_TOKENS),
+            structured_output=structured,
+        )
+        return int((await backend.generate(request)).usage.output_tokens)
+
+    return call
+
+
+def client_call(client: Any, model: str) -> Call:
+    async def call(i: int) -> int:
+        response = await client.generate(model, PROMPT, max_tokens=MAX_TOKENS, seed=i, temperature=1.0)
+        return int(response.usage.output_tokens)
+
+    return call
+
+
+async def batching_pairs(call: Call, rounds: int, where: str) -> list[RunStats]:
+    """The same BATCH requests, all at once and one after another, taking turns."""
+    variants = [(f"{where} concurrent", call), (f"{where} sequential", call)]
+    return await run_interleaved(variants, BATCH, (BATCH, 1), rounds, warmup=2)
+
+
+async def run_transformers_engine(rounds: int) -> tuple[list[RunStats], str]:
+    from gengate.engines.transformers import TransformersBackend
+    from gengate.engines.transformers.backend import TransformersOptions
+
+    backend = TransformersBackend("tiny-hf", TransformersOptions(tiny=True, max_batch_size=BATCH))
+    await backend.start()
+    try:
+        call = engine_call(backend)
+        await call(1_000_000)  # the first forward pass is slow
+        stats = backend.stats
+        passes, stats.max_batch_size = stats.forward_passes, 0
+        tokens = sum(await asyncio.gather(*(call(i) for i in range(BATCH))))
+        note = (
+            f"scheduler proof: one round of {BATCH} concurrent requests took "
+            f"{stats.forward_passes - passes} forward passes for {tokens} tokens, largest batch "
+            f"{stats.max_batch_size}"
+        )
+        rows = await batching_pairs(call, rounds, "engine")
+    finally:
+        await backend.aclose()
+    return rows, note
+
+
+async def run_transformers_server(rounds: int) -> list[RunStats]:
+    from gengate_client import AsyncClient
+
+    models = [{"name": "tiny-hf", "backend": "transformers", "tiny": True, "max_batch_size": BATCH}]
+    with gengate_server(models) as address:
+        async with AsyncClient(address) as client:
+            return await batching_pairs(client_call(client, "tiny-hf"), rounds, "server")
+
+
+async def run_constraints(requests: int, rounds: int) -> tuple[list[RunStats], float]:
+    from gengate.engines.llamacpp import LlamaCppBackend, LlamaCppOptions
+
+    backend = LlamaCppBackend("tiny", LlamaCppOptions(tiny=True))
+    await backend.start()
+    try:
+        constrained = engine_call(backend, schema=SCHEMA)
+        started = time.perf_counter()
+        await constrained(0)  # compiles the schema; later requests hit the compiler's cache
+        first_s = time.perf_counter() - started
+        variants = [("llama.cpp unconstrained", engine_call(backend)), ("llama.cpp JSON schema", constrained)]
+        rows = await run_interleaved(variants, requests, 1, rounds)
+    finally:
+        await backend.aclose()
+    return rows, first_s
+
+
+async def run(args: argparse.Namespace) -> None:
+    rounds = 1 if args.quick else 3
+    summary: list[str] = []
+    engine_rows, note = await run_transformers_engine(rounds)
+    print_table(f"transformers tiny engine: {BATCH} requests, max_tokens {MAX_TOKENS}", engine_rows)
+    print(f"  {note}")
+    summary += print_ratios([(engine_rows[0], engine_rows[1])])
+    if not args.skip_server:
+        server_rows = await run_transformers_server(rounds)
+        print_table("transformers tiny through server + client (worker process)", server_rows)
+        summary += print_ratios([(server_rows[0], server_rows[1])])
+    requests = 16 if args.quick else 48
+    constraint_rows, first_s = await run_constraints(requests, rounds)
+    print_table(f"llama.cpp tiny engine: JSON schema vs none, max_tokens {MAX_TOKENS}", constraint_rows)
+    print(f"  first JSON-schema request (compiles the grammar): {1000 * first_s:.1f} ms")
+    summary += print_ratios([(constraint_rows[1], constraint_rows[0])])
+    print(f"\nSUMMARY throughput ratios: {', '.join(summary)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="one round each (a smoke run)")
+    parser.add_argument("--skip-server", action="store_true", help="skip the server + client run")
+    parser.add_argument(
+        "--torch-threads",
+        default="1",
+        help="OMP_NUM_THREADS for torch here and in the server (1: spinning thread pools on a "
+        "shared, oversubscribed CPU turn noise into multi-second stalls)",
+    )
+    args = parser.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = args.torch_threads  # before torch is imported; servers inherit it
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
