@@ -1,18 +1,30 @@
-"""OpenTelemetry for the server: a child span per backend call with the GenAI attributes.
+"""OpenTelemetry for the server: where spans go, and a child span per backend call with GenAI attributes.
 
 The RPC span comes from opentelemetry-instrumentation-grpc's server interceptor (api/server.py),
 which continues the caller's trace from the `traceparent` metadata. Prompts and outputs are
-recorded only when GENGATE_TRACE_CONTENT=1.
+recorded only when GENGATE_TRACE_CONTENT=1. `configure_tracing` installs an exporter from the
+environment (GENGATE_TRACES_FILE, OTEL_EXPORTER_OTLP_ENDPOINT) unless the application already did.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any
 
 from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.trace import Span, Status, StatusCode
 
 from gengate.domain import GenerationEnd, GenerationRequest, GenerationResult
@@ -21,6 +33,7 @@ from gengate.errors import GengateError
 if TYPE_CHECKING:
     from gengate.router import Route
 
+log = logging.getLogger("gengate")
 tracer = trace.get_tracer("gengate")
 
 _PROVIDER_NAMES = {
@@ -38,6 +51,106 @@ _PROVIDER_NAMES = {
     "ollama": "ollama",
     "litellm": "litellm",
 }
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends one JSON object per finished span to a file: a local exporter any test can read."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._file: IO[str] | None = open(path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = "".join(json.dumps(span_record(s)) + "\n" for s in spans)
+        with self._lock:
+            if self._file is None:
+                return SpanExportResult.FAILURE
+            self._file.write(lines)
+            self._file.flush()
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def span_record(span: ReadableSpan) -> dict[str, Any]:
+    """A span as plain JSON: ids in lowercase hex (as in `traceparent`), parent null for a root."""
+    ctx = span.get_span_context()
+    assert ctx is not None
+    return {
+        "name": span.name,
+        "kind": span.kind.name,
+        "trace_id": format(ctx.trace_id, "032x"),
+        "span_id": format(ctx.span_id, "016x"),
+        "parent_span_id": format(span.parent.span_id, "016x") if span.parent is not None else None,
+        "start_time_unix_nano": span.start_time,
+        "end_time_unix_nano": span.end_time,
+        "status": span.status.status_code.name,
+        "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in (span.attributes or {}).items()},
+        "service_name": span.resource.attributes.get(SERVICE_NAME),
+    }
+
+
+def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter | None:
+    """The OTLP span exporter the OTEL_EXPORTER_OTLP_* variables ask for, if the extra `otel` is installed."""
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    try:
+        if protocol.startswith("http"):
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+            return HttpExporter()
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter()
+    except ImportError:
+        log.warning(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but opentelemetry-exporter-otlp is not installed "
+            "(pip install 'gengate[otel]'): spans are not exported"
+        )
+        return None
+
+
+_configure_lock = threading.Lock()
+_configured = False
+_provider: TracerProvider | None = None
+
+
+def configure_tracing(env: Mapping[str, str] | None = None) -> TracerProvider | None:
+    """Installs a tracer provider that exports where the environment says, once per process.
+
+    GENGATE_TRACES_FILE=path: every span as a JSON line (SimpleSpanProcessor, written at span end).
+    OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT): OTLP, batched. Neither set, or a provider
+    already installed by the embedding application: nothing is changed. Returns the provider
+    installed here (to shut down at exit), else None.
+    """
+    global _configured, _provider
+    env = os.environ if env is None else env
+    with _configure_lock:
+        if _configured:
+            return _provider
+        _configured = True
+        traces_file = env.get("GENGATE_TRACES_FILE", "")
+        otlp = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if not traces_file and not otlp:
+            return None
+        if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            log.info("tracing: the application installed a tracer provider; gengate uses it as it is")
+            return None
+        resource_attrs = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "gengate"}
+        provider = TracerProvider(resource=Resource.create(resource_attrs))
+        if traces_file:
+            provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(traces_file)))
+        exporter = _otlp_exporter(env) if otlp else None
+        if exporter is not None:
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        _provider = provider
+        targets = ([f"file {traces_file}"] if traces_file else []) + ([f"OTLP {otlp}"] if exporter else [])
+        log.info("tracing: spans go to %s", ", ".join(targets))
+        return provider
 
 
 def trace_content() -> bool:

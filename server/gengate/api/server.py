@@ -16,6 +16,7 @@ from gengate.api.servicer import GenerationServicer
 from gengate.config import ServerConfig
 from gengate.router import Router
 from gengate.service import GenerationCore
+from gengate.telemetry import configure_tracing
 
 log = logging.getLogger("gengate")
 
@@ -56,13 +57,14 @@ def _interceptors() -> list[grpc.aio.ServerInterceptor]:
         from opentelemetry.instrumentation.grpc import aio_server_interceptor
     except ImportError:  # tracing is optional at run time
         return []
-    return [aio_server_interceptor()]
+    return [aio_server_interceptor()]  # type: ignore[no-untyped-call]
 
 
 async def start_server(
     config: ServerConfig, *, host: str | None = None, port: int | None = None
 ) -> RunningServer:
     """Loads every configured model, then binds and starts serving. Port 0 picks a free port."""
+    configure_tracing()
     settings = config.server
     host = host or settings.host
     port = settings.port if port is None else port
@@ -132,5 +134,8 @@ def serve(config: ServerConfig, host: str | None = None, port: int | None = None
         await stop.wait()
         log.info("shutting down")
         await running.stop()
+        provider = configure_tracing()  # the one installed at start, if any: flush its spans
+        if provider is not None:
+            provider.shutdown()
 
     asyncio.run(main())
