@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -189,14 +191,25 @@ def gengate_server(models: list[dict[str, Any]], *, timeout_s: float = 120.0) ->
 
 
 def _wait_serving(proc: subprocess.Popen[str], log: Any, timeout_s: float) -> str:
-    """Reads the server's stdout until it says where it serves."""
-    assert proc.stdout is not None
+    """Reads stdout until the server says where it serves; on a thread, so a silent hang times out."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
         if line.startswith("gengate serving on "):
             return line.split()[3]
-        if not line and proc.poll() is not None:
+        if not line:
             break
     log.seek(0)
     raise RuntimeError(f"gengate serve did not start (exit {proc.poll()}):\n{log.read()[-3000:]}")

@@ -78,7 +78,7 @@ async def engine_caller() -> tuple[Callable[[int], Awaitable[int]], Callable[[],
             stopping=StoppingCriteria(max_tokens=MAX_TOKENS),
         )
         result = await backend.generate(request)
-        return result.usage.output_tokens
+        return int(result.usage.output_tokens)
 
     return call, backend.aclose
 
@@ -138,7 +138,7 @@ async def serve_echo() -> None:
 
 
 def peer_unary(channel: grpc.aio.Channel) -> Callable[[int], Awaitable[int]]:
-    method = channel.unary_unary(UNARY)
+    method: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(UNARY)
     payload = ECHO_PROMPT.encode()
 
     async def call(i: int) -> int:
@@ -149,7 +149,7 @@ def peer_unary(channel: grpc.aio.Channel) -> Callable[[int], Awaitable[int]]:
 
 
 def peer_stream(channel: grpc.aio.Channel, frames: int) -> Callable[[int], Awaitable[int]]:
-    method = channel.unary_stream(STREAM)
+    method: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(STREAM)
     payload = bytes([frames]) + ECHO_PROMPT.encode()
 
     async def call(i: int) -> int:
