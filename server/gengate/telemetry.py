@@ -122,8 +122,8 @@ def configure_tracing(env: Mapping[str, str] | None = None) -> TracerProvider | 
     """Installs a tracer provider that exports where the environment says, once per process.
 
     GENGATE_TRACES_FILE=path: every span as a JSON line (SimpleSpanProcessor, written at span end).
-    OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT): OTLP, batched. Neither set, or a provider
-    already installed by the embedding application: nothing is changed. Returns the provider
+    OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT): OTLP, batched. Neither set, OTEL_SDK_DISABLED,
+    or a provider already installed by the embedding application: nothing is changed. Returns the provider
     installed here (to shut down at exit), else None.
     """
     global _configured, _provider
@@ -134,7 +134,7 @@ def configure_tracing(env: Mapping[str, str] | None = None) -> TracerProvider | 
         _configured = True
         traces_file = env.get("GENGATE_TRACES_FILE", "")
         otlp = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        if not traces_file and not otlp:
+        if (not traces_file and not otlp) or env.get("OTEL_SDK_DISABLED", "").lower() == "true":
             return None
         if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
             log.info("tracing: the application installed a tracer provider; gengate uses it as it is")
