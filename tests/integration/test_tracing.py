@@ -126,7 +126,9 @@ async def test_unary_and_stream_form_one_trace(
         assert attrs["gen_ai.request.choice.count"] == 2
         assert attrs["gen_ai.usage.input_tokens"] == start.input_tokens > 0
         assert attrs["gen_ai.usage.output_tokens"] == sum(e.usage.output_tokens for e in ends) > 0
-        assert sorted(attrs["gen_ai.response.finish_reasons"]) == sorted(e.finish_reason.value.lower() for e in ends)
+        assert sorted(attrs["gen_ai.response.finish_reasons"]) == sorted(
+            e.finish_reason.value.lower() for e in ends
+        )
         _no_prompt_anywhere(spans)
 
 
