@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
 from gengate.domain import (
+    Generation,
     GenerationDelta,
     GenerationEnd,
     GenerationRequest,
@@ -18,6 +19,8 @@ from gengate.domain import (
     ModelCapabilities,
     StreamEvent,
     StreamStart,
+    Timings,
+    TokenLogprob,
     Usage,
 )
 
@@ -51,19 +54,15 @@ class Backend(Protocol):
 
 async def collect_stream(events: AsyncIterator[StreamEvent]) -> GenerationResult:
     """Builds a unary result from a stream; lets stream-native backends implement generate."""
-    from gengate.domain import Generation, Timings
-
     start: StreamStart | None = None
     texts: dict[int, list[str]] = {}
-    logprobs: dict[int, list] = {}
+    logprobs: dict[int, list[TokenLogprob]] = {}
     ends: dict[int, GenerationEnd] = {}
-    counts: dict[int, int] = {}
     async for event in events:
         if isinstance(event, StreamStart):
             start = event
         elif isinstance(event, GenerationDelta):
             texts.setdefault(event.index, []).append(event.text)
-            counts[event.index] = counts.get(event.index, 0) + event.token_count
             if event.logprobs is not None:
                 logprobs.setdefault(event.index, []).extend(event.logprobs)
         elif isinstance(event, GenerationEnd):

@@ -36,8 +36,14 @@ async def scripted_server(make_server: ServerFactory) -> RunningServer:
             "models": [
                 {"name": "echo", "backend": "scripted", "tokens_per_s": 2000},
                 {"name": "slow", "backend": "scripted", "text": "a b c d e f g h", "tokens_per_s": 4},
-                {"name": "narrow", "backend": "scripted", "max_concurrency": 1, "max_queue": 1,
-                 "text": "x y z", "tokens_per_s": 10},
+                {
+                    "name": "narrow",
+                    "backend": "scripted",
+                    "max_concurrency": 1,
+                    "max_queue": 1,
+                    "text": "x y z",
+                    "tokens_per_s": 10,
+                },
             ]
         }
     )

@@ -6,12 +6,11 @@ import asyncio
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
-
 from gengate_client._proto.gengate.v1 import generation_pb2 as g
 from gengate_client._proto.gengate.v1 import generation_pb2_grpc
 from gengate_client._proto.gengate.v1 import types_pb2 as t
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 
 def details(error: grpc.aio.AioRpcError) -> tuple[error_details_pb2.ErrorInfo, list[tuple[str, str]]]:
@@ -29,7 +28,9 @@ def details(error: grpc.aio.AioRpcError) -> tuple[error_details_pb2.ErrorInfo, l
     return info, violations
 
 
-async def call_error(stub: generation_pb2_grpc.GenerationServiceStub, request: g.GenerateRequest) -> grpc.aio.AioRpcError:
+async def call_error(
+    stub: generation_pb2_grpc.GenerationServiceStub, request: g.GenerateRequest
+) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.Generate(request)
     return caught.value
@@ -69,7 +70,8 @@ async def call_error(stub: generation_pb2_grpc.GenerationServiceStub, request: g
         ),
         (
             g.GenerateRequest(
-                model="echo", messages=t.ChatMessages(messages=[t.ChatMessage(content=[t.ContentPart(text="hi")])])
+                model="echo",
+                messages=t.ChatMessages(messages=[t.ChatMessage(content=[t.ContentPart(text="hi")])]),
             ),
             grpc.StatusCode.INVALID_ARGUMENT,
             "messages.messages[0].role",
@@ -90,7 +92,9 @@ async def call_error(stub: generation_pb2_grpc.GenerationServiceStub, request: g
         ),
         (
             g.GenerateRequest(
-                model="echo", prompt="x", backend_options={"frobnicate": t.BackendOptionValue(bool_value=True)}
+                model="echo",
+                prompt="x",
+                backend_options={"frobnicate": t.BackendOptionValue(bool_value=True)},
             ),
             grpc.StatusCode.INVALID_ARGUMENT,
             "backend_options[frobnicate]",
@@ -110,7 +114,10 @@ async def call_error(stub: generation_pb2_grpc.GenerationServiceStub, request: g
     ],
 )
 async def test_bad_request_names_the_field(
-    stub: generation_pb2_grpc.GenerationServiceStub, request_: g.GenerateRequest, code: grpc.StatusCode, field: str
+    stub: generation_pb2_grpc.GenerationServiceStub,
+    request_: g.GenerateRequest,
+    code: grpc.StatusCode,
+    field: str,
 ) -> None:
     error = await call_error(stub, request_)
     assert error.code() == code, error.details()
@@ -122,7 +129,9 @@ async def test_bad_request_names_the_field(
     assert ok.generations[0].text == "still here"
 
 
-async def test_unknown_model_is_not_found_with_reason(stub: generation_pb2_grpc.GenerationServiceStub) -> None:
+async def test_unknown_model_is_not_found_with_reason(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
     error = await call_error(stub, g.GenerateRequest(model="gpt-17", prompt="x"))
     assert error.code() == grpc.StatusCode.NOT_FOUND
     info, _ = details(error)
@@ -134,14 +143,20 @@ async def test_all_violations_are_reported_at_once(stub: generation_pb2_grpc.Gen
     error = await call_error(
         stub,
         g.GenerateRequest(
-            model="echo", prompt="x", n=99, sampling=t.SamplingParams(top_p=1.5), stopping=t.StoppingCriteria(max_tokens=0)
+            model="echo",
+            prompt="x",
+            n=99,
+            sampling=t.SamplingParams(top_p=1.5),
+            stopping=t.StoppingCriteria(max_tokens=0),
         ),
     )
     _, violations = details(error)
     assert {f for f, _ in violations} == {"n", "sampling.top_p", "stopping.max_tokens"}
 
 
-async def test_deadline_ends_a_slow_call_and_others_keep_going(stub: generation_pb2_grpc.GenerationServiceStub) -> None:
+async def test_deadline_ends_a_slow_call_and_others_keep_going(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
     slow = asyncio.ensure_future(stub.Generate(g.GenerateRequest(model="slow", prompt="x"), timeout=0.5))
     fast = await stub.Generate(g.GenerateRequest(model="echo", prompt="quick"))
     assert fast.generations[0].text == "quick"
@@ -150,7 +165,9 @@ async def test_deadline_ends_a_slow_call_and_others_keep_going(stub: generation_
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
-async def test_stream_cancel_mid_way_leaves_server_serving(stub: generation_pb2_grpc.GenerationServiceStub) -> None:
+async def test_stream_cancel_mid_way_leaves_server_serving(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
     call = stub.GenerateStream(g.GenerateStreamRequest(request=g.GenerateRequest(model="slow", prompt="x")))
     first = await call.read()
     assert first.WhichOneof("frame") == "start"
@@ -159,9 +176,13 @@ async def test_stream_cancel_mid_way_leaves_server_serving(stub: generation_pb2_
     assert ok.generations[0].text == "after cancel"
 
 
-async def test_queue_full_is_resource_exhausted_with_retry_info(stub: generation_pb2_grpc.GenerationServiceStub) -> None:
+async def test_queue_full_is_resource_exhausted_with_retry_info(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
     # narrow: one slot and one queue place; the third concurrent call is refused.
-    calls = [asyncio.ensure_future(stub.Generate(g.GenerateRequest(model="narrow", prompt="x"))) for _ in range(3)]
+    calls = [
+        asyncio.ensure_future(stub.Generate(g.GenerateRequest(model="narrow", prompt="x"))) for _ in range(3)
+    ]
     outcomes = await asyncio.gather(*calls, return_exceptions=True)
     errors = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
     assert len(errors) == 1 and errors[0].code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -196,7 +217,9 @@ async def test_empty_batch_is_invalid(stub: generation_pb2_grpc.GenerationServic
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_stream_frames_in_order_with_usage_in_end(stub: generation_pb2_grpc.GenerationServiceStub) -> None:
+async def test_stream_frames_in_order_with_usage_in_end(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
     request = g.GenerateRequest(model="echo", prompt="one two three", n=2)
     frames = [f async for f in stub.GenerateStream(g.GenerateStreamRequest(request=request))]
     kinds = [f.WhichOneof("frame") for f in frames]
@@ -223,6 +246,8 @@ async def test_health_and_reflection(scripted_server: object) -> None:
         from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
         reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        replies = reflect.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
         names = [s.name async for r in replies for s in r.list_services_response.service]
         assert "gengate.v1.GenerationService" in names

@@ -73,10 +73,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
                     items.append(
                         (i, convert.request_from_pb(item, deadline=deadline, prefix=f"requests[{i}]."))
                     )
-                except GengateError as exc:
-                    failed.append((i, exc))
-            for i, exc in failed:
-                yield gpb.BatchGenerateResponse(index=i, error=to_rpc_status(exc))
+                except GengateError as bad_item:
+                    failed.append((i, bad_item))
+            for i, item_error in failed:
+                yield gpb.BatchGenerateResponse(index=i, error=to_rpc_status(item_error))
             if not items:
                 if not failed:
                     await abort(context, _empty_batch())
