@@ -226,6 +226,90 @@ def test_logprobs_are_raw_log_softmax_with_alternatives() -> None:
     assert make().step(logits).logprob is None
 
 
+# Token ids of seeded sampling over fixed logits, recorded before the sampler's fast paths were
+# added: a seed must keep reproducing its output, so these must never drift by accident.
+PINNED: dict[str, tuple[dict[str, Any], list[list[int]]]] = {
+    "greedy": (
+        dict(temperature=0.0),
+        [[139, 334, 53, 80, 5, 303, 232, 148, 45, 153, 126, 317, 129, 482, 368, 411]] * 3,
+    ),
+    "greedy + repetition penalty": (
+        dict(temperature=0.0, repetition_penalty=1.5),
+        [[139, 334, 53, 80, 118, 303, 232, 148, 45, 153, 126, 317, 129, 482, 368, 411]] * 3,
+    ),
+    "temperature 1": (
+        dict(temperature=1.0),
+        [
+            [248, 472, 53, 478, 118, 267, 382, 160, 165, 7, 332, 260, 137, 479, 165, 411],
+            [162, 164, 422, 80, 288, 399, 69, 11, 84, 296, 205, 91, 181, 400, 236, 411],
+            [101, 130, 403, 233, 35, 269, 232, 53, 277, 16, 126, 255, 181, 365, 368, 468],
+        ],
+    ),
+    "temperature 0.8 top_p 0.9": (
+        dict(temperature=0.8, top_p=0.9),
+        [
+            [248, 445, 53, 472, 118, 291, 352, 148, 126, 7, 247, 265, 129, 482, 233, 411],
+            [162, 170, 419, 80, 270, 408, 69, 11, 45, 244, 126, 91, 147, 482, 236, 411],
+            [139, 140, 392, 233, 5, 303, 232, 57, 223, 10, 126, 255, 147, 439, 368, 411],
+        ],
+    ),
+    "top_k 5": (
+        dict(top_k=5),
+        [
+            [248, 334, 29, 80, 94, 215, 232, 263, 126, 124, 126, 91, 324, 482, 236, 411],
+            [479, 119, 53, 221, 118, 303, 84, 11, 223, 153, 126, 81, 358, 482, 236, 411],
+            [506, 164, 53, 233, 397, 215, 69, 104, 45, 489, 63, 91, 358, 482, 368, 411],
+        ],
+    ),
+    "top_k 5 top_p 0.5 temperature 0.7": (
+        dict(temperature=0.7, top_k=5, top_p=0.5),
+        [
+            [139, 334, 314, 80, 118, 303, 232, 160, 45, 10, 126, 317, 129, 482, 368, 411],
+            [248, 334, 53, 233, 118, 303, 69, 160, 45, 153, 126, 91, 129, 482, 368, 411],
+            [248, 334, 53, 80, 288, 303, 232, 160, 45, 10, 126, 317, 129, 482, 368, 411],
+        ],
+    ),
+    "min_p 0.2 temperature 1.3": (
+        dict(min_p=0.2, temperature=1.3),
+        [
+            [248, 445, 53, 463, 118, 303, 352, 148, 126, 3, 309, 195, 137, 482, 236, 411],
+            [162, 164, 422, 80, 270, 433, 69, 11, 45, 244, 126, 91, 161, 482, 236, 411],
+            [138, 164, 422, 221, 5, 303, 229, 17, 223, 10, 126, 195, 161, 479, 368, 411],
+        ],
+    ),
+    "all penalties": (
+        dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.4),
+        [
+            [248, 472, 53, 478, 132, 267, 382, 160, 167, 10, 332, 260, 137, 482, 165, 411],
+            [162, 164, 422, 80, 288, 399, 69, 11, 87, 296, 205, 91, 181, 400, 236, 411],
+            [101, 130, 404, 233, 78, 269, 232, 53, 277, 16, 126, 255, 181, 373, 368, 468],
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", PINNED)
+def test_seeded_token_ids_are_pinned(name: str) -> None:
+    sampling, expected = PINNED[name]
+    vocab = 512
+    logits = (np.random.default_rng(42).normal(size=(16, vocab)) * 2).astype(np.float32)
+    logits[:, 0] = -100
+    for seed, ids in zip((1, 2, 3), expected, strict=True):
+        for logprobs in (None, 0):  # with logprobs on, the same tokens are chosen
+            decoder = SequenceDecoder(
+                index=0,
+                detokenize=lambda ids: b"x",
+                eos_token_ids=frozenset({0}),
+                sampling=SamplingParams(seed=seed, **sampling),
+                stopping=StoppingCriteria(max_tokens=None),
+                logprobs=logprobs,
+                matcher=None,
+                prompt_token_ids=(5, 6, 7),
+                vocab_size=vocab,
+            )
+            assert [decoder.step(row).token_id for row in logits] == ids, (name, seed, logprobs)
+
+
 def test_hot_path_is_fast() -> None:
     for vocab, budget in ((2048, 1e-3), (128_000, 10e-3)):
         decoder = SequenceDecoder(
@@ -377,6 +461,25 @@ def test_sampled_constrained_choice_respects_top_k(tiny: Any) -> None:
         constrained_run(tiny, structured, "yellow", seed=seed, temperature=2.0).text for seed in range(6)
     }
     assert outputs <= {"red", "green", "blue"} and outputs
+
+
+def test_seeded_constrained_sampling_is_pinned(tiny: Any) -> None:
+    """Seeded sampling among the tokens a constraint allows; recorded like PINNED above."""
+    regex = StructuredOutput(RegexConstraint(r"[0-9]{3}-(red|blue)"))
+    runs = [
+        constrained_run(tiny, regex, "Hello world, the weather", seed=s, temperature=1.0) for s in range(3)
+    ]
+    assert [d.output_token_ids for d in runs] == [
+        [442, 24, 16, 69, 610],
+        [442, 27, 16, 401],
+        [26, 26, 27, 16, 280, 71],
+    ]
+    assert [d.text for d in runs] == ["305-blue", "308-red", "778-red"]
+    from gengate.domain import ChoiceConstraint
+
+    choice = StructuredOutput(ChoiceConstraint(("red", "green", "blue")))
+    runs = [constrained_run(tiny, choice, "yellow", seed=s, temperature=2.0) for s in range(3)]
+    assert [d.output_token_ids for d in runs] == [[280, 71], [85, 328], [74, 280, 329]]
 
 
 def test_dead_end_raises_internal() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -426,3 +427,51 @@ async def test_expired_deadline_ends_with_time_limit(backend: LlamaCppBackend) -
     result = await backend.generate(_request(deadline=time.monotonic() - 1.0))
     gen = result.generations[0]
     assert gen.finish_reason is FinishReason.TIME_LIMIT and gen.output_tokens == 0
+
+
+# Token ids of seeded generations, recorded before the sampler's fast paths were added: the
+# documented guarantee is that a seed reproduces its output, so these must never drift by accident.
+PINNED_IDS: dict[str, tuple[dict[str, Any], list[list[int]]]] = {
+    "greedy": (
+        dict(temperature=0.0),
+        [[975, 133, 928, 686, 139, 911, 738, 880, 396, 148, 53, 672]] * 3,
+    ),
+    "temperature 1": (
+        dict(temperature=1.0),
+        [
+            [664, 930, 301, 960, 335, 452, 634, 572, 743, 98, 755, 583],
+            [299, 347, 822, 133, 605, 922, 235, 95, 14, 560, 527, 288],
+            [159, 208, 991, 750, 138, 210, 376, 325, 686, 153, 334, 646],
+        ],
+    ),
+    "temperature 0.8 top_p 0.9": (
+        dict(temperature=0.8, top_p=0.9),
+        [
+            [822, 739, 738, 913, 170, 742, 683, 16, 288, 0, 520, 426],
+            [347, 680, 725, 166, 348, 548, 170, 28, 822, 855, 266, 321],
+            [159, 269, 619, 426, 141, 411, 780, 266, 547, 272, 928, 1015],
+        ],
+    ),
+    "top_k 5": (
+        dict(top_k=5),
+        [
+            [159, 346, 857, 674, 389, 877, 548, 509, 509, 143, 686, 193],
+            [664, 750, 252, 26, 164, 558, 300, 128, 485, 626, 135, 653],
+            [347, 716, 460, 725, 239, 466, 240, 568, 288, 949, 415, 559],
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", PINNED_IDS)
+async def test_seeded_token_ids_are_pinned(backend: LlamaCppBackend, name: str) -> None:
+    sampling, expected = PINNED_IDS[name]
+    for seed, ids in zip((1, 2, 3), expected, strict=True):
+        request = _request(
+            sampling=SamplingParams(seed=seed, **sampling), stopping=StoppingCriteria(max_tokens=12)
+        )
+        with_logprobs = (await backend.generate(replace(request, logprobs=0))).generations[0]
+        assert with_logprobs.logprobs is not None
+        assert [lp.token_id for lp in with_logprobs.logprobs] == ids, (name, seed)
+        plain = (await backend.generate(request)).generations[0]  # logprobs off: the fast paths
+        assert plain.text == with_logprobs.text == backend._llm.detokenize(ids).decode("utf-8", "replace")
