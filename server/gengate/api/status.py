@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -50,10 +51,22 @@ def trailing_metadata(status: status_pb2.Status) -> tuple[tuple[str, bytes], ...
     return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
+def retry_metadata(retry_after_s: float) -> tuple[tuple[str, str], ...]:
+    """RetryInfo's delay where proxies and gRPC's own retries read it: `retry-after` (whole
+    seconds, Envoy's rate-limited back-off) and `grpc-retry-pushback-ms` (gRFC A6)."""
+    return (
+        ("retry-after", str(max(1, math.ceil(retry_after_s)))),
+        ("grpc-retry-pushback-ms", str(max(0, round(retry_after_s * 1000)))),
+    )
+
+
 async def abort(context: grpc.aio.ServicerContext[object, object], error: GengateError) -> None:
     """Ends the RPC with the error's code, message and details."""
     status = to_rpc_status(error)
     if error.code in (StatusCode.INTERNAL, StatusCode.UNAVAILABLE):
         log.warning("%s: %s (%s)", error.code.value, error.message, error.reason)
-    context.set_trailing_metadata(trailing_metadata(status))
+    metadata: tuple[tuple[str, str | bytes], ...] = trailing_metadata(status)
+    if error.retry_after_s is not None:
+        metadata += retry_metadata(error.retry_after_s)
+    context.set_trailing_metadata(metadata)
     await context.abort(GRPC_CODES[error.code], error.message)
