@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gengate.errors import ConfigError
 from gengate.registry import backend_class
@@ -27,7 +27,6 @@ from gengate.registry import backend_class
 COMMON_MODEL_KEYS = frozenset(
     {"name", "backend", "max_concurrency", "max_queue", "isolation", "devices", "num_gpus", "share_devices"}
 )
-SERVER_KEYS = frozenset({"host", "port", "max_batch_items", "max_message_mb", "request_timeout_s"})
 
 
 @dataclass(frozen=True)
@@ -48,13 +47,31 @@ class ModelConfig:
     share_devices: bool = False
 
 
-@dataclass(frozen=True)
-class ServerSettings:
+class ServerSettings(BaseModel):
+    """The `server:` section: where to listen, limits, TLS and caller authentication."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     host: str = "127.0.0.1"
-    port: int = 50051
-    max_batch_items: int = 4096
-    max_message_mb: int = 64
-    request_timeout_s: float | None = None
+    port: int = Field(default=50051, ge=0, le=65535)
+    max_batch_items: int = Field(default=4096, gt=0)
+    max_message_mb: int = Field(default=64, gt=0)
+    # Deadline applied to calls that arrive without one (seconds); None = no limit.
+    request_timeout_s: float | None = Field(default=None, gt=0)
+    # TLS: certificate chain and key (PEM); with a client CA, callers must present certificates (mTLS).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    # Caller authentication: bearer tokens, comma-separated, read from this environment variable.
+    auth_tokens_env: str | None = None
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> ServerSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+        return self
 
 
 @dataclass(frozen=True)
@@ -103,13 +120,19 @@ def parse_config(data: Any, *, source: str = "<config>") -> ServerConfig:
 def _parse_server(raw: Any, source: str) -> ServerSettings:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source}: 'server' must be a mapping")
-    unknown = set(raw) - SERVER_KEYS
-    if unknown:
-        raise ConfigError(f"{source}: server: unknown key(s) {sorted(unknown)}; known: {sorted(SERVER_KEYS)}")
     try:
-        return ServerSettings(**raw)
-    except TypeError as exc:
-        raise ConfigError(f"{source}: server: {exc}") from exc
+        return ServerSettings.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: server: {_describe(exc)}") from exc
+
+
+def _describe(exc: ValidationError) -> str:
+    """Pydantic errors as `key: problem; ...`, with unknown keys called unknown."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<entry>'}: "
+        + ("unknown key" if err["type"] == "extra_forbidden" else err["msg"])
+        for err in exc.errors()
+    )
 
 
 def _parse_model(raw: Any, index: int, source: str) -> ModelConfig:

@@ -23,6 +23,7 @@ class StatusCode(enum.StrEnum):
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
     ABORTED = "ABORTED"
     INTERNAL = "INTERNAL"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
 
 
 @dataclass(frozen=True)

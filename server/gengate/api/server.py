@@ -6,14 +6,17 @@ import asyncio
 import logging
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from gengate_client._proto.gengate.v1 import generation_pb2, generation_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from gengate.api.auth import BearerTokenInterceptor, tokens_from_env
 from gengate.api.servicer import GenerationServicer
-from gengate.config import ServerConfig
+from gengate.config import ServerConfig, ServerSettings
+from gengate.errors import ConfigError
 from gengate.router import Router
 from gengate.service import GenerationCore
 from gengate.telemetry import configure_tracing
@@ -52,12 +55,39 @@ class RunningServer:
         await self.server.wait_for_termination()
 
 
-def _interceptors() -> list[grpc.aio.ServerInterceptor]:
+def _interceptors(settings: ServerSettings) -> list[grpc.aio.ServerInterceptor]:
+    """Tracing first (so refused calls are traced too), then caller authentication."""
+    chain: list[grpc.aio.ServerInterceptor] = []
     try:
         from opentelemetry.instrumentation.grpc import aio_server_interceptor
     except ImportError:  # tracing is optional at run time
-        return []
-    return [aio_server_interceptor()]  # type: ignore[no-untyped-call]
+        pass
+    else:
+        chain.append(aio_server_interceptor())  # type: ignore[no-untyped-call]
+    if settings.auth_tokens_env:
+        chain.append(BearerTokenInterceptor(tokens_from_env(settings.auth_tokens_env)))
+    return chain
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"server.{what}: cannot read {path}: {exc.strerror}") from exc
+
+
+def _server_credentials(settings: ServerSettings) -> grpc.ServerCredentials | None:
+    """TLS credentials from the configured PEM files (mTLS when a client CA is given)."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    chain = _read(settings.tls_cert_file, "tls_cert_file")
+    key = _read(settings.tls_key_file, "tls_key_file")
+    client_ca = (
+        _read(settings.tls_client_ca_file, "tls_client_ca_file") if settings.tls_client_ca_file else None
+    )
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
 
 
 async def start_server(
@@ -68,11 +98,13 @@ async def start_server(
     settings = config.server
     host = host or settings.host
     port = settings.port if port is None else port
+    interceptors = _interceptors(settings)  # configuration errors surface before models load
+    credentials = _server_credentials(settings)
     router = Router.from_config(config)
     await router.start_all()
     max_bytes = settings.max_message_mb * 1024 * 1024
     server = grpc.aio.server(
-        interceptors=_interceptors(),
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", max_bytes),
             ("grpc.max_send_message_length", max_bytes),
@@ -80,14 +112,20 @@ async def start_server(
         ],
     )
     core = GenerationCore(router, max_batch_items=settings.max_batch_items)
-    generation_pb2_grpc.add_GenerationServiceServicer_to_server(GenerationServicer(core), server)
+    servicer = GenerationServicer(core, default_timeout_s=settings.request_timeout_s)
+    generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = (
+        server.add_insecure_port(address)
+        if credentials is None
+        else server.add_secure_port(address, credentials)
+    )
     if bound == 0:
         await router.close_all()
         raise OSError(f"cannot bind {host}:{port}")

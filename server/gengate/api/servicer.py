@@ -20,8 +20,11 @@ log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[object, object]
 
 
-def _deadline(context: Context) -> float | None:
+def _deadline(context: Context, default_timeout_s: float | None) -> float | None:
+    """The caller's deadline, else the server's default request timeout, as time.monotonic()."""
     left = context.time_remaining()
+    if left is None:
+        left = default_timeout_s
     return None if left is None else time.monotonic() + left
 
 
@@ -33,12 +36,15 @@ def _unexpected(exc: Exception) -> Internal:
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     """gengate.v1.GenerationService over the GenerationCore."""
 
-    def __init__(self, core: GenerationCore) -> None:
+    def __init__(self, core: GenerationCore, *, default_timeout_s: float | None = None) -> None:
         self.core = core
+        self.default_timeout_s = default_timeout_s
 
     async def Generate(self, request: gpb.GenerateRequest, context: Context) -> gpb.GenerateResponse:
         try:
-            domain_request = convert.request_from_pb(request, deadline=_deadline(context))
+            domain_request = convert.request_from_pb(
+                request, deadline=_deadline(context, self.default_timeout_s)
+            )
             result = await self.core.generate(domain_request)
             return convert.result_to_pb(result)
         except GengateError as exc:
@@ -52,7 +58,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     ) -> AsyncIterator[gpb.GenerateStreamResponse]:
         try:
             domain_request = convert.request_from_pb(
-                request.request, deadline=_deadline(context), prefix="request."
+                request.request, deadline=_deadline(context, self.default_timeout_s), prefix="request."
             )
             async for event in self.core.generate_stream(domain_request):
                 yield convert.event_to_pb(event)
@@ -65,7 +71,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         self, request: gpb.BatchGenerateRequest, context: Context
     ) -> AsyncIterator[gpb.BatchGenerateResponse]:
         try:
-            deadline = _deadline(context)
+            deadline = _deadline(context, self.default_timeout_s)
             items = []
             failed: list[tuple[int, GengateError]] = []
             for i, item in enumerate(request.requests):

@@ -1,0 +1,197 @@
+"""TLS, mutual TLS and bearer-token authentication of callers, and the default request timeout."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from gengate.errors import ConfigError
+from gengate_client._proto.gengate.v1 import generation_pb2 as g
+from gengate_client._proto.gengate.v1 import generation_pb2_grpc
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+
+SCRIPTED = [{"name": "echo", "backend": "scripted"}]
+TOKEN = "gg-test-token-7f3a9c"
+
+
+def _issue(
+    name: str,
+    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
+    *,
+    ca: bool = False,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer[0].subject if issuer else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False
+        )
+    signer = issuer[1] if issuer else key
+    return builder.sign(signer, hashes.SHA256()), key
+
+
+def _pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("pki")
+    ca = _issue("gengate test CA", None, ca=True)
+    server = _issue("localhost", ca)
+    client = _issue("client", ca)
+    files = {
+        "ca": _pem(ca[0]),
+        "server_cert": _pem(server[0]),
+        "server_key": _key_pem(server[1]),
+        "client_cert": _pem(client[0]),
+        "client_key": _key_pem(client[1]),
+    }
+    paths = {}
+    for name, data in files.items():
+        (folder / f"{name}.pem").write_bytes(data)
+        paths[name] = str(folder / f"{name}.pem")
+    return {"bytes": files, "paths": paths}
+
+
+def _override_localhost() -> list[tuple[str, str]]:
+    return [("grpc.ssl_target_name_override", "localhost")]
+
+
+async def _echo(channel: grpc.aio.Channel, **kw: Any) -> g.GenerateResponse:
+    stub = generation_pb2_grpc.GenerationServiceStub(channel)
+    reply: g.GenerateResponse = await stub.Generate(g.GenerateRequest(model="echo", prompt="hello"), **kw)
+    return reply
+
+
+async def test_tls_serves_trusted_clients_only(make_server: Any, pki: dict[str, Any]) -> None:
+    paths = pki["paths"]
+    server = await make_server(
+        {
+            "models": SCRIPTED,
+            "server": {"tls_cert_file": paths["server_cert"], "tls_key_file": paths["server_key"]},
+        }
+    )
+    trusted = grpc.ssl_channel_credentials(root_certificates=pki["bytes"]["ca"])
+    async with grpc.aio.secure_channel(server.address, trusted, options=_override_localhost()) as channel:
+        assert (await _echo(channel)).generations[0].text == "hello"
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _echo(channel, timeout=2)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_mutual_tls_requires_a_client_certificate(make_server: Any, pki: dict[str, Any]) -> None:
+    paths, data = pki["paths"], pki["bytes"]
+    server = await make_server(
+        {
+            "models": SCRIPTED,
+            "server": {
+                "tls_cert_file": paths["server_cert"],
+                "tls_key_file": paths["server_key"],
+                "tls_client_ca_file": paths["ca"],
+            },
+        }
+    )
+    with_cert = grpc.ssl_channel_credentials(data["ca"], data["client_key"], data["client_cert"])
+    async with grpc.aio.secure_channel(server.address, with_cert, options=_override_localhost()) as channel:
+        assert (await _echo(channel)).generations[0].text == "hello"
+    without = grpc.ssl_channel_credentials(root_certificates=data["ca"])
+    async with grpc.aio.secure_channel(server.address, without, options=_override_localhost()) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _echo(channel, timeout=2)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def _reason(error: grpc.aio.AioRpcError) -> str:
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    info = error_details_pb2.ErrorInfo()
+    assert any(d.Unpack(info) for d in status.details if d.Is(info.DESCRIPTOR))
+    return info.reason
+
+
+async def test_bearer_tokens_guard_every_rpc_but_health(
+    make_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("GENGATE_TEST_TOKENS", f"other-token, {TOKEN}")
+    server = await make_server({"models": SCRIPTED, "server": {"auth_tokens_env": "GENGATE_TEST_TOKENS"}})
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _echo(channel)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert _reason(caught.value) == "MISSING_CREDENTIALS"
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _echo(channel, metadata=(("authorization", "Bearer wrong"),))
+        assert _reason(caught.value) == "INVALID_CREDENTIALS"
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in stub.GenerateStream(
+                g.GenerateStreamRequest(request=g.GenerateRequest(model="echo"))
+            ):
+                pass
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ListModels(g.ListModelsRequest())
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        ok = await _echo(channel, metadata=(("authorization", f"Bearer {TOKEN}"),))
+        assert ok.generations[0].text == "hello"
+        health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    assert TOKEN not in caplog.text and "wrong" not in caplog.text
+
+
+async def test_empty_token_variable_fails_start(make_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GENGATE_TEST_TOKENS", " , ")
+    with pytest.raises(ConfigError, match="holds no token"):
+        await make_server({"models": SCRIPTED, "server": {"auth_tokens_env": "GENGATE_TEST_TOKENS"}})
+
+
+async def test_missing_certificate_file_fails_start(make_server: Any, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="tls_cert_file: cannot read"):
+        await make_server(
+            {
+                "models": SCRIPTED,
+                "server": {
+                    "tls_cert_file": str(tmp_path / "absent.pem"),
+                    "tls_key_file": str(tmp_path / "absent.key"),
+                },
+            }
+        )
+
+
+async def test_default_request_timeout_applies_to_calls_without_a_deadline(make_server: Any) -> None:
+    slow = {"name": "echo", "backend": "scripted", "text": "a b c d e f", "tokens_per_s": 2}
+    server = await make_server({"models": [slow], "server": {"request_timeout_s": 0.3}})
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _echo(channel)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
