@@ -93,6 +93,12 @@ class SequenceDecoder:
         self._counts: dict[int, int] = {}
         if matcher is not None:
             self._bitmask = np.zeros((matcher.vocab_size + 31) // 32, dtype=np.int32)
+        # Without penalties or a mask the logits are only read, so step() skips its copy.
+        self._edits_logits = matcher is not None or self._repetition is not None
+        self._edits_logits = self._edits_logits or bool(self._frequency or self._presence)
+        # Scratch buffers reused every step: allocating vocab-sized arrays per token (page
+        # faults at 128k) cost more than the arithmetic. Allocated on first use.
+        self._buffers: tuple[FloatArray, FloatArray, npt.NDArray[np.float64]] | None = None
 
         self._tokens: list[int] = []
         self._finished: FinishReason | None = None
@@ -136,10 +142,14 @@ class SequenceDecoder:
         if matcher is not None and matcher.is_stopped():
             return self._finish(None, FinishReason.STOP, None)
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self._vocab_size]
-        work = raw.copy()
-        self._apply_penalties(work)
-        if matcher is not None:
-            self._apply_mask(work, matcher)
+        if self._edits_logits:
+            work = self._scratch()[0][: raw.shape[0]]
+            np.copyto(work, raw)
+            self._apply_penalties(work)
+            if matcher is not None:
+                self._apply_mask(work, matcher)
+        else:
+            work = raw  # read only from here on
         token = self._choose(work)
         logprob = self._logprob(raw, token) if self._logprobs is not None else None
 
@@ -205,13 +215,27 @@ class SequenceDecoder:
         if eos_values is not None:
             work[self._eos] = eos_values if matcher.is_accepting() else -np.inf
 
+    def _scratch(self) -> tuple[FloatArray, FloatArray, npt.NDArray[np.float64]]:
+        """(logits, probabilities, cdf) buffers of vocabulary size, made on first use."""
+        if self._buffers is None:
+            n = self._vocab_size
+            self._buffers = (np.empty(n, np.float32), np.empty(n, np.float32), np.empty(n, np.float64))
+        return self._buffers
+
     def _choose(self, work: FloatArray) -> int:
         if self._greedy:
-            token = int(np.argmax(work))
+            token = int(work.argmax())
             if not np.isfinite(work[token]):
                 raise self._nothing_allowed()
             return token
-        scaled = work / np.float32(self._temperature) if self._temperature != 1.0 else work
+        # Same arithmetic as the plain numpy expressions (bit for bit, so seeded outputs never
+        # change), written into reused buffers.
+        work_buf, probs_buf, cdf_buf = self._scratch()
+        if self._temperature != 1.0:
+            scaled = probs_buf[: work.shape[0]]
+            np.divide(work, np.float32(self._temperature), out=scaled)
+        else:
+            scaled = work
         ids: npt.NDArray[np.int64] | None = None
         cand = scaled
         if self._matcher is not None:
@@ -225,21 +249,23 @@ class SequenceDecoder:
             best = np.argpartition(cand, -self._top_k)[-self._top_k :]
             ids = best if ids is None else ids[best]
             cand = cand[best]
-        top = float(cand.max())
+        top = cand.max()
         if not np.isfinite(top):
             raise self._nothing_allowed()
-        probs = np.exp(cand - top)
+        probs = probs_buf[: cand.shape[0]]  # may alias cand (scaled): computed elementwise
+        np.subtract(cand, top, out=probs)
+        np.exp(probs, out=probs)
         probs /= probs.sum()
         if self._top_p is not None:
-            keep = _top_p_keep(probs, self._top_p)
+            keep = _top_p_keep(probs, self._top_p, work_buf, cdf_buf)  # work is dead by now
             ids = keep if ids is None else ids[keep]
             probs = probs[keep]
         if self._min_p is not None:
             keep = np.flatnonzero(probs >= self._min_p * probs.max())
             ids = keep if ids is None else ids[keep]
             probs = probs[keep]
-        cdf = np.cumsum(probs, dtype=np.float64)
-        pick = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
+        cdf = _cumsum64(probs, cdf_buf)
+        pick = int(cdf.searchsorted(self._rng.random() * cdf[-1], side="right"))
         pick = min(pick, cdf.shape[0] - 1)
         return int(pick if ids is None else ids[pick])
 
@@ -329,13 +355,26 @@ class SequenceDecoder:
         return delta
 
 
-def _top_p_keep(probs: npt.NDArray[np.float32], top_p: float) -> npt.NDArray[np.int64]:
+def _top_p_keep(
+    probs: FloatArray, top_p: float, sort_buf: FloatArray, cdf_buf: npt.NDArray[np.float64]
+) -> npt.NDArray[np.int64]:
     """Indices of the most likely entries whose mass first reaches top_p (ties at the edge kept).
 
     A plain value sort (SIMD, ~20x faster than argsort at 128k) finds the threshold probability;
-    one comparison then selects the nucleus.
+    one comparison then selects the nucleus. The buffers are scratch space of probs' size or more.
     """
-    ordered = np.sort(probs)[::-1]
-    cdf = np.cumsum(ordered, dtype=np.float64)
-    cut = min(int(np.searchsorted(cdf, top_p * cdf[-1], side="left")), ordered.shape[0] - 1)
+    ordered = sort_buf[: probs.shape[0]]
+    np.copyto(ordered, probs)
+    ordered.sort()
+    ordered = ordered[::-1]
+    cdf = _cumsum64(ordered, cdf_buf)
+    cut = min(int(cdf.searchsorted(top_p * cdf[-1], side="left")), ordered.shape[0] - 1)
     return np.flatnonzero(probs >= ordered[cut])
+
+
+def _cumsum64(values: npt.NDArray[np.float32], buf: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """np.cumsum(values, dtype=np.float64), bit for bit, written into `buf` (faster: no mixed types)."""
+    out = buf[: values.shape[0]]
+    np.copyto(out, values)
+    np.add.accumulate(out, out=out)
+    return out
