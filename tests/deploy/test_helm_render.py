@@ -1,0 +1,181 @@
+"""The Helm chart rendered as `helm template` would, then checked object by object.
+
+No helm binary here: tests/deploy/helmrender is a small Go program running the chart through
+Go text/template with sprig and Helm's own functions (include, toYaml, required, fail, ...).
+Skipped only where there is no Go toolchain.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from gengate.config import parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gengate"
+RENDERER = Path(__file__).resolve().parent / "helmrender"
+MESH = ROOT / "deploy" / "mesh"
+
+
+@pytest.fixture(scope="session")
+def renderer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("no Go toolchain to build the chart renderer")
+    binary = tmp_path_factory.mktemp("helmrender") / "helmrender"
+    subprocess.run([go, "build", "-o", str(binary), "."], cwd=RENDERER, check=True, timeout=600)
+    return binary
+
+
+def render(
+    renderer: Path, tmp_path: Path, overrides: dict[str, Any] | None = None, name: str = "gengate"
+) -> subprocess.CompletedProcess[str]:
+    args = [str(renderer), "-chart", str(CHART), "-name", name, "-namespace", "gengate"]
+    if overrides is not None:
+        extra = tmp_path / "values-override.yaml"
+        extra.write_text(yaml.safe_dump(overrides))
+        args += ["-f", str(extra)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=60)
+
+
+def objects(
+    renderer: Path, tmp_path: Path, overrides: dict[str, Any] | None = None, name: str = "gengate"
+) -> dict[tuple[str, str], dict[str, Any]]:
+    proc = render(renderer, tmp_path, overrides, name)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    out = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert len(out) == len(docs), "two objects share a kind and name"
+    return out
+
+
+def container(objs: dict[tuple[str, str], dict[str, Any]], name: str = "gengate") -> dict[str, Any]:
+    (c,) = objs[("Deployment", name)]["spec"]["template"]["spec"]["containers"]
+    result: dict[str, Any] = c
+    return result
+
+
+def test_default_render(renderer: Path, tmp_path: Path) -> None:
+    objs = objects(renderer, tmp_path)
+    assert set(objs) == {
+        ("ConfigMap", "gengate"),
+        ("Deployment", "gengate"),
+        ("PodDisruptionBudget", "gengate"),
+        ("Service", "gengate"),
+        ("Service", "gengate-headless"),
+        ("ServiceAccount", "gengate"),
+    }
+    deployment = objs[("Deployment", "gengate")]
+    pod = deployment["spec"]["template"]["spec"]
+    labels = deployment["spec"]["selector"]["matchLabels"]
+    assert pod and deployment["spec"]["template"]["metadata"]["labels"] == labels
+    for kind, name in (("Service", "gengate"), ("Service", "gengate-headless")):
+        spec = objs[(kind, name)]["spec"]
+        assert spec["selector"] == labels
+        assert spec["ports"] == [
+            {"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
+        ]
+    assert objs[("Service", "gengate-headless")]["spec"]["clusterIP"] == "None"
+    assert objs[("PodDisruptionBudget", "gengate")]["spec"]["selector"]["matchLabels"] == labels
+
+    c = container(objs)
+    assert c["image"] == "gengate:0.1.0"
+    assert c["args"] == ["--config", "/etc/gengate/gengate.yaml"]
+    assert c["ports"] == [{"name": "grpc", "containerPort": 50051, "protocol": "TCP"}]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"] == {"port": 50051, "service": ""}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts == {"/tmp": "tmp", "/etc/gengate": "config"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == "gengate"
+    assert pod["automountServiceAccountToken"] is False
+    assert "nodeSelector" not in pod and "tolerations" not in pod and "runtimeClassName" not in pod
+
+
+def test_rendered_config_is_what_gengate_loads(renderer: Path, tmp_path: Path) -> None:
+    objs = objects(renderer, tmp_path)
+    text = objs[("ConfigMap", "gengate")]["data"]["gengate.yaml"]
+    config = parse_config(yaml.safe_load(text), source="configmap")
+    assert [(m.name, m.backend, m.max_concurrency) for m in config.models] == [("tiny", "llamacpp", 4)]
+
+    changed = objects(renderer, tmp_path, {"config": {"models": [{"name": "e", "backend": "scripted"}]}})
+    annotation = "checksum/config"
+
+    def checksum(o: dict[tuple[str, str], dict[str, Any]]) -> str:
+        value: str = o[("Deployment", "gengate")]["spec"]["template"]["metadata"]["annotations"][annotation]
+        return value
+
+    assert checksum(changed) != checksum(objs), "a config change must roll the pods"
+    assert parse_config(yaml.safe_load(changed[("ConfigMap", "gengate")]["data"]["gengate.yaml"]))
+
+
+def test_every_option_on(renderer: Path, tmp_path: Path) -> None:
+    objs = objects(
+        renderer,
+        tmp_path,
+        {
+            "config": None,
+            "image": {"repository": "registry.example.com/gengate-vllm", "tag": "1.2.3"},
+            "secrets": {
+                "existingSecret": "provider-keys",
+                "keys": {"OPENAI_API_KEY": "openai", "ANTHROPIC_API_KEY": "anthropic"},
+            },
+            "extraEnv": [{"name": "GENGATE_TRACE_CONTENT", "value": "0"}],
+            "headlessService": {"enabled": False},
+            "autoscaling": {"enabled": True, "maxReplicas": 6},
+            "gpu": {"enabled": True, "count": 2, "runtimeClassName": "nvidia"},
+            "nodeSelector": {"pool": "gpu"},
+            "podDisruptionBudget": {"enabled": False},
+            "probes": {"readiness": {"service": "gengate.v1.GenerationService/tiny"}},
+        },
+    )
+    assert ("ConfigMap", "gengate") not in objs and ("Service", "gengate-headless") not in objs
+    assert ("PodDisruptionBudget", "gengate") not in objs
+    hpa = objs[("HorizontalPodAutoscaler", "gengate")]["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "gengate"}
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 6)
+    deployment = objs[("Deployment", "gengate")]
+    assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(objs)
+    assert c["image"] == "registry.example.com/gengate-vllm:1.2.3"
+    assert "args" not in c, "no config: the embedded default"
+    assert [m["mountPath"] for m in c["volumeMounts"]] == ["/tmp"]
+    env = {e["name"]: e for e in c["env"]}
+    for var, key in (("OPENAI_API_KEY", "openai"), ("ANTHROPIC_API_KEY", "anthropic")):
+        assert env[var] == {"name": var, "valueFrom": {"secretKeyRef": {"name": "provider-keys", "key": key}}}
+    assert env["GENGATE_TRACE_CONTENT"]["value"] == "0"
+    assert c["resources"]["limits"] == {"memory": "4Gi", "nvidia.com/gpu": 2}
+    assert c["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["nodeSelector"] == {"pool": "gpu"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert c["readinessProbe"]["grpc"] == {"port": 50051, "service": "gengate.v1.GenerationService/tiny"}
+
+
+def test_keys_without_a_secret_name_fail_the_render(renderer: Path, tmp_path: Path) -> None:
+    proc = render(renderer, tmp_path, {"secrets": {"keys": {"OPENAI_API_KEY": "openai"}}})
+    assert proc.returncode != 0
+    assert "secrets.existingSecret" in proc.stderr
+
+
+def test_other_release_names_prefix_every_object(renderer: Path, tmp_path: Path) -> None:
+    objs = objects(renderer, tmp_path, name="prod")
+    assert {name for _, name in objs} == {"prod-gengate", "prod-gengate-headless"}
+    assert container(objs, "prod-gengate")["image"] == "gengate:0.1.0"
+
+
+def test_mesh_files_name_the_rendered_services(renderer: Path, tmp_path: Path) -> None:
+    services = {name for kind, name in objects(renderer, tmp_path) if kind == "Service"}
+    text = "\n".join(p.read_text() for p in MESH.rglob("*.yaml"))
+    for name in ("gengate", "gengate-headless"):
+        assert name in services
+    assert (
+        "gengate.gengate.svc.cluster.local" in text and "gengate-headless.gengate.svc.cluster.local" in text
+    )
