@@ -179,3 +179,38 @@ def test_mesh_files_name_the_rendered_services(renderer: Path, tmp_path: Path) -
     assert (
         "gengate.gengate.svc.cluster.local" in text and "gengate-headless.gengate.svc.cluster.local" in text
     )
+
+
+ALL_ON: dict[str, Any] = {
+    "secrets": {"existingSecret": "keys", "keys": {"OPENAI_API_KEY": "openai"}},
+    "extraEnv": [{"name": "OTEL_SERVICE_NAME", "value": "gengate"}],
+    "extraEnvFrom": [{"configMapRef": {"name": "more-env"}}],
+    "extraVolumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}],
+    "extraVolumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+    "imagePullSecrets": [{"name": "registry"}],
+    "autoscaling": {"enabled": True},
+    "gpu": {"enabled": True, "runtimeClassName": "nvidia", "nodeSelector": {"gpu": "true"}},
+    "affinity": {"nodeAffinity": {}},
+    "serviceAccount": {"annotations": {"a": "b"}},
+    "service": {"annotations": {"c": "d"}},
+    "podAnnotations": {"e": "f"},
+    "podLabels": {"team": "ml"},
+}
+
+
+@pytest.mark.parametrize("version", ["1.27.0", "latest"])
+@pytest.mark.parametrize("overrides", [None, ALL_ON], ids=["defaults", "all-on"])
+def test_objects_match_the_kubernetes_schema(
+    renderer: Path, tmp_path: Path, version: str, overrides: dict[str, Any] | None
+) -> None:
+    """Strict OpenAPI schemas: a misspelt or misplaced field fails, on the oldest Kubernetes
+    the chart supports (native grpc probes) and the newest the validator knows."""
+    kv = pytest.importorskip("kubernetes_validate")
+    target = kv.latest_version() if version == "latest" else version
+    objs = objects(renderer, tmp_path, overrides)
+    assert len(objs) >= 6
+    for (kind, name), obj in objs.items():
+        try:
+            kv.validate(obj, target, strict=True)
+        except kv.ValidationError as exc:
+            pytest.fail(f"{kind}/{name} on Kubernetes {target}: {exc.message} at {list(exc.path)}")
