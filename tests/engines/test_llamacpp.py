@@ -523,3 +523,12 @@ def test_handoff_on_a_closed_loop_reports_it() -> None:
     loop.close()
     handoff.put("x")
     assert closed == [True]
+
+
+async def test_cached_detokenize_matches_llama(backend: LlamaCppBackend) -> None:
+    llm = backend._llm
+    tokens = list(range(llm.n_vocab()))
+    for _ in range(2):  # filling the cache, then from it
+        assert [backend._detokenize([t]) for t in tokens] == [llm.detokenize([t]) for t in tokens]
+    prompt = llm.tokenize(PROMPT.encode(), add_bos=True, special=True)
+    assert backend._detokenize(prompt) == llm.detokenize(prompt)  # several tokens: BOS rules kept

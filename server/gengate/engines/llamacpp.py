@@ -9,6 +9,7 @@ detokenization), so llama.cpp behaves exactly like the other local engines.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import secrets
 import threading
 import time
@@ -193,6 +194,8 @@ class LlamaCppBackend:
         self._bos_text = ""
         self._eos_text = ""
         self._executor: ThreadPoolExecutor | None = None
+        self._pieces: dict[int, bytes] = {}  # token -> its text, as llm.detokenize([token]) gives it
+        self._logits_views: dict[int, np.ndarray[Any, np.dtype[np.float32]]] = {}  # address -> view
 
     def _capabilities(self, *, chat: bool) -> ModelCapabilities:
         return ModelCapabilities(
@@ -246,6 +249,7 @@ class LlamaCppBackend:
         self._compiler = ConstraintCompiler(
             ll_tokenizer, tokenizer_key=f"llamacpp:{self.model_path.resolve()}"
         )
+        self._pieces, self._logits_views = {}, {}
         self._llm = llm
 
     async def aclose(self) -> None:
@@ -410,7 +414,7 @@ class LlamaCppBackend:
         n_vocab = llm.n_vocab()
         decoder = SequenceDecoder(
             index=job.index,
-            detokenize=lambda tokens: llm.detokenize(tokens, special=False),
+            detokenize=self._detokenize,
             eos_token_ids=self._eog,
             sampling=job.sampling,
             stopping=job.stopping,
@@ -434,7 +438,7 @@ class LlamaCppBackend:
             if job.deadline is not None and time.monotonic() >= job.deadline:
                 finish = FinishReason.TIME_LIMIT
                 break
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+            logits = self._last_logits(llama_cpp.llama_get_logits_ith(llm.ctx, -1), n_vocab)
             step = decoder.step(logits)
             if step.token_id is not None:
                 self.tokens_generated += 1
@@ -471,6 +475,25 @@ class LlamaCppBackend:
                 first_token_at=first_token_at,
             )
         )
+
+    def _detokenize(self, tokens: list[int]) -> bytes:
+        """llm.detokenize, from a cache for the single tokens the decoder asks for each step."""
+        if len(tokens) != 1:
+            return bytes(self._llm.detokenize(tokens, special=False))
+        piece = self._pieces.get(tokens[0])
+        if piece is None:
+            piece = self._pieces[tokens[0]] = bytes(self._llm.detokenize(tokens, special=False))
+        return piece
+
+    def _last_logits(self, pointer: Any, n_vocab: int) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """A numpy view of llama.cpp's logits at `pointer`; views are kept per address (cheaper
+        than np.ctypeslib.as_array each token; the context reuses one buffer)."""
+        address = ctypes.addressof(pointer.contents)
+        view = self._logits_views.get(address)
+        if view is None:
+            array = (ctypes.c_float * n_vocab).from_address(address)
+            view = self._logits_views[address] = np.ctypeslib.as_array(array)
+        return view
 
     @staticmethod
     def _load_prompt(llm: Any, prompt: Sequence[int]) -> None:
