@@ -58,6 +58,9 @@ class ServerSettings(BaseModel):
     max_message_mb: int = Field(default=64, gt=0)
     # Deadline applied to calls that arrive without one (seconds); None = no limit.
     request_timeout_s: float | None = Field(default=None, gt=0)
+    # Close client connections after this long (with a grace period), so clients reconnect and
+    # spread over replicas added by a scale-up; None keeps connections for their lifetime.
+    max_connection_age_s: float | None = Field(default=None, gt=0)
     # TLS: certificate chain and key (PEM); with a client CA, callers must present certificates (mTLS).
     tls_cert_file: str | None = None
     tls_key_file: str | None = None

@@ -195,3 +195,20 @@ async def test_default_request_timeout_applies_to_calls_without_a_deadline(make_
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await _echo(channel)
         assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_max_connection_age_closes_idle_connections_so_clients_rebalance(make_server: Any) -> None:
+    server = await make_server({"models": SCRIPTED, "server": {"max_connection_age_s": 0.3}})
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        assert (await _echo(channel)).generations[0].text == "hello"
+        # the server sends GOAWAY after the age; the channel leaves READY and reconnects on the next call
+        import asyncio
+
+        state = channel.get_state()
+        for _ in range(60):
+            await asyncio.sleep(0.1)
+            state = channel.get_state()
+            if state != grpc.ChannelConnectivity.READY:
+                break
+        assert state != grpc.ChannelConnectivity.READY
+        assert (await _echo(channel)).generations[0].text == "hello"

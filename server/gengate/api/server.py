@@ -69,6 +69,13 @@ def _interceptors(settings: ServerSettings) -> list[grpc.aio.ServerInterceptor]:
     return chain
 
 
+def _connection_age_options(settings: ServerSettings) -> list[tuple[str, int]]:
+    if settings.max_connection_age_s is None:
+        return []
+    age_ms = int(settings.max_connection_age_s * 1000)
+    return [("grpc.max_connection_age_ms", age_ms), ("grpc.max_connection_age_grace_ms", 30_000)]
+
+
 def _read(path: str, what: str) -> bytes:
     try:
         return Path(path).expanduser().read_bytes()
@@ -109,6 +116,7 @@ async def start_server(
             ("grpc.max_receive_message_length", max_bytes),
             ("grpc.max_send_message_length", max_bytes),
             ("grpc.so_reuseport", 0),
+            *_connection_age_options(settings),
         ],
     )
     core = GenerationCore(router, max_batch_items=settings.max_batch_items)
