@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +21,7 @@ from gengate.domain import (
     StoppingCriteria,
     StructuredOutput,
 )
-from gengate.engines.decoding import SequenceDecoder, StepResult
+from gengate.engines.decoding import LoopHandoff, SequenceDecoder, StepResult
 from gengate.models.tiny import EOS_TOKEN, TinyModelPaths
 from llguidance import LLTokenizer
 from tokenizers import Tokenizer
@@ -501,3 +503,53 @@ def test_dead_end_raises_internal() -> None:
         with pytest.raises(errors.Internal) as info:
             make(matcher=NothingAllowed(), sampling=sampling).step(one_hot(1))
         assert info.value.reason == "CONSTRAINT_DEAD_END"
+
+
+# --- LoopHandoff ----------------------------------------------------------------------------
+
+
+async def test_handoff_delivers_every_item_in_order_and_coalesces_fast_ones() -> None:
+    loop = asyncio.get_running_loop()
+    handoff = LoopHandoff(loop, on_closed=lambda _: None)
+    count = 3000
+
+    def produce() -> None:
+        for i in range(count):
+            handoff.put(i)
+            if i % 97 == 0:
+                time.sleep(0.002)  # slower than the coalescing window now and then
+        handoff.put("end", last=True)
+
+    worker = threading.Thread(target=produce)
+    worker.start()
+    batches: list[list[object]] = []
+    while not batches or batches[-1][-1] != "end":
+        batches.append(await asyncio.wait_for(handoff.take(), 5))
+    worker.join()
+    assert [i for batch in batches for i in batch] == [*range(count), "end"]
+    assert len(batches) < count / 4  # far fewer wake-ups than items
+
+
+async def test_handoff_wakes_at_once_for_a_slow_item_and_for_the_last() -> None:
+    loop = asyncio.get_running_loop()
+    handoff = LoopHandoff(loop, on_closed=lambda _: None)
+    handoff.put("a")
+    assert await handoff.take() == ["a"]
+    await asyncio.sleep(0.01)  # nothing arrives within the 1 ms window...
+    pending = asyncio.ensure_future(handoff.take())
+    await asyncio.sleep(0.01)
+    handoff.COALESCE_S = 30.0  # (windows from now on would be noticed)
+    threading.Thread(target=handoff.put, args=("b",)).start()
+    assert await asyncio.wait_for(pending, 5) == ["b"]  # ...so the next item wakes the loop at once
+    # right after a batch the loop waits out the window, but not for the last item
+    threading.Thread(target=handoff.put, args=("c",), kwargs={"last": True}).start()
+    assert await asyncio.wait_for(handoff.take(), 5) == ["c"]
+
+
+def test_handoff_on_a_closed_loop_reports_it() -> None:
+    loop = asyncio.new_event_loop()
+    closed: list[object] = []
+    handoff = LoopHandoff(loop, on_closed=closed.append)
+    loop.close()
+    handoff.put("x")
+    assert closed == ["x"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -41,7 +40,7 @@ from gengate.domain import (
     StructuredOutput,
     TextPart,
 )
-from gengate.engines.llamacpp import LlamaCppBackend, LlamaCppOptions, _Handoff
+from gengate.engines.llamacpp import LlamaCppBackend, LlamaCppOptions
 from gengate.models.tiny import TinyModelPaths
 
 PROMPT = "Hello world, the answer is"
@@ -476,53 +475,6 @@ async def test_seeded_token_ids_are_pinned(backend: LlamaCppBackend, name: str) 
         assert [lp.token_id for lp in with_logprobs.logprobs] == ids, (name, seed)
         plain = (await backend.generate(request)).generations[0]  # logprobs off: the fast paths
         assert plain.text == with_logprobs.text == backend._llm.detokenize(ids).decode("utf-8", "replace")
-
-
-async def test_handoff_delivers_every_item_in_order_and_coalesces_fast_ones() -> None:
-    loop = asyncio.get_running_loop()
-    handoff = _Handoff(loop, on_closed=lambda: None)
-    count = 3000
-
-    def produce() -> None:
-        for i in range(count):
-            handoff.put(i)
-            if i % 97 == 0:
-                time.sleep(0.002)  # slower than the coalescing window now and then
-        handoff.put("end", last=True)
-
-    worker = threading.Thread(target=produce)
-    worker.start()
-    batches: list[list[object]] = []
-    while not batches or batches[-1][-1] != "end":
-        batches.append(await asyncio.wait_for(handoff.take(), 5))
-    worker.join()
-    assert [i for batch in batches for i in batch] == [*range(count), "end"]
-    assert len(batches) < count / 4  # far fewer wake-ups than items
-
-
-async def test_handoff_wakes_at_once_for_a_slow_item_and_for_the_last() -> None:
-    loop = asyncio.get_running_loop()
-    handoff = _Handoff(loop, on_closed=lambda: None)
-    handoff.put("a")
-    assert await handoff.take() == ["a"]
-    await asyncio.sleep(0.01)  # nothing arrives within the 1 ms window...
-    pending = asyncio.ensure_future(handoff.take())
-    await asyncio.sleep(0.01)
-    handoff.COALESCE_S = 30.0  # (windows from now on would be noticed)
-    threading.Thread(target=handoff.put, args=("b",)).start()
-    assert await asyncio.wait_for(pending, 5) == ["b"]  # ...so the next item wakes the loop at once
-    # right after a batch the loop waits out the window, but not for the last item
-    threading.Thread(target=handoff.put, args=("c",), kwargs={"last": True}).start()
-    assert await asyncio.wait_for(handoff.take(), 5) == ["c"]
-
-
-def test_handoff_on_a_closed_loop_reports_it() -> None:
-    loop = asyncio.new_event_loop()
-    closed: list[bool] = []
-    handoff = _Handoff(loop, on_closed=lambda: closed.append(True))
-    loop.close()
-    handoff.put("x")
-    assert closed == [True]
 
 
 async def test_cached_detokenize_matches_llama(backend: LlamaCppBackend) -> None:

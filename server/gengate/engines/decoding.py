@@ -3,7 +3,8 @@
 Given the model's next-token logits, a decoder applies penalties, the constraint mask,
 temperature / top-k / top-p / min-p, samples with its own seeded generator, detokenizes
 incrementally (UTF-8 safe), holds back text that may begin a stop string, and decides when the
-generation ends. Engines only run the model and feed logits.
+generation ends. Engines only run the model and feed logits. LoopHandoff carries what the
+model thread produced to the event loop with few wake-ups.
 
 Semantics (documented, shared by all engines):
 - temperature None means 1.0; 0 means greedy (argmax).
@@ -21,7 +22,9 @@ Semantics (documented, shared by all engines):
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -353,6 +356,76 @@ class SequenceDecoder:
         delta = self._full[self._emitted : end]
         self._emitted = end
         return delta
+
+
+class LoopHandoff:
+    """Hands items from an engine's model thread to the event loop, waking it as rarely as latency allows.
+
+    Waking the loop from another thread costs more than a tiny model's token. So the first item
+    wakes the loop at once; after each batch the loop waits COALESCE_S (a timer on the loop, no
+    wake-ups meanwhile) and then takes everything that arrived. When nothing arrived, the worker's
+    next item wakes it at once again: tokens slower than COALESCE_S are each delivered at once,
+    faster ones at most COALESCE_S late. The last item (`put(..., last=True)`) is never delayed.
+    """
+
+    COALESCE_S = 0.001
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_closed: Callable[[object], None]) -> None:
+        self._loop = loop
+        self._on_closed = on_closed
+        self._items: deque[object] = deque()
+        self._wake_pending = False  # set: the worker does not wake the loop (one is on its way)
+        self._last = False
+        self._batch_at: float | None = None  # loop time of the previous batch
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: object, *, last: bool = False) -> None:
+        """Worker thread: queues an item, waking the loop if it waits for one (or if `last`)."""
+        self._items.append(item)  # appended before the flag is read: see take()
+        if last:
+            self._last = True
+        elif self._wake_pending and not self._loop.is_closed():
+            return
+        self._wake_pending = True
+        try:
+            self._loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop closed: nobody waits for this item any more
+            self._on_closed(item)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self, timeout: float | None) -> None:
+        self._waiter = self._loop.create_future()
+        timer = None if timeout is None else self._loop.call_later(timeout, self._wake)
+        try:
+            await self._waiter  # a stale wake-up may end this early: callers check again
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    async def take(self) -> list[object]:
+        """Event loop: waits for items and returns all that are queued (at least one)."""
+        if self._batch_at is not None and not self._last:
+            delay = self._batch_at + self.COALESCE_S - self._loop.time()
+            if delay > 0:
+                await self._wait(delay)
+        while True:
+            if self._items:
+                self._batch_at = self._loop.time()
+                items = list(self._items)
+                for _ in items:
+                    self._items.popleft()
+                return items
+            # Nothing came: let the worker wake us. The flag is cleared before looking again,
+            # so an item the look misses finds it clear and wakes us.
+            self._batch_at = None
+            self._wake_pending = False
+            if not self._items:
+                await self._wait(None)
 
 
 def _top_p_keep(

@@ -15,7 +15,6 @@ import threading
 import time
 import uuid
 import warnings
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
@@ -103,76 +102,6 @@ class _Done:
 @dataclass(frozen=True)
 class _Failed:
     error: BaseException
-
-
-class _Handoff:
-    """Items from the worker thread to the event loop, waking the loop as rarely as latency allows.
-
-    Waking the loop from another thread costs more than a tiny model's token. So the first item
-    wakes the loop at once; after each batch the loop waits COALESCE_S (a timer on the loop, no
-    wake-ups meanwhile) and then takes everything that arrived. When nothing arrived, the worker's
-    next item wakes it at once again: tokens slower than COALESCE_S are each delivered at once,
-    faster ones at most COALESCE_S late. The last item (`put(..., last=True)`) is never delayed.
-    """
-
-    COALESCE_S = 0.001
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_closed: Callable[[], None]) -> None:
-        self._loop = loop
-        self._on_closed = on_closed
-        self._items: deque[object] = deque()
-        self._wake_pending = False  # set: the worker does not wake the loop (one is on its way)
-        self._last = False
-        self._batch_at: float | None = None  # loop time of the previous batch
-        self._waiter: asyncio.Future[None] | None = None
-
-    def put(self, item: object, *, last: bool = False) -> None:
-        """Worker thread: queues an item, waking the loop if it waits for one (or if `last`)."""
-        self._items.append(item)  # appended before the flag is read: see take()
-        if last:
-            self._last = True
-        elif self._wake_pending and not self._loop.is_closed():
-            return
-        self._wake_pending = True
-        try:
-            self._loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:  # the loop closed under a generation nobody waits for any more
-            self._on_closed()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def _wait(self, timeout: float | None) -> None:
-        self._waiter = self._loop.create_future()
-        timer = None if timeout is None else self._loop.call_later(timeout, self._wake)
-        try:
-            await self._waiter  # a stale wake-up may end this early: callers check again
-        finally:
-            self._waiter = None
-            if timer is not None:
-                timer.cancel()
-
-    async def take(self) -> list[object]:
-        """Event loop: waits for items and returns all that are queued (at least one)."""
-        if self._batch_at is not None and not self._last:
-            delay = self._batch_at + self.COALESCE_S - self._loop.time()
-            if delay > 0:
-                await self._wait(delay)
-        while True:
-            if self._items:
-                self._batch_at = self._loop.time()
-                items = list(self._items)
-                for _ in items:
-                    self._items.popleft()
-                return items
-            # Nothing came: let the worker wake us. The flag is cleared before looking again,
-            # so an item the look misses finds it clear and wakes us.
-            self._batch_at = None
-            self._wake_pending = False
-            if not self._items:
-                await self._wait(None)
 
 
 class LlamaCppBackend:
@@ -362,8 +291,10 @@ class LlamaCppBackend:
         compiled: Any,
     ) -> AsyncGenerator[GenerationDelta | _Done, None]:
         """Runs one generation on the worker thread, yielding its (coalesced) deltas, then _Done."""
+        from gengate.engines.decoding import LoopHandoff
+
         loop = asyncio.get_running_loop()
-        handoff = _Handoff(loop, on_closed=lambda: job.cancel.set())
+        handoff = LoopHandoff(loop, on_closed=lambda _: job.cancel.set())
         job = _Job(
             index=index,
             prompt=prompt,
