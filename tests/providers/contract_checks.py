@@ -8,11 +8,12 @@ FakeServer) and `.answers` (texts the fake returns, in order).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 import pytest
 from fakehttp import FakeServer, Fault
@@ -29,14 +30,57 @@ from gengate.domain import (
     StreamStart,
     StructuredOutput,
 )
+from pydantic import SecretStr
 
 
 class Fake(Protocol):
     server: FakeServer
     answers: list[str]
 
+    def reset(self) -> None: ...
+
 
 Make = Callable[..., Awaitable[Backend]]
+Started = TypeVar("Started", bound="Startable")
+
+
+class Startable(Protocol):
+    def start(self) -> str: ...
+    def stop(self) -> None: ...
+
+
+def serving(fake: Started) -> Iterator[Started]:
+    """Runs a fake server for a module-scoped fixture: `yield from cc.serving(FakeX())`."""
+    fake.start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+@contextlib.asynccontextmanager
+async def backends(cls: Any, name: str, fake: Fake | None, **defaults: Any) -> AsyncIterator[Make]:
+    """`make(**overrides)` builds and starts backends of `cls` from `defaults | overrides`
+    (short timeout, one retry, api_key as a secret); every one is closed at the end."""
+    if fake is not None:
+        fake.reset()
+    made: list[Backend] = []
+
+    async def build(**overrides: Any) -> Backend:
+        options = {"timeout": 5.0, "max_retries": 1} | defaults | overrides
+        if isinstance(options.get("api_key"), str):
+            options["api_key"] = SecretStr(options["api_key"])
+        backend: Backend = cls(name, cls.Options(**options))
+        await backend.start()
+        made.append(backend)
+        return backend
+
+    try:
+        yield build
+    finally:
+        for backend in made:
+            await backend.aclose()
+
 
 PERSON = {
     "type": "object",

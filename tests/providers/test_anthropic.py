@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 
@@ -23,41 +22,26 @@ from gengate.domain import (
     RegexConstraint,
     StructuredOutput,
 )
-from gengate.providers.anthropic import AnthropicBackend, AnthropicOptions
+from gengate.providers.anthropic import AnthropicBackend
 from pydantic import SecretStr
 
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeAnthropic]:
-    server = FakeAnthropic()
-    server.start()
-    yield server
-    server.stop()
+    yield from cc.serving(FakeAnthropic())
 
 
 @pytest.fixture
 async def make(fake: FakeAnthropic) -> AsyncIterator[cc.Make]:
-    fake.reset()
-    made: list[AnthropicBackend] = []
-
-    async def build(**overrides: Any) -> AnthropicBackend:
-        opts: dict[str, Any] = {
-            "model": "claude-test",
-            "base_url": fake.server.base_url,
-            "api_key": SecretStr(API_KEY),
-            "timeout": 5.0,
-            "max_retries": 1,
-        } | overrides
-        if isinstance(opts["api_key"], str):
-            opts["api_key"] = SecretStr(opts["api_key"])
-        backend = AnthropicBackend("claude", AnthropicOptions(**opts))
-        await backend.start()
-        made.append(backend)
-        return backend
-
-    yield build
-    for backend in made:
-        await backend.aclose()
+    async with cc.backends(
+        AnthropicBackend,
+        "claude",
+        fake,
+        model="claude-test",
+        base_url=fake.server.base_url,
+        api_key=SecretStr(API_KEY),
+    ) as build:
+        yield build
 
 
 async def test_text(make: cc.Make, fake: FakeAnthropic) -> None:

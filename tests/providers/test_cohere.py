@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 
@@ -24,40 +23,20 @@ from gengate.domain import (
     SamplingParams,
     StructuredOutput,
 )
-from gengate.providers.cohere import CohereBackend, CohereOptions
-from pydantic import SecretStr
+from gengate.providers.cohere import CohereBackend
 
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeCohere]:
-    server = FakeCohere()
-    server.start()
-    yield server
-    server.stop()
+    yield from cc.serving(FakeCohere())
 
 
 @pytest.fixture
 async def make(fake: FakeCohere) -> AsyncIterator[cc.Make]:
-    fake.reset()
-    made: list[CohereBackend] = []
-
-    async def build(**overrides: Any) -> CohereBackend:
-        opts: dict[str, Any] = {
-            "model": "command-test",
-            "base_url": fake.server.base_url,
-            "api_key": API_KEY,
-            "timeout": 5.0,
-            "max_retries": 1,
-        } | overrides
-        opts["api_key"] = SecretStr(opts["api_key"])
-        backend = CohereBackend("command", CohereOptions(**opts))
-        await backend.start()
-        made.append(backend)
-        return backend
-
-    yield build
-    for backend in made:
-        await backend.aclose()
+    async with cc.backends(
+        CohereBackend, "command", fake, model="command-test", base_url=fake.server.base_url, api_key=API_KEY
+    ) as build:
+        yield build
 
 
 async def test_text(make: cc.Make, fake: FakeCohere) -> None:

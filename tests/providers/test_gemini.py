@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 
@@ -27,40 +26,20 @@ from gengate.domain import (
     StructuredOutput,
     TextPart,
 )
-from gengate.providers.gemini import GeminiBackend, GeminiOptions
-from pydantic import SecretStr
+from gengate.providers.gemini import GeminiBackend
 
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeGemini]:
-    server = FakeGemini()
-    server.start()
-    yield server
-    server.stop()
+    yield from cc.serving(FakeGemini())
 
 
 @pytest.fixture
 async def make(fake: FakeGemini) -> AsyncIterator[cc.Make]:
-    fake.reset()
-    made: list[GeminiBackend] = []
-
-    async def build(**overrides: Any) -> GeminiBackend:
-        opts: dict[str, Any] = {
-            "model": "gemini-test",
-            "base_url": fake.server.base_url,
-            "api_key": API_KEY,
-            "timeout": 5.0,
-            "max_retries": 1,
-        } | overrides
-        opts["api_key"] = SecretStr(opts["api_key"])
-        backend = GeminiBackend("gemini", GeminiOptions(**opts))
-        await backend.start()
-        made.append(backend)
-        return backend
-
-    yield build
-    for backend in made:
-        await backend.aclose()
+    async with cc.backends(
+        GeminiBackend, "gemini", fake, model="gemini-test", base_url=fake.server.base_url, api_key=API_KEY
+    ) as build:
+        yield build
 
 
 async def test_text(make: cc.Make, fake: FakeGemini) -> None:

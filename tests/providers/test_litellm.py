@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 
@@ -26,41 +25,26 @@ from gengate.domain import (
     RegexConstraint,
     StructuredOutput,
 )
-from gengate.providers.litellm import LiteLLMBackend, LiteLLMOptions
-from pydantic import SecretStr
+from gengate.providers.litellm import LiteLLMBackend
 
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI()
-    server.start()
-    yield server
-    server.stop()
+    yield from cc.serving(FakeOpenAI())
 
 
 @pytest.fixture
 async def make(fake: FakeOpenAI) -> AsyncIterator[cc.Make]:
-    fake.reset()
-    made: list[LiteLLMBackend] = []
-
-    async def build(**overrides: Any) -> LiteLLMBackend:
-        opts: dict[str, Any] = {
-            "model": "openai/fake-gpt",
-            "base_url": fake.server.base_url + "/v1",
-            "api_key": API_KEY,
-            "timeout": 5.0,
-            "max_retries": 1,
-            "response_schema": True,
-        } | overrides
-        opts["api_key"] = SecretStr(opts["api_key"])
-        backend = LiteLLMBackend("lite", LiteLLMOptions(**opts))
-        await backend.start()
-        made.append(backend)
-        return backend
-
-    yield build
-    for backend in made:
-        await backend.aclose()
+    async with cc.backends(
+        LiteLLMBackend,
+        "lite",
+        fake,
+        model="openai/fake-gpt",
+        base_url=fake.server.base_url + "/v1",
+        api_key=API_KEY,
+        response_schema=True,
+    ) as build:
+        yield build
 
 
 async def test_text(make: cc.Make, fake: FakeOpenAI) -> None:

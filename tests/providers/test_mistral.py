@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 
@@ -25,40 +24,20 @@ from gengate.domain import (
     SamplingParams,
     StructuredOutput,
 )
-from gengate.providers.mistral import MistralBackend, MistralOptions
-from pydantic import SecretStr
+from gengate.providers.mistral import MistralBackend
 
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeChatCompletions]:
-    server = FakeChatCompletions()
-    server.start()
-    yield server
-    server.stop()
+    yield from cc.serving(FakeChatCompletions())
 
 
 @pytest.fixture
 async def make(fake: FakeChatCompletions) -> AsyncIterator[cc.Make]:
-    fake.reset()
-    made: list[MistralBackend] = []
-
-    async def build(**overrides: Any) -> MistralBackend:
-        opts: dict[str, Any] = {
-            "model": "mistral-test",
-            "base_url": fake.server.base_url,
-            "api_key": API_KEY,
-            "timeout": 5.0,
-            "max_retries": 1,
-        } | overrides
-        opts["api_key"] = SecretStr(opts["api_key"])
-        backend = MistralBackend("mistral", MistralOptions(**opts))
-        await backend.start()
-        made.append(backend)
-        return backend
-
-    yield build
-    for backend in made:
-        await backend.aclose()
+    async with cc.backends(
+        MistralBackend, "mistral", fake, model="mistral-test", base_url=fake.server.base_url, api_key=API_KEY
+    ) as build:
+        yield build
 
 
 async def test_text(make: cc.Make, fake: FakeChatCompletions) -> None:

@@ -31,39 +31,19 @@ from gengate.domain import (
     TextPart,
 )
 from gengate.providers.tgi import TGIBackend, TGIOptions
-from pydantic import SecretStr
 
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeTGI]:
-    server = FakeTGI()
-    server.start()
-    yield server
-    server.stop()
+    yield from cc.serving(FakeTGI())
 
 
 @pytest.fixture
 async def make(fake: FakeTGI) -> AsyncIterator[cc.Make]:
-    fake.reset()
-    made: list[TGIBackend] = []
-
-    async def build(**overrides: Any) -> TGIBackend:
-        opts: dict[str, Any] = {
-            "model": "tgi-test",
-            "base_url": fake.server.base_url,
-            "api_key": API_KEY,
-            "timeout": 5.0,
-            "max_retries": 1,
-        } | overrides
-        opts["api_key"] = SecretStr(opts["api_key"])
-        backend = TGIBackend("tgi", TGIOptions(**opts))
-        await backend.start()
-        made.append(backend)
-        return backend
-
-    yield build
-    for backend in made:
-        await backend.aclose()
+    async with cc.backends(
+        TGIBackend, "tgi", fake, model="tgi-test", base_url=fake.server.base_url, api_key=API_KEY
+    ) as build:
+        yield build
 
 
 def chat(text: str, **kw: Any) -> GenerationRequest:
