@@ -27,6 +27,7 @@ import codecs
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +37,7 @@ from gengate.constraints.matcher import ConstraintMatcher
 from gengate.domain import FinishReason, SamplingParams, StoppingCriteria, TokenLogprob, TopLogprob
 
 FloatArray = npt.NDArray[np.float32]
+T = TypeVar("T")
 _MASK64 = (1 << 64) - 1
 
 
@@ -358,7 +360,7 @@ class SequenceDecoder:
         return delta
 
 
-class LoopHandoff:
+class LoopHandoff(Generic[T]):
     """Hands items from an engine's model thread to the event loop, waking it as rarely as latency allows.
 
     Waking the loop from another thread costs more than a tiny model's token. So the first item
@@ -370,16 +372,16 @@ class LoopHandoff:
 
     COALESCE_S = 0.001
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_closed: Callable[[object], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_closed: Callable[[T], None]) -> None:
         self._loop = loop
         self._on_closed = on_closed
-        self._items: deque[object] = deque()
+        self._items: deque[T] = deque()
         self._wake_pending = False  # set: the worker does not wake the loop (one is on its way)
         self._last = False
         self._batch_at: float | None = None  # loop time of the previous batch
         self._waiter: asyncio.Future[None] | None = None
 
-    def put(self, item: object, *, last: bool = False) -> None:
+    def put(self, item: T, *, last: bool = False) -> None:
         """Worker thread: queues an item, waking the loop if it waits for one (or if `last`)."""
         self._items.append(item)  # appended before the flag is read: see take()
         if last:
@@ -407,7 +409,7 @@ class LoopHandoff:
             if timer is not None:
                 timer.cancel()
 
-    async def take(self) -> list[object]:
+    async def take(self) -> list[T]:
         """Event loop: waits for items and returns all that are queued (at least one)."""
         if self._batch_at is not None and not self._last:
             delay = self._batch_at + self.COALESCE_S - self._loop.time()

@@ -294,7 +294,7 @@ class LlamaCppBackend:
         from gengate.engines.decoding import LoopHandoff
 
         loop = asyncio.get_running_loop()
-        handoff = LoopHandoff(loop, on_closed=lambda _: job.cancel.set())
+        handoff: LoopHandoff[object] = LoopHandoff(loop, on_closed=lambda _: job.cancel.set())
         job = _Job(
             index=index,
             prompt=prompt,
