@@ -381,9 +381,14 @@ class LoopHandoff(Generic[T]):
         self._batch_at: float | None = None  # loop time of the previous batch
         self._waiter: asyncio.Future[None] | None = None
 
-    def put(self, item: T, *, last: bool = False) -> None:
-        """Worker thread: queues an item, waking the loop if it waits for one (or if `last`)."""
+    def put(self, item: T, *, last: bool = False, more: bool = False) -> None:
+        """Worker thread: queues an item, waking the loop if it waits for one (or if `last`).
+
+        `more`: another put follows at once, so this one never wakes the loop (that one will).
+        """
         self._items.append(item)  # appended before the flag is read: see take()
+        if more:
+            return
         if last:
             self._last = True
         elif self._wake_pending and not self._loop.is_closed():

@@ -15,12 +15,12 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -48,7 +48,12 @@ from gengate.domain import (
     Usage,
 )
 
+if TYPE_CHECKING:
+    from gengate.engines.decoding import LoopHandoff
+
 MAX_N = 16
+# Prompts up to this many characters are tokenized on the event loop (a thread hop costs more).
+INLINE_TOKENIZE_CHARS = 4096
 MAX_TOP_LOGPROBS = 20
 # A VALIDATED (relaxed) constraint's result that fails validation is sampled again this often.
 VALIDATION_RETRIES = 3
@@ -85,7 +90,7 @@ class _Job:
     logprobs: int | None
     compiled: Any  # CompiledConstraint | None
     deadline: float | None
-    emit: Callable[[object], None]
+    handoff: LoopHandoff[object]
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -205,7 +210,10 @@ class LlamaCppBackend:
         arrived = time.monotonic()
         if self._llm is None or self._executor is None:
             raise errors.Unavailable(f"model {self.name!r} is not loaded", reason="MODEL_NOT_LOADED")
-        prompt = await asyncio.to_thread(self._prompt_tokens, request)
+        if _prompt_chars(request) <= INLINE_TOKENIZE_CHARS:
+            prompt = self._prompt_tokens(request)
+        else:
+            prompt = await asyncio.to_thread(self._prompt_tokens, request)
         room = self.options.n_ctx - len(prompt)
         if room < 1:
             field_name = "prompt" if request.prompt is not None else "messages"
@@ -303,10 +311,10 @@ class LlamaCppBackend:
             logprobs=request.logprobs,
             compiled=compiled,
             deadline=request.deadline,
-            emit=lambda item: handoff.put(item, last=isinstance(item, _Done | _Failed)),
+            handoff=handoff,
         )
         assert self._executor is not None
-        future = loop.run_in_executor(self._executor, self._decode, job)
+        self._executor.submit(self._decode, job)  # no asyncio future: its completion would wake the loop
         try:
             while True:
                 items = await handoff.take()
@@ -321,8 +329,6 @@ class LlamaCppBackend:
                         return
         finally:
             job.cancel.set()
-            if future.done() and not future.cancelled():
-                future.exception()  # errors were already delivered as _Failed
 
     # -- worker thread --------------------------------------------------------------------
 
@@ -331,7 +337,9 @@ class LlamaCppBackend:
         try:
             self._decode_unsafe(job)
         except BaseException as exc:
-            job.emit(_Failed(exc if isinstance(exc, errors.GengateError) else _internal(exc)))
+            job.handoff.put(
+                _Failed(exc if isinstance(exc, errors.GengateError) else _internal(exc)), last=True
+            )
 
     def _decode_unsafe(self, job: _Job) -> None:
         import llama_cpp
@@ -355,7 +363,7 @@ class LlamaCppBackend:
             vocab_size=n_vocab,
         )
         if job.cancel.is_set():  # cancelled while queued behind other generations
-            job.emit(_Done("", FinishReason.CANCELLED, None, 0, started, None))
+            job.handoff.put(_Done("", FinishReason.CANCELLED, None, 0, started, None), last=True)
             return
         self._load_prompt(llm, job.prompt)
         first_token_at: float | None = None
@@ -379,14 +387,13 @@ class LlamaCppBackend:
                 pending_logprobs.append(step.logprob)
             finish = step.finished
             if step.text_delta or (finish is not None and pending_tokens):
-                job.emit(
-                    GenerationDelta(
-                        index=job.index,
-                        text=step.text_delta,
-                        token_count=pending_tokens,
-                        logprobs=tuple(pending_logprobs) if job.logprobs is not None else None,
-                    )
+                delta = GenerationDelta(
+                    index=job.index,
+                    text=step.text_delta,
+                    token_count=pending_tokens,
+                    logprobs=tuple(pending_logprobs) if job.logprobs is not None else None,
                 )
+                job.handoff.put(delta, more=finish is not None)  # _Done follows at once
                 pending_tokens, pending_logprobs = 0, []
             if finish is None:
                 assert step.token_id is not None
@@ -395,8 +402,8 @@ class LlamaCppBackend:
             tail = decoder.finalize()
             if tail or pending_tokens:
                 logprobs = tuple(pending_logprobs) if job.logprobs is not None else None
-                job.emit(GenerationDelta(job.index, tail, pending_tokens, logprobs))
-        job.emit(
+                job.handoff.put(GenerationDelta(job.index, tail, pending_tokens, logprobs), more=True)
+        job.handoff.put(
             _Done(
                 text=decoder.text,
                 finish_reason=finish,
@@ -404,7 +411,8 @@ class LlamaCppBackend:
                 output_tokens=len(decoder.output_token_ids),
                 started_at=started,
                 first_token_at=first_token_at,
-            )
+            ),
+            last=True,
         )
 
     def _detokenize(self, tokens: list[int]) -> bytes:
@@ -514,6 +522,12 @@ def _special_text(llm: Any, token: int) -> str:
     if token < 0:
         return ""
     return str(llm.detokenize([token], special=True).decode("utf-8", errors="replace"))
+
+
+def _prompt_chars(request: GenerationRequest) -> int:
+    if request.prompt is not None:
+        return len(request.prompt)
+    return sum(len(m.text) for m in request.messages or ())
 
 
 def _merge(deltas: list[GenerationDelta]) -> GenerationDelta:
