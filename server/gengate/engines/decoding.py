@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -93,14 +94,17 @@ class SequenceDecoder:
         seed = 0 if sampling.seed is None else sampling.seed
         self._rng = np.random.Generator(np.random.PCG64([seed & _MASK64, index]))
 
-        self._seen: set[int] = {t for t in prompt_token_ids if 0 <= t < vocab_size}
+        self._penalized = self._repetition is not None or bool(self._frequency or self._presence)
+        # token history for the penalties, kept only when one is set
+        self._seen: set[int] = set()
+        if self._repetition is not None:
+            self._seen = {t for t in prompt_token_ids if 0 <= t < vocab_size}
         self._seen_ids: npt.NDArray[np.int64] | None = None
         self._counts: dict[int, int] = {}
         if matcher is not None:
             self._bitmask = np.zeros((matcher.vocab_size + 31) // 32, dtype=np.int32)
         # Without penalties or a mask the logits are only read, so step() skips its copy.
-        self._edits_logits = matcher is not None or self._repetition is not None
-        self._edits_logits = self._edits_logits or bool(self._frequency or self._presence)
+        self._edits_logits = matcher is not None or self._penalized
         # Scratch buffers reused every step: allocating vocab-sized arrays per token (page
         # faults at 128k) cost more than the arithmetic. Allocated on first use.
         self._buffers: tuple[FloatArray, FloatArray, npt.NDArray[np.float64]] | None = None
@@ -163,7 +167,8 @@ class SequenceDecoder:
             return self._finish(token, FinishReason.STOP, logprob)
         if matcher is not None:
             matcher.consume(token)
-        self._record(token)
+        if self._penalized:
+            self._record(token)
         self._decode(token)
         stop = self._find_stop()
         if stop is not None:
@@ -254,8 +259,8 @@ class SequenceDecoder:
             best = np.argpartition(cand, -self._top_k)[-self._top_k :]
             ids = best if ids is None else ids[best]
             cand = cand[best]
-        top = cand.max()
-        if not np.isfinite(top):
+        top = float(cand.max())
+        if not math.isfinite(top):
             raise self._nothing_allowed()
         probs = probs_buf[: cand.shape[0]]  # may alias cand (scaled): computed elementwise
         np.subtract(cand, top, out=probs)
