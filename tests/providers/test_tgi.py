@@ -101,7 +101,7 @@ async def test_regex_and_choice_native_grammar(make: cc.Make, fake: FakeTGI) -> 
     assert result.generations[0].text == "AB-12" and result.enforcement == Enforcement.NATIVE
     assert fake.server.requests[0].body["parameters"]["grammar"] == {
         "type": "regex",
-        "value": r"[A-Z]{2}-\d{2}",
+        "value": "[A-Z]{2}-[0-9]{2}",  # sent in the ASCII dialect
     }
     result = await backend.generate(
         cc.prompt(structured_output=StructuredOutput(ChoiceConstraint(("a", "b.c"))))

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gengate import errors
 from gengate.backend import collect_stream
+from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     ChoiceConstraint,
     ConstraintKind,
@@ -138,7 +139,7 @@ def structured_outputs_kwargs(output: StructuredOutput) -> dict[str, Any]:
     if isinstance(constraint, JsonSchemaConstraint):
         kwargs = {"json": constraint.schema}
     elif isinstance(constraint, RegexConstraint):
-        kwargs = {"regex": constraint.pattern}
+        kwargs = {"regex": ascii_shorthands(constraint.pattern)}
     elif isinstance(constraint, ChoiceConstraint):
         kwargs = {"choice": list(constraint.choices)}
     elif isinstance(constraint, GrammarConstraint):

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from gengate import errors
+from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     ChoiceConstraint,
     ConstraintKind,
@@ -366,7 +367,7 @@ class TogetherBackend(OpenAICompatibleBackend):
     def structured_params(self, plan: so.StructuredPlan) -> dict[str, Any]:
         c = plan.structured.constraint
         if isinstance(c, RegexConstraint):
-            return {"response_format": {"type": "regex", "pattern": c.pattern}}
+            return {"response_format": {"type": "regex", "pattern": ascii_shorthands(c.pattern)}}
         return super().structured_params(plan)
 
 
@@ -477,7 +478,7 @@ class SGLangBackend(OpenAICompatibleBackend):
     def structured_params(self, plan: so.StructuredPlan) -> dict[str, Any]:
         c = plan.structured.constraint
         if isinstance(c, RegexConstraint):
-            return {"extra_body": {"regex": c.pattern}}
+            return {"extra_body": {"regex": ascii_shorthands(c.pattern)}}
         if isinstance(c, ChoiceConstraint):
             return {"extra_body": {"regex": "|".join(re.escape(x) for x in c.choices)}}
         if isinstance(c, GrammarConstraint):
@@ -537,7 +538,7 @@ class VLLMServerBackend(OpenAICompatibleBackend):
         if isinstance(c, ChoiceConstraint):
             spec = {"choice": list(c.choices)}
         elif isinstance(c, RegexConstraint):
-            spec = {"regex": c.pattern}
+            spec = {"regex": ascii_shorthands(c.pattern)}
         elif isinstance(c, GrammarConstraint):
             spec = {"grammar": c.definition}
         elif isinstance(c, JsonObjectConstraint):

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gengate import errors
+from gengate.constraints import validate_output
+from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     ChoiceConstraint,
     ConstraintKind,
@@ -111,7 +113,7 @@ def constraint_instructions(structured: StructuredOutput) -> str:
     if isinstance(c, RegexConstraint):
         return (
             "Answer with only text that fully matches this regular expression, nothing before or after "
-            f"it: {c.pattern}"
+            f"it: {ascii_shorthands(c.pattern)}"
         )
     if isinstance(c, ChoiceConstraint):
         return "Answer with exactly one of these options, verbatim, and nothing else: " + json.dumps(
@@ -156,45 +158,7 @@ def clean_output(structured: StructuredOutput, text: str) -> str:
 
 def validate(structured: StructuredOutput, text: str) -> str | None:
     """None when `text` satisfies the constraint, else a short error (for the re-ask prompt)."""
-    try:
-        from gengate.constraints import validate_output  # the server-wide validator
-    except ImportError:
-        return _fallback_validate(structured, text)
-    result: str | None = validate_output(structured, text)
-    return result
-
-
-def _fallback_validate(structured: StructuredOutput, text: str) -> str | None:
-    """Validation used until/unless gengate.constraints.validate_output is importable."""
-    c = structured.constraint
-    if isinstance(c, JsonSchemaConstraint | JsonObjectConstraint):
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            return f"not valid JSON ({exc})"
-        if isinstance(c, JsonObjectConstraint):
-            return None if isinstance(value, dict) else "not a JSON object"
-        import jsonschema
-
-        validator_cls = jsonschema.validators.validator_for(c.schema, default=jsonschema.Draft202012Validator)
-        found = next(iter(validator_cls(c.schema).iter_errors(value)), None)
-        if found is None:
-            return None
-        where = "/".join(str(p) for p in found.absolute_path) or "(root)"
-        return f"at {where}: {found.message}"
-    if isinstance(c, RegexConstraint):
-        return None if re.fullmatch(c.pattern, text, flags=re.DOTALL) else f"does not match /{c.pattern}/"
-    if isinstance(c, ChoiceConstraint):
-        return None if text in c.choices else f"{text[:80]!r} is not one of {list(c.choices)}"
-    if c.syntax == GrammarSyntax.LARK:
-        import lark
-
-        try:
-            lark.Lark(c.definition, start="start").parse(text)
-        except lark.LarkError as exc:
-            return f"does not parse: {str(exc)[:200]}"
-        return None
-    return None  # GBNF/EBNF: no local parser without the constraints package
+    return validate_output(structured, text)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from huggingface_hub import AsyncInferenceClient
 from huggingface_hub.errors import HfHubHTTPError, TextGenerationError
 
 from gengate import errors
+from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     ChoiceConstraint,
     ConstraintKind,
@@ -66,7 +67,7 @@ def tgi_grammar(plan: so.StructuredPlan) -> dict[str, Any]:
     if isinstance(c, ChoiceConstraint):
         return {"type": "regex", "value": "|".join(f"(?:{re.escape(choice)})" for choice in c.choices)}
     if isinstance(c, RegexConstraint):
-        return {"type": "regex", "value": c.pattern}
+        return {"type": "regex", "value": ascii_shorthands(c.pattern)}
     raise errors.Unimplemented(
         f"TGI cannot enforce a {c.kind.value} constraint", reason="CONSTRAINT_UNSUPPORTED"
     )
