@@ -397,7 +397,7 @@ class LlamaCppBackend:
                 pending_tokens, pending_logprobs = 0, []
             if finish is None:
                 assert step.token_id is not None
-                llm.eval([step.token_id])
+                self._eval_next(llm, step.token_id)
         if not decoder.finished:
             tail = decoder.finalize()
             if tail or pending_tokens:
@@ -433,6 +433,16 @@ class LlamaCppBackend:
             array = (ctypes.c_float * n_vocab).from_address(address)
             view = self._logits_views[address] = np.ctypeslib.as_array(array)
         return view
+
+    @staticmethod
+    def _eval_next(llm: Any, token: int) -> None:
+        """llm.eval([token]) for a token appended after the prompt: the same batch, decode and
+        bookkeeping, without its KV-cache trim (nothing lies past the end here) and its loop."""
+        n_past = llm.n_tokens
+        llm._batch.set_batch(batch=[token], n_past=n_past, logits_all=False)
+        llm._ctx.decode(llm._batch)
+        llm.input_ids[n_past] = token
+        llm.n_tokens = n_past + 1
 
     @staticmethod
     def _load_prompt(llm: Any, prompt: Sequence[int]) -> None:
