@@ -52,11 +52,11 @@ if TYPE_CHECKING:
     from gengate.engines.decoding import LoopHandoff
 
 MAX_N = 16
-# Prompts up to this many characters are tokenized on the event loop (a thread hop costs more).
-INLINE_TOKENIZE_CHARS = 4096
 MAX_TOP_LOGPROBS = 20
 # A VALIDATED (relaxed) constraint's result that fails validation is sampled again this often.
 VALIDATION_RETRIES = 3
+# Prompts up to this many characters are tokenized on the event loop (a thread hop costs more).
+INLINE_TOKENIZE_CHARS = 4096
 _MASK64 = (1 << 64) - 1
 _RETRY_SEED_STEP = 0x9E3779B97F4A7C15
 
@@ -200,6 +200,7 @@ class LlamaCppBackend:
         if self._llm is not None:
             self._llm.close()
         self._llm = self._compiler = None
+        self._pieces, self._logits_views = {}, {}
 
     # -- requests -------------------------------------------------------------------------
 
