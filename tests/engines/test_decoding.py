@@ -510,7 +510,7 @@ def test_dead_end_raises_internal() -> None:
 
 async def test_handoff_delivers_every_item_in_order_and_coalesces_fast_ones() -> None:
     loop = asyncio.get_running_loop()
-    handoff = LoopHandoff(loop, on_closed=lambda _: None)
+    handoff: LoopHandoff[object] = LoopHandoff(loop, on_closed=lambda _: None)
     count = 3000
 
     def produce() -> None:
@@ -532,7 +532,7 @@ async def test_handoff_delivers_every_item_in_order_and_coalesces_fast_ones() ->
 
 async def test_handoff_wakes_at_once_for_a_slow_item_and_for_the_last() -> None:
     loop = asyncio.get_running_loop()
-    handoff = LoopHandoff(loop, on_closed=lambda _: None)
+    handoff: LoopHandoff[object] = LoopHandoff(loop, on_closed=lambda _: None)
     handoff.put("a")
     assert await handoff.take() == ["a"]
     await asyncio.sleep(0.01)  # nothing arrives within the 1 ms window...
