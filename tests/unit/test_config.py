@@ -37,7 +37,10 @@ def test_unknown_key_names_file_entry_and_key(tmp_path: Path) -> None:
         ({"models": [{"name": "a", "backend": "scripted"}] * 2}, "duplicate model name"),
         ({"models": [{"name": "a", "backend": "scripted", "max_concurrency": 0}]}, "positive integer"),
         ({"models": [{"name": "a", "backend": "scripted", "latency_s": -1}]}, "latency_s"),
-        ({"models": [{"name": "a", "backend": "scripted"}], "server": {"prot": 1}}, "server: prot: unknown key"),
+        (
+            {"models": [{"name": "a", "backend": "scripted"}], "server": {"prot": 1}},
+            "server: prot: unknown key",
+        ),
         ({"models": [{"name": "a", "backend": "scripted"}], "server": {"port": "x"}}, "server: port"),
         ({"models": [{"name": "a", "backend": "scripted"}], "server": {"tls_cert_file": "c"}}, "go together"),
     ],
