@@ -33,6 +33,8 @@ BACKEND_CLASSES: dict[str, str] = {
     "gemini": "gengate.providers.gemini:GeminiBackend",
     "tgi": "gengate.providers.tgi:TGIBackend",
     "litellm": "gengate.providers.litellm:LiteLLMBackend",
+    "fallback": "gengate.composites.fallback:FallbackBackend",
+    "mixture_of_agents": "gengate.composites.mixture:MixtureOfAgentsBackend",
 }
 
 

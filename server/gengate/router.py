@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from gengate.backend import Backend
 from gengate.config import ModelConfig, ServerConfig
 from gengate.domain import ModelInfo
-from gengate.errors import InvalidArgument, NotFound, ResourceExhausted
+from gengate.errors import ConfigError, InvalidArgument, NotFound, ResourceExhausted
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,8 @@ class Router:
 
     def __init__(self, routes: Sequence[Route]) -> None:
         self._routes = {r.name: r for r in routes}
+        # Composite models (backends with `bind`), each after the composites it is built from.
+        self._composites = self._bind_composites()
 
     @classmethod
     def from_config(cls, config: ServerConfig, factory: BackendFactory = build_backend) -> Router:
@@ -96,6 +98,43 @@ class Router:
             )
         return route
 
+    def _bind_composites(self) -> list[str]:
+        """Hands every composite a lookup of its members (members first); ConfigError naming the
+        composite for a member that is not configured, or for composites that form a cycle."""
+        bound: list[str] = []
+        binding: list[str] = []
+
+        def bind(route: Route) -> None:
+            if route.name in bound:
+                return
+            if route.name in binding:
+                cycle = " -> ".join([*binding[binding.index(route.name) :], route.name])
+                raise ConfigError(f"composite models form a cycle: {cycle}")
+            binding.append(route.name)
+
+            def lookup(name: str) -> Backend:
+                from gengate.composites.members import MemberBackend
+
+                member = self._routes.get(name)
+                if member is None:
+                    known = ", ".join(sorted(self._routes))
+                    raise ConfigError(
+                        f"model {route.name!r} ({route.config.backend}): member {name!r} is not a "
+                        f"configured model (configured: {known})"
+                    )
+                if hasattr(member.backend, "bind"):
+                    bind(member)
+                return MemberBackend(member)
+
+            route.backend.bind(lookup)  # type: ignore[attr-defined]
+            binding.pop()
+            bound.append(route.name)
+
+        for route in self._routes.values():
+            if hasattr(route.backend, "bind"):
+                bind(route)
+        return bound
+
     def models(self) -> list[ModelInfo]:
         return [
             ModelInfo(name=r.name, backend=r.config.backend, capabilities=r.backend.capabilities)
@@ -113,7 +152,10 @@ class Router:
                 "model %s (%s) ready in %.1fs", route.name, route.config.backend, time.monotonic() - began
             )
 
-        await asyncio.gather(*(start(r) for r in self._routes.values()))
+        composites = set(self._composites)
+        await asyncio.gather(*(start(r) for r in self._routes.values() if r.name not in composites))
+        for name in self._composites:  # after their members: their capabilities derive from them
+            await start(self._routes[name])
 
     async def close_all(self) -> None:
         for route in self._routes.values():
