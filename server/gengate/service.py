@@ -11,7 +11,8 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from typing import Any
 
 from gengate.checks import prepare
 from gengate.domain import (
@@ -101,7 +102,9 @@ class GenerationCore:
                             )
                         yield event
                 finally:
-                    await stream.aclose()  # type: ignore[attr-defined]
+                    aclose = getattr(stream, "aclose", None)  # async generators have it
+                    if aclose is not None:
+                        await aclose()
 
     async def batch(self, requests: Sequence[GenerationRequest]) -> AsyncIterator[BatchItem]:
         """Runs every item concurrently (bounded); yields (index, result or error) as each finishes."""
@@ -163,10 +166,12 @@ def _check_structured(structured: StructuredOutput | None, generation: Generatio
     raise Aborted(detail, reason="VALIDATION_FAILED", metadata={"enforcement": enforcement})
 
 
-async def _with_deadline(awaitable: object, request: GenerationRequest) -> GenerationResult:
+async def _with_deadline(
+    awaitable: Coroutine[Any, Any, GenerationResult], request: GenerationRequest
+) -> GenerationResult:
     left = request.time_left()
     try:
-        return await asyncio.wait_for(awaitable, timeout=None if left is None else max(left, 0.0))  # type: ignore[arg-type]
+        return await asyncio.wait_for(awaitable, timeout=None if left is None else max(left, 0.0))
     except TimeoutError as exc:
         raise DeadlineExceeded("the request's deadline passed before the model finished") from exc
 
