@@ -117,7 +117,21 @@ def parse_config(data: Any, *, source: str = "<config>") -> ServerConfig:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"{source}: duplicate model name(s) {duplicates}")
+    _check_members(models, source)
     return ServerConfig(models=models, server=_parse_server(data.get("server") or {}, source), source=source)
+
+
+def _check_members(models: tuple[ModelConfig, ...], source: str) -> None:
+    """Composite models (options with `members()`) may name only configured models."""
+    names = {m.name for m in models}
+    for index, model in enumerate(models):
+        members = getattr(model.options, "members", None)
+        missing = [n for n in members() if n not in names] if callable(members) else []
+        if missing:
+            raise ConfigError(
+                f"{source}: models[{index}] ({model.name}): member(s) {missing} are not configured models "
+                f"(configured: {', '.join(sorted(names))})"
+            )
 
 
 def _parse_server(raw: Any, source: str) -> ServerSettings:

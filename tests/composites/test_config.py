@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from asyncio import Semaphore
 from typing import Any
 
 import pytest
 from composite_members import KIND
 from conftest import CoreFactory
-from gengate.config import parse_config
+from gengate.composites.mixture import MixtureOfAgentsBackend, MixtureOptions
+from gengate.config import ModelConfig, parse_config
 from gengate.domain import ChatMessage, ConstraintKind, Enforcement, GenerationRequest, Role, TextPart
 from gengate.errors import ConfigError
-from gengate.router import Router
+from gengate.router import Route, Router
 
 
 def member(name: str, **options: Any) -> dict[str, Any]:
@@ -22,15 +24,15 @@ def router(*models: dict[str, Any]) -> Router:
 
 
 def test_unknown_member_names_the_composite_and_the_member() -> None:
-    with pytest.raises(
-        ConfigError, match=r"model 'fb' \(fallback\): member 'nope' is not a configured model"
-    ):
-        router(member("a"), {"name": "fb", "backend": "fallback", "models": ["a", "nope"]})
-    with pytest.raises(ConfigError, match=r"model 'moa' \(mixture_of_agents\): member 'judge'"):
-        router(
-            member("a"),
-            {"name": "moa", "backend": "mixture_of_agents", "proposers": ["a"], "aggregator": "judge"},
-        )
+    fb = {"name": "fb", "backend": "fallback", "models": ["a", "nope"]}
+    with pytest.raises(ConfigError, match=r"models\[1\] \(fb\): member\(s\) \['nope'\] are not configured"):
+        parse_config({"models": [member("a"), fb]})
+    # A router built without the config loader checks too.
+    options = MixtureOptions(proposers=["a"], aggregator="judge")
+    backend = MixtureOfAgentsBackend("moa", options)
+    routes = [Route(ModelConfig("moa", "mixture_of_agents", options), backend, Semaphore())]
+    with pytest.raises(ConfigError, match=r"'moa' \(mixture_of_agents\): member 'a' is not a configured"):
+        Router(routes)
 
 
 def test_cycles_and_self_references_are_refused() -> None:

@@ -60,6 +60,10 @@ class FallbackOptions(BaseModel):
             )
         return codes
 
+    def members(self) -> list[str]:
+        """The served models this one calls (checked against the config's names at load)."""
+        return list(self.models)
+
     @model_validator(mode="after")
     def _distinct(self) -> FallbackOptions:
         if len(set(self.models)) != len(self.models):
@@ -79,7 +83,7 @@ class FallbackBackend(CompositeBackend):
         self._on = frozenset(options.on)
 
     def member_names(self) -> list[str]:
-        return list(self.options.models)
+        return self.options.members()
 
     def derive_capabilities(self) -> ModelCapabilities:
         return common_capabilities([self.member(m).capabilities for m in self.options.models])

@@ -75,6 +75,10 @@ class MixtureOptions(BaseModel):
         description="System prompt ahead of the input; {responses} is replaced by the numbered answers.",
     )
 
+    def members(self) -> list[str]:
+        """The served models this one calls (checked against the config's names at load)."""
+        return [*self.proposers, self.aggregator]
+
     @field_validator("aggregator_prompt")
     @classmethod
     def _has_slot(cls, value: str) -> str:
@@ -111,7 +115,7 @@ class MixtureOfAgentsBackend(CompositeBackend):
         self.options = options
 
     def member_names(self) -> list[str]:
-        return [*self.options.proposers, self.options.aggregator]
+        return self.options.members()
 
     def derive_capabilities(self) -> ModelCapabilities:
         aggregator = self.member(self.options.aggregator).capabilities
