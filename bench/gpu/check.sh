@@ -1,51 +1,185 @@
 #!/usr/bin/env bash
-# GPU check of the vLLM engine, run on a machine with an NVIDIA GPU, from the repository root:
+# GPU check, run from the repository root on a machine with an NVIDIA GPU; built for the device
+# tool's nvidia-h200 machine (Python 3.12 with torch and transformers, no network): see
+# bench/gpu/README.md for the exact `run` call.
 #
-#   bash bench/gpu/check.sh            # results also under $OUT (default /tmp/gengate-gpu-out)
+#   bash bench/gpu/check.sh             # the whole check; logs and a summary under $OUT
+#   bash bench/gpu/check.sh --dry-run   # preflight only (wheels, imports); no GPU needed
+#   bash bench/gpu/check.sh --cpu       # every stage with the engine on CPU and an injected
+#                                       # one-GPU list: tests this script, proves nothing on GPU
 #
-# 1. installs vLLM and gengate's server dependencies into a fresh venv, offline, from the wheels
-#    in $VLLM_WHEELS (default bench/gpu/wheels; see bench/gpu/README.md for the download), unless
-#    the python given as $PYTHON already imports vllm;
-# 2. builds a small random Llama (no download) and runs the GPU tests (pytest -m gpu): text,
-#    stream, each constraint kind, n=2, cancel, concurrent batching;
-# 3. compares throughput gengate -> vLLM with vLLM's own OpenAI server (target ratio >= 0.95)
-#    and prints a table.
-set -euo pipefail
-cd "$(dirname "$0")/../.."
+# Stages:
+#  1. preflight: installs the carried wheels (.whl/, from bench/gpu/fetch_wheels.sh) into $SITE
+#     with --no-index --no-deps, runs gengate from the source tree (PYTHONPATH=server:
+#     clients/python:$SITE, no pip install of gengate) and imports everything the check needs;
+#  2. NVML placement + the transformers engine on CUDA through a real worker process
+#     (check_transformers.py): text, stream, each constraint kind, n=2 seeded, batching,
+#     CPU-vs-GPU agreement, 16-concurrent vs sequential throughput ratio, lease release;
+#  3. the in-process GPU pytest of the transformers engine (tests/engines/test_transformers.py -m gpu);
+#  4. vLLM (bench/gpu/test_vllm_gpu.py + throughput.py vs vLLM's own server), only where python
+#     imports vllm or $VLLM_WHEELS holds a vllm wheel; otherwise SKIPPED, saying why.
+# Exits non-zero only when a stage that ran failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit
+MODE=gpu
+case "${1:-}" in
+  --dry-run) MODE=dry ;;
+  --cpu) MODE=cpu ;;
+  "") ;;
+  *) echo "usage: bash bench/gpu/check.sh [--dry-run|--cpu]" >&2; exit 64 ;;
+esac
 OUT="${OUT:-/tmp/gengate-gpu-out}"
-mkdir -p "$OUT"
-WHEELS="${VLLM_WHEELS:-bench/gpu/wheels}"
+SITE="${SITE:-/tmp/site}"
 PYTHON="${PYTHON:-python3}"
-export PYTHONUNBUFFERED=1
-export GENGATE_PLACEMENT_FILE="${GENGATE_PLACEMENT_FILE:-$OUT/placement.json}"
+WORK="${WORK:-/tmp/gengate-gpu}"
+mkdir -p "$OUT" "$WORK"
+export PYTHONUNBUFFERED=1 GENGATE_CACHE="$WORK/cache"
+[[ $MODE == gpu ]] || export GENGATE_PLACEMENT_FILE="${GENGATE_PLACEMENT_FILE:-$WORK/placement.json}"
+SRC_PATH="$PWD/server:$PWD/clients/python"
+# At most 8 files come back from $OUT: preflight.log transformers.log transformers.json
+# pytest-transformers-gpu.log vllm-tests.log vllm-throughput.log vllm-throughput.json summary.txt
+ROWS=()
+FAILED=0
+row() { # stage status detail
+  ROWS+=("$(printf '%-34s %-8s %s' "$1" "$2" "$3")")
+  [[ $2 == FAIL ]] && FAILED=1
+  return 0
+}
+summary() {
+  {
+    echo
+    printf '%-34s %-8s %s\n' "stage (mode: $MODE)" status detail
+    printf '%s\n' "${ROWS[@]}"
+    echo "logs: $OUT"
+  } | tee "$OUT/summary.txt"
+}
 
-nvidia-smi -L || { echo "check.sh: no NVIDIA GPU here" >&2; exit 2; }
-
-if ! "$PYTHON" -c "import vllm" 2>/dev/null; then
-  if ! ls "$WHEELS"/vllm-*.whl >/dev/null 2>&1; then
-    echo "check.sh: vLLM is not installed and $WHEELS holds no vllm wheel (see bench/gpu/README.md)" >&2
-    exit 3
+# --- 1. preflight ----------------------------------------------------------------------------
+echo "== $(date -u +%FT%TZ) mode $MODE, python: $(command -v "$PYTHON") ($("$PYTHON" --version 2>&1))" \
+  | tee "$OUT/preflight.log"
+# WHEELS_DIR= (empty) skips the carried wheels: for a python that already has gengate's deps.
+WHEELS_DIR="${WHEELS_DIR-.whl}"
+if [[ -n $WHEELS_DIR ]] && compgen -G "$WHEELS_DIR/*.whl" >/dev/null; then
+  wheels=("$WHEELS_DIR"/*.whl)
+  echo "installing ${#wheels[@]} carried wheels from $WHEELS_DIR into $SITE" | tee -a "$OUT/preflight.log"
+  if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "${wheels[@]}" >>"$OUT/preflight.log" 2>&1; then
+    tail -5 "$OUT/preflight.log"
+    row "preflight (wheels, imports)" FAIL "pip could not install $WHEELS_DIR, see preflight.log"
+    summary
+    exit 1
   fi
-  "$PYTHON" -m venv /tmp/gengate-vllm-venv
-  PYTHON=/tmp/gengate-vllm-venv/bin/python
-  "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" \
-    -r bench/gpu/requirements-vllm.txt -r bench/gpu/requirements-server.txt -r bench/gpu/requirements-check.txt
+else
+  echo "no carried wheels: using the python's own packages (see bench/gpu/fetch_wheels.sh)" \
+    | tee -a "$OUT/preflight.log"
 fi
-"$PYTHON" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+export PYTHONPATH="$SRC_PATH:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
-# gengate itself runs from the source tree (the worker processes inherit this path).
-export PYTHONPATH="$PWD/server:$PWD/clients/python${PYTHONPATH:+:$PYTHONPATH}"
-MODEL="$("$PYTHON" bench/gpu/make_model.py /tmp/gengate-small-llama)"
-export GENGATE_VLLM_MODEL="$MODEL"
-echo "model: $MODEL"
+IMPORTS=(gengate.workers.main gengate.workers.factory gengate.engines.transformers gengate.models.tiny
+  gengate.api.server gengate.telemetry gengate.cli gengate_client gengate_client.aio llguidance pydantic
+  jsonschema lark gguf grpc grpc_health.v1.health grpc_reflection.v1alpha.reflection grpc_status.rpc_status
+  google.rpc.status_pb2 opentelemetry.sdk.trace opentelemetry.instrumentation.grpc pynvml portalocker
+  yaml numpy tokenizers safetensors pytest pytest_asyncio pytest_timeout torch transformers)
+if "$PYTHON" - "$MODE" "${IMPORTS[@]}" <<'PY' 2>&1 | tee -a "$OUT/preflight.log"; then
+import importlib, sys
+mode, names = sys.argv[1], sys.argv[2:]
+gpu_stack = {"torch", "transformers"}
+failed, missing_gpu_stack = [], []
+for name in names:
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:
+        (missing_gpu_stack if name in gpu_stack and mode == "dry" else failed).append(f"{name}: {exc!r}")
+        continue
+    top = name.split(".")[0]
+    if name == top:
+        print(f"  {name:<16} {getattr(module, '__version__', '')}  {getattr(module, '__file__', '')}")
+for line in missing_gpu_stack:
+    print(f"  (dry run: not in this python, present on the GPU image) {line}")
+for line in failed:
+    print(f"IMPORT FAILED {line}")
+if not failed:
+    import gengate, gengate_client
+    print(f"imports OK; gengate from {gengate.__file__}, client from {gengate_client.__file__}")
+sys.exit(1 if failed else 0)
+PY
+  row "preflight (wheels, imports)" PASS "${#IMPORTS[@]} modules imported"
+else
+  row "preflight (wheels, imports)" FAIL "see preflight.log"
+  summary
+  exit 1
+fi
+if [[ $MODE == dry ]]; then
+  "$PYTHON" bench/gpu/check_transformers.py --help >/dev/null && row "check_transformers.py loads" PASS "--help"
+  summary
+  exit "$FAILED"
+fi
 
-status=0
-"$PYTHON" -m pytest -m gpu bench/gpu/test_vllm_gpu.py -q -p no:cacheprovider -o addopts="" \
-  2>&1 | tee "$OUT/gpu-tests.log" || status=$?
+if [[ $MODE == gpu ]]; then
+  if ! nvidia-smi -L 2>&1 | tee -a "$OUT/preflight.log"; then
+    row "nvidia-smi" FAIL "no NVIDIA GPU or driver here"
+    summary
+    exit 2
+  fi
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv 2>&1 | tee -a "$OUT/preflight.log"
+fi
 
-"$PYTHON" bench/gpu/throughput.py --model "$MODEL" --requests "${REQUESTS:-512}" \
-  --concurrency "${CONCURRENCY:-64}" --max-tokens "${MAX_TOKENS:-128}" --json "$OUT/throughput.json" \
-  2>&1 | tee "$OUT/throughput.log" || status=$?
+# --- 2. NVML placement + transformers engine in a worker on CUDA ------------------------------
+CPU_FLAG=()
+[[ $MODE == cpu ]] && CPU_FLAG=(--cpu)
+timeout 420 "$PYTHON" bench/gpu/check_transformers.py "${CPU_FLAG[@]}" --json "$OUT/transformers.json" \
+  --model-dir "$WORK/tiny" 2>&1 | tee "$OUT/transformers.log"
+rc=$?
+counts="$("$PYTHON" -c "import json,collections,sys; r=json.load(open(sys.argv[1]))['results']; \
+n=json.load(open(sys.argv[1]))['numbers']; c=collections.Counter(x['status'] for x in r); \
+print(', '.join(f'{v} {k}' for k,v in sorted(c.items())) + (f\"; batch ratio {n['batch_ratio']:.2f}\" if 'batch_ratio' in n else ''))" \
+  "$OUT/transformers.json" 2>/dev/null || echo "no results (exit $rc)")"
+row "placement + transformers worker" "$([[ $rc -eq 0 ]] && echo PASS || echo FAIL)" "$counts"
 
-echo "check.sh: done (status $status); logs in $OUT"
-exit "$status"
+# --- 3. in-process GPU pytest of the transformers engine -------------------------------------
+timeout 300 "$PYTHON" -m pytest tests/engines/test_transformers.py -m gpu -o addopts="" -q \
+  -p no:cacheprovider 2>&1 | tee "$OUT/pytest-transformers-gpu.log"
+rc=$?
+last="$(tail -1 "$OUT/pytest-transformers-gpu.log" | tr -d '=' | sed 's/^ *//')"
+if [[ $rc -eq 0 ]] && grep -q "passed" <<<"$last"; then row "pytest -m gpu (transformers)" PASS "$last"
+elif [[ $rc -eq 0 ]]; then row "pytest -m gpu (transformers)" SKIP "$last"
+else row "pytest -m gpu (transformers)" FAIL "$last"; fi
+
+# --- 4. vLLM ---------------------------------------------------------------------------------
+WHEELS="${VLLM_WHEELS:-}"
+VLLM_PY=""
+if "$PYTHON" -c "import vllm" >/dev/null 2>&1; then
+  VLLM_PY="$PYTHON"
+elif [[ -n $WHEELS ]] && compgen -G "$WHEELS/vllm-*.whl" >/dev/null; then
+  "$PYTHON" -m venv "$WORK/vllm-venv" && VLLM_PY="$WORK/vllm-venv/bin/python"
+  "$VLLM_PY" -m pip install -q --no-index --find-links "$WHEELS" -r bench/gpu/requirements-vllm.txt \
+    -r bench/gpu/requirements-server.txt -r bench/gpu/requirements-check.txt 2>&1 | tee "$OUT/vllm-tests.log" \
+    || { row "vLLM install" FAIL "from $WHEELS, see vllm-tests.log"; VLLM_PY=""; }
+fi
+if [[ $MODE == cpu ]]; then
+  row "vLLM" SKIP "--cpu mode"
+elif [[ -z $VLLM_PY ]]; then
+  msg="vLLM: SKIPPED — not installable through the device tool (no network, 64 MiB carry); run in bench/gpu/Dockerfile.vllm"
+  echo "$msg"
+  row "vLLM tests + throughput" SKIP "${msg#vLLM: SKIPPED — }"
+else
+  # vLLM brings its own pins: gengate runs from source on top of them, without the carried wheels
+  # unless the vLLM python lacks one of gengate's dependencies.
+  VLLM_PATH="$SRC_PATH"
+  PYTHONPATH="$VLLM_PATH" "$VLLM_PY" -c "import gengate.engines.vllm, gengate.workers.main, gengate_client.aio" \
+    2>/dev/null || VLLM_PATH="$SRC_PATH:$SITE"
+  MODEL="$(PYTHONPATH="$VLLM_PATH" "$VLLM_PY" bench/gpu/make_model.py "$WORK/small-llama")"
+  PYTHONPATH="$VLLM_PATH" GENGATE_VLLM_MODEL="$MODEL" timeout 900 "$VLLM_PY" -m pytest -m gpu \
+    bench/gpu/test_vllm_gpu.py -q -p no:cacheprovider -o addopts="" 2>&1 | tee -a "$OUT/vllm-tests.log"
+  rc=$?
+  row "vLLM tests" "$([[ $rc -eq 0 ]] && echo PASS || echo FAIL)" "$(tail -1 "$OUT/vllm-tests.log" | tr -d '=')"
+  PYTHONPATH="$VLLM_PATH" timeout 1200 "$VLLM_PY" bench/gpu/throughput.py --model "$MODEL" \
+    --requests "${REQUESTS:-512}" --concurrency "${CONCURRENCY:-64}" --max-tokens "${MAX_TOKENS:-128}" \
+    --json "$OUT/vllm-throughput.json" 2>&1 | tee "$OUT/vllm-throughput.log"
+  rc=$?
+  ratio="$(grep '^ratio' "$OUT/vllm-throughput.log" || echo "no ratio (exit $rc)")"
+  row "vLLM throughput vs its server" "$([[ $rc -eq 0 && $ratio == *PASS* ]] && echo PASS || echo FAIL)" "$ratio"
+fi
+
+summary
+exit "$FAILED"
