@@ -251,3 +251,25 @@ async def test_health_and_reflection(scripted_server: object) -> None:
         )
         names = [s.name async for r in replies for s in r.list_services_response.service]
         assert "gengate.v1.GenerationService" in names
+
+
+async def test_bad_input_never_disturbs_calls_in_flight(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
+    slow = stub.GenerateStream(g.GenerateStreamRequest(request=g.GenerateRequest(model="slow", prompt="x")))
+    first = await slow.read()
+    assert first.WhichOneof("frame") == "start"
+    bad = [
+        g.GenerateRequest(model="echo"),
+        g.GenerateRequest(model="nope", prompt="x"),
+        g.GenerateRequest(model="echo", prompt="x", n=999),
+        g.GenerateRequest(model="echo", prompt="x", structured_output=t.StructuredOutput()),
+    ]
+    outcomes = await asyncio.gather(*(stub.Generate(r) for r in bad), return_exceptions=True)
+    assert all(isinstance(o, grpc.aio.AioRpcError) for o in outcomes)
+    frames = []
+    while (frame := await slow.read()) != grpc.aio.EOF:
+        frames.append(frame)
+    text = "".join(f.delta.text for f in frames if f.WhichOneof("frame") == "delta")
+    assert text == "a b c d e f g h"
+    assert frames[-1].end.finish_reason == t.FINISH_REASON_STOP

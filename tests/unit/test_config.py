@@ -59,3 +59,12 @@ def test_default_serves_tiny_on_llamacpp() -> None:
     config = default_config(env={})
     assert config.models[0].name == "tiny"
     assert config.models[0].backend == "llamacpp"
+
+
+def test_default_adds_a_model_per_provider_key_in_the_environment() -> None:
+    secret = "sk-test-abcdefghijklmnop"
+    config = default_config(env={"OPENAI_API_KEY": secret, "ANTHROPIC_API_KEY": "sk-ant-test-123456"})
+    by_name = {m.name: m for m in config.models}
+    assert by_name["openai"].backend == "openai" and by_name["anthropic"].backend == "anthropic"
+    assert "tiny" in by_name
+    assert secret not in repr(config)  # the entry names the variable, never the key
