@@ -35,9 +35,13 @@ class Route:
         return self.config.name
 
     @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[float]:
-        """Holds one concurrency slot; yields the seconds spent queueing for it."""
-        if self.waiting >= self.config.max_queue:
+    async def slot(self, *, bounded: bool = True) -> AsyncIterator[float]:
+        """Holds one concurrency slot; yields the seconds spent queueing for it.
+
+        `bounded=False` waits even when the queue is full: for callers that bound their own
+        demand (a batch holds at most max_concurrency items of a model in flight).
+        """
+        if bounded and self.waiting >= self.config.max_queue:
             raise ResourceExhausted(
                 f"model {self.name!r} has {self.waiting} requests queued (max_queue {self.config.max_queue})",
                 reason="QUEUE_FULL",
@@ -134,6 +138,11 @@ class Router:
             if hasattr(route.backend, "bind"):
                 bind(route)
         return bound
+
+    def concurrency_of(self, model: str) -> int | None:
+        """The model's max_concurrency, or None for a name that is not served."""
+        route = self._routes.get(model)
+        return None if route is None else route.config.max_concurrency
 
     def models(self) -> list[ModelInfo]:
         return [

@@ -54,11 +54,11 @@ class GenerationCore:
             request = dataclasses.replace(request, request_id=uuid.uuid4().hex)
         return route, request
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
+    async def generate(self, request: GenerationRequest, *, queue_bounded: bool = True) -> GenerationResult:
         arrived = time.monotonic()
         route, request = self._prepare(request)
         with backend_span(route, request) as span:
-            async with route.slot() as queued_s:
+            async with route.slot(bounded=queue_bounded) as queued_s:
                 result = await _with_deadline(route.backend.generate(request), request)
             span.record_result(result)
         for generation in result.generations:
@@ -115,12 +115,21 @@ class GenerationCore:
         if not requests:
             raise InvalidArgument.field("requests", "must contain at least one request")
         gate = asyncio.Semaphore(self.batch_parallelism)
+        # Per model, a batch keeps at most max_concurrency items in flight and lets them wait for a
+        # slot past max_queue: a large batch is one caller, and its items queue instead of failing.
+        per_model: dict[str, asyncio.Semaphore] = {}
+        for request in requests:
+            if request.model not in per_model:
+                limit = self.router.concurrency_of(request.model)
+                per_model[request.model] = asyncio.Semaphore(limit or self.batch_parallelism)
         done: asyncio.Queue[BatchItem] = asyncio.Queue()
 
         async def run(index: int, request: GenerationRequest) -> None:
-            async with gate:
+            async with gate, per_model[request.model]:
                 try:
-                    outcome: GenerationResult | GengateError = await self.generate(request)
+                    outcome: GenerationResult | GengateError = await self.generate(
+                        request, queue_bounded=False
+                    )
                 except GengateError as exc:
                     outcome = exc
                 except Exception as exc:  # one broken item never fails the batch

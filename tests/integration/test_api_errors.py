@@ -273,3 +273,13 @@ async def test_bad_input_never_disturbs_calls_in_flight(
     text = "".join(f.delta.text for f in frames if f.WhichOneof("frame") == "delta")
     assert text == "a b c d e f g h"
     assert frames[-1].end.finish_reason == t.FINISH_REASON_STOP
+
+
+async def test_a_batch_larger_than_the_queue_waits_instead_of_failing(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
+    # narrow: max_concurrency 1, max_queue 1. Six items of one batch are one caller's demand.
+    requests = [g.GenerateRequest(model="narrow", prompt=str(i)) for i in range(6)]
+    items = [item async for item in stub.BatchGenerate(g.BatchGenerateRequest(requests=requests))]
+    assert sorted(i.index for i in items) == list(range(6))
+    assert all(i.WhichOneof("result") == "response" for i in items), [i.error.message for i in items]
