@@ -300,3 +300,33 @@ def test_trace_context_is_propagated(fake: RunningFake) -> None:
         trace_id = format(span.get_span_context().trace_id, "032x")
     assert trace_id in fake.servicer.metadata[-1]["traceparent"]
     assert trace.get_current_span().get_span_context().is_valid is False
+
+
+def test_batch_progress_counts_done_and_failed(fake: RunningFake, capsys: pytest.CaptureFixture[str]) -> None:
+    with Client(fake.address) as client:
+        items = client.batch_generate(
+            [
+                {"model": "tiny", "prompt": "a"},
+                {"model": "nope", "prompt": "b"},
+                {"model": "tiny", "prompt": "c"},
+            ],
+            progress=True,
+        )
+    assert [i.ok for i in items] == [True, False, True]
+    err = capsys.readouterr().err
+    assert "3/3" in err and "failed=1" in err.replace(" ", "")
+
+
+def test_batch_progress_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import sys
+
+    from gengate_client._progress import BatchProgress
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if tqdm were not installed
+    out = io.StringIO()
+    bar = BatchProgress(2, enabled=True, stream=out)
+    bar.update(type("Item", (), {"ok": False})())  # type: ignore[arg-type]
+    bar.update(type("Item", (), {"ok": True})())  # type: ignore[arg-type]
+    bar.close()
+    assert out.getvalue().rstrip().endswith("batch: 2/2 done, 1 failed")

@@ -9,6 +9,7 @@ import grpc
 
 from gengate_client import _convert as convert
 from gengate_client._convert import BaseOptions, CallSettings, GenerateOptions, MetadataLike
+from gengate_client._progress import BatchProgress
 from gengate_client._proto.gengate.v1 import generation_pb2, generation_pb2_grpc
 from gengate_client.errors import error_from_rpc
 from gengate_client.types import ItemResult, ModelInfo, Request, Response, StreamFrame
@@ -114,9 +115,20 @@ class Client:
         *,
         timeout: float | None = None,
         metadata: MetadataLike | None = None,
+        progress: bool = False,
     ) -> list[ItemResult]:
-        """Every item's outcome, ordered by index; one failed item never fails the others."""
-        items = self.batch_generate_iter(requests, timeout=timeout, metadata=metadata)
+        """Every item's outcome, ordered by index; one failed item never fails the others.
+
+        `progress=True` shows a progress bar on stderr (tqdm if installed).
+        """
+        bar = BatchProgress(len(requests), enabled=progress)
+        items: list[ItemResult] = []
+        try:
+            for item in self.batch_generate_iter(requests, timeout=timeout, metadata=metadata):
+                items.append(item)
+                bar.update(item)
+        finally:
+            bar.close()
         return sorted(items, key=lambda item: item.index)
 
     def list_models(
