@@ -153,6 +153,13 @@ def configure_tracing(env: Mapping[str, str] | None = None) -> TracerProvider | 
         return provider
 
 
+def tracing_enabled() -> bool:
+    """True once a tracer provider is installed (by configure_tracing, the application, or
+    OTEL_PYTHON_TRACER_PROVIDER); until then every span would be a no-op."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
 def trace_content() -> bool:
     return os.environ.get("GENGATE_TRACE_CONTENT", "") == "1"
 

@@ -19,7 +19,7 @@ from gengate.config import ServerConfig, ServerSettings
 from gengate.errors import ConfigError
 from gengate.router import Router
 from gengate.service import GenerationCore
-from gengate.telemetry import configure_tracing
+from gengate.telemetry import configure_tracing, tracing_enabled
 
 log = logging.getLogger("gengate")
 
@@ -56,14 +56,19 @@ class RunningServer:
 
 
 def _interceptors(settings: ServerSettings) -> list[grpc.aio.ServerInterceptor]:
-    """Tracing first (so refused calls are traced too), then caller authentication."""
+    """Tracing first (so refused calls are traced too), then caller authentication.
+
+    The tracing interceptor is installed only when a tracer provider is (configure_tracing runs
+    first): with none, its spans are no-ops that cost ~0.1 ms per call.
+    """
     chain: list[grpc.aio.ServerInterceptor] = []
-    try:
-        from opentelemetry.instrumentation.grpc import aio_server_interceptor
-    except ImportError:  # tracing is optional at run time
-        pass
-    else:
-        chain.append(aio_server_interceptor())  # type: ignore[no-untyped-call]
+    if tracing_enabled():
+        try:
+            from opentelemetry.instrumentation.grpc import aio_server_interceptor
+        except ImportError:  # tracing is optional at run time
+            pass
+        else:
+            chain.append(aio_server_interceptor())  # type: ignore[no-untyped-call]
     if settings.auth_tokens_env:
         chain.append(BearerTokenInterceptor(tokens_from_env(settings.auth_tokens_env)))
     return chain
