@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import ClassVar
 
 import grpc
 import pytest
@@ -59,10 +58,9 @@ class SlowAbortBackend:
     """Streams slowly; when cancelled it takes a moment to abort, as WorkerBackend does while it
     waits for the worker to acknowledge the Abort (ABORT_ACK_TIMEOUT_S)."""
 
-    kind: ClassVar[str] = "slow-abort"
-
     def __init__(self) -> None:
         self.name = "slow"
+        self.kind = "slow-abort"
         self.capabilities = ModelCapabilities()
         self.abort_started = False
         self.abort_over = False  # its generator has left its `finally` (done, or cut short by cancel)
