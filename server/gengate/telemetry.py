@@ -173,6 +173,8 @@ class BackendSpan:
         self._output_tokens = 0
 
     def record_result(self, result: GenerationResult) -> None:
+        if not self.span.is_recording():
+            return
         self.span.set_attribute("gen_ai.usage.input_tokens", result.usage.input_tokens)
         self.span.set_attribute("gen_ai.usage.output_tokens", result.usage.output_tokens)
         self.span.set_attribute(
@@ -184,6 +186,8 @@ class BackendSpan:
             self.span.set_attribute("gen_ai.output.messages", [g.text for g in result.generations])
 
     def record_end(self, end: GenerationEnd) -> None:
+        if not self.span.is_recording():
+            return
         self._finish_reasons.append(end.finish_reason.value)
         self._output_tokens += end.usage.output_tokens
         self.span.set_attribute("gen_ai.usage.input_tokens", end.usage.input_tokens)
@@ -191,9 +195,19 @@ class BackendSpan:
         self.span.set_attribute("gen_ai.response.finish_reasons", self._finish_reasons)
 
 
+_NO_SPAN = BackendSpan(trace.INVALID_SPAN)
+
+
 @contextlib.contextmanager
 def backend_span(route: Route, request: GenerationRequest) -> Iterator[BackendSpan]:
-    """A CLIENT-kind span around one backend call, child of the current RPC span."""
+    """A CLIENT-kind span around one backend call, child of the current RPC span.
+
+    With no tracer provider installed every span is a no-op: skip building one (and its
+    attributes) altogether, which is most of this function's cost per request.
+    """
+    if not tracing_enabled():
+        yield _NO_SPAN
+        return
     operation = "chat" if request.messages is not None else "text_completion"
     attributes: dict[str, str | int | float] = {
         "gen_ai.operation.name": operation,
