@@ -476,8 +476,12 @@ class WorkerBackend:
         try:
             if left is None:
                 message = await call.inbox.get()
+            elif left <= 0:
+                raise TimeoutError
             else:
-                message = await asyncio.wait_for(call.inbox.get(), max(left, 0.0))
+                # asyncio.timeout, not wait_for: no task and no extra loop turns per message.
+                async with asyncio.timeout(left):
+                    message = await call.inbox.get()
         except TimeoutError:
             raise errors.DeadlineExceeded(
                 f"model {self.name!r} did not answer within the request's deadline", reason="DEADLINE"
