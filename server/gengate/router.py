@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gengate.backend import Backend
@@ -34,32 +33,49 @@ class Route:
     def name(self) -> str:
         return self.config.name
 
-    @contextlib.asynccontextmanager
-    async def slot(self, *, bounded: bool = True) -> AsyncIterator[float]:
-        """Holds one concurrency slot; yields the seconds spent queueing for it.
+    def slot(self, *, bounded: bool = True) -> RouteSlot:
+        """Holds one concurrency slot (`async with route.slot() as queued_s`); yields the seconds
+        spent queueing for it.
 
         `bounded=False` waits even when the queue is full: for callers that bound their own
         demand (a batch holds at most max_concurrency items of a model in flight).
         """
-        if bounded and self.waiting >= self.config.max_queue:
+        return RouteSlot(self, bounded)
+
+
+class RouteSlot:
+    """The async context manager behind Route.slot (a class: cheaper per request than
+    contextlib.asynccontextmanager's generator)."""
+
+    __slots__ = ("_bounded", "_route")
+
+    def __init__(self, route: Route, bounded: bool) -> None:
+        self._route = route
+        self._bounded = bounded
+
+    async def __aenter__(self) -> float:
+        route = self._route
+        max_queue = route.config.max_queue
+        if self._bounded and route.waiting >= max_queue:
             raise ResourceExhausted(
-                f"model {self.name!r} has {self.waiting} requests queued (max_queue {self.config.max_queue})",
+                f"model {route.name!r} has {route.waiting} requests queued (max_queue {max_queue})",
                 reason="QUEUE_FULL",
                 retry_after_s=1.0,
             )
         queued_at = time.monotonic()
-        self.waiting += 1
+        route.waiting += 1
         try:
-            await self.slots.acquire()
+            await route.slots.acquire()
         finally:
-            self.waiting -= 1
-        self.in_flight += 1
-        try:
-            yield time.monotonic() - queued_at
-        finally:
-            self.in_flight -= 1
-            self.served += 1
-            self.slots.release()
+            route.waiting -= 1
+        route.in_flight += 1
+        return time.monotonic() - queued_at
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        route = self._route
+        route.in_flight -= 1
+        route.served += 1
+        route.slots.release()
 
 
 BackendFactory = Callable[[ModelConfig], Backend]
