@@ -10,6 +10,7 @@ import dataclasses
 import math
 import re
 import secrets
+from typing import Any
 
 import jsonschema
 
@@ -41,8 +42,13 @@ _SAMPLING_RANGES: tuple[tuple[str, float, float, bool], ...] = (
 )
 
 
-def prepare(request: GenerationRequest, caps: ModelCapabilities) -> GenerationRequest:
-    """Returns the request with defaults filled, or raises with every bad field listed."""
+def prepare(
+    request: GenerationRequest, caps: ModelCapabilities, *, request_id: str | None = None
+) -> GenerationRequest:
+    """Returns the request with defaults filled, or raises with every bad field listed.
+
+    `request_id` is set when the request has none (one copy of the request instead of two).
+    """
     violations: list[FieldViolation] = []
     violations += _input_violations(request, caps)
     violations += _sampling_violations(request.sampling)
@@ -73,16 +79,19 @@ def prepare(request: GenerationRequest, caps: ModelCapabilities) -> GenerationRe
             violations=violations,
         )
     _check_structured_output(request, caps)
+    changes: dict[str, Any] = {}
     sampling = request.sampling
     if sampling.seed is None and caps.seed:
-        sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
+        changes["sampling"] = dataclasses.replace(sampling, seed=secrets.randbits(63))
     stopping = request.stopping
     if stopping.max_tokens is None:
         limit = (
             DEFAULT_MAX_TOKENS if caps.context_length == 0 else min(DEFAULT_MAX_TOKENS, caps.context_length)
         )
-        stopping = dataclasses.replace(stopping, max_tokens=limit)
-    return dataclasses.replace(request, sampling=sampling, stopping=stopping)
+        changes["stopping"] = dataclasses.replace(stopping, max_tokens=limit)
+    if request_id is not None and not request.request_id:
+        changes["request_id"] = request_id
+    return dataclasses.replace(request, **changes) if changes else request
 
 
 def _input_violations(request: GenerationRequest, caps: ModelCapabilities) -> list[FieldViolation]:

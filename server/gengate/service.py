@@ -49,10 +49,8 @@ class GenerationCore:
 
     def _prepare(self, request: GenerationRequest) -> tuple[Route, GenerationRequest]:
         route = self.router.route(request.model)
-        request = prepare(request, route.backend.capabilities)
-        if not request.request_id:
-            request = dataclasses.replace(request, request_id=uuid.uuid4().hex)
-        return route, request
+        request_id = None if request.request_id else uuid.uuid4().hex
+        return route, prepare(request, route.backend.capabilities, request_id=request_id)
 
     async def generate(self, request: GenerationRequest, *, queue_bounded: bool = True) -> GenerationResult:
         arrived = time.monotonic()
