@@ -47,6 +47,7 @@ def _install_tracer_provider() -> None:
         "opentelemetry-python-contrib#3066). Health.Check is fine; Watch works with tracing off."
     ),
 )
+@pytest.mark.filterwarnings("ignore:coroutine 'HealthServicer.Watch' was never awaited:RuntimeWarning")
 async def test_health_watch_streams_the_model_status_with_tracing_on() -> None:
     _install_tracer_provider()
     config = parse_config({"models": [{"name": "echo", "backend": "scripted"}]})
