@@ -23,6 +23,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 import psutil
@@ -249,6 +250,48 @@ async def _health(address: str) -> dict[str, str]:
         return states
 
 
+@dataclass
+class Measured:
+    """What the run measured besides the outcomes: memory (MB), CPU seconds, the kill's report."""
+
+    kill_lines: list[str]
+    rss_start: float
+    rss_end: float
+    hf_rss_start: float
+    hf_rss_end: float
+    cpu: list[dict[str, float]]  # at the start and end of the first third, and of the last third
+
+
+async def _run(
+    soak: Soak,
+    server: RunningServer,
+    workers: dict[str, WorkerBackend],
+    t0: float,
+    stop_at: float,
+    callers: list[asyncio.Task[None]],
+    sampler: asyncio.Task[None],
+) -> Measured:
+    """Warm-up, then the measured run with the kill halfway; CPU read at each third's bounds."""
+    await asyncio.sleep(max(0.0, t0 - time.monotonic()))
+    rss_start = _rss_mb()
+    hf_rss_start = _rss_mb(workers[TINY_HF].pid)
+    cpu = [_cpu_seconds(workers)]
+    await asyncio.sleep(SOAK_SECONDS / 3)
+    cpu.append(_cpu_seconds(workers))
+    await asyncio.sleep(SOAK_SECONDS / 2 - SOAK_SECONDS / 3)
+    kill_lines = await _kill_worker_mid_load(soak, server)
+    await asyncio.sleep(max(0.0, stop_at - SOAK_SECONDS / 3 - time.monotonic()))
+    cpu.append(_cpu_seconds(workers))
+    await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
+    cpu.append(_cpu_seconds(workers))
+    await asyncio.gather(*callers)
+    await sampler
+    gc.collect()
+    rss_end = _rss_mb()
+    hf_rss_end = _rss_mb(workers[TINY_HF].pid)
+    return Measured(kill_lines, rss_start, rss_end, hf_rss_start, hf_rss_end, cpu)
+
+
 async def test_mixed_load_stays_healthy(
     soak_server: RunningServer, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -278,24 +321,15 @@ async def test_mixed_load_stays_healthy(
                 await asyncio.sleep(0.5)
 
         sampler = asyncio.create_task(sample_rss())
-        await asyncio.sleep(WARMUP_S)
-        rss_start = _rss_mb()
-        hf_rss_start = _rss_mb(workers[TINY_HF].pid)
-        cpu = [_cpu_seconds(workers)]
-        await asyncio.sleep(SOAK_SECONDS / 3)
-        cpu.append(_cpu_seconds(workers))
-        await asyncio.sleep(SOAK_SECONDS / 2 - SOAK_SECONDS / 3)
-        kill_lines = await _kill_worker_mid_load(soak, server)
-        await asyncio.sleep(max(0.0, stop_at - SOAK_SECONDS / 3 - time.monotonic()))
-        cpu.append(_cpu_seconds(workers))
-        await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
-        cpu.append(_cpu_seconds(workers))
-        await asyncio.gather(*callers)
-        await sampler
-        gc.collect()
-        rss_end = _rss_mb()
-        hf_rss_end = _rss_mb(workers[TINY_HF].pid)
+        try:
+            measured = await _run(soak, server, workers, t0, stop_at, callers, sampler)
+        finally:
+            for task in (*callers, sampler):
+                task.cancel()
 
+    kill_lines, cpu = measured.kill_lines, measured.cpu
+    rss_start, rss_end = measured.rss_start, measured.rss_end
+    hf_rss_start, hf_rss_end = measured.hf_rss_start, measured.hf_rss_end
     held = await _no_call_in_flight(server)
     health = await _health(server.address)
 
