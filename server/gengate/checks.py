@@ -7,9 +7,12 @@ one, max_tokens set, and a constraint kind the model declared. Field paths name 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import secrets
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import jsonschema
@@ -149,6 +152,32 @@ def _stopping_violations(stopping: StoppingCriteria, caps: ModelCapabilities) ->
     return out
 
 
+_VALID_SCHEMAS_MAX = 256
+_valid_schemas: OrderedDict[str, None] = OrderedDict()  # JSON text of schemas that passed
+_valid_schemas_lock = threading.Lock()
+
+
+def _check_schema(schema: dict[str, Any]) -> None:
+    """Checks a schema against its metaschema (raises jsonschema.SchemaError), remembering the
+    last schemas that passed: the check costs ~2 ms, and clients send the same schema again and
+    again. Failures are not remembered, so their error is always the one found for that schema."""
+    try:
+        key: str | None = json.dumps(schema)
+    except (TypeError, ValueError):
+        key = None
+    if key is not None:
+        with _valid_schemas_lock:
+            if key in _valid_schemas:
+                _valid_schemas.move_to_end(key)
+                return
+    jsonschema.validators.validator_for(schema).check_schema(schema)
+    if key is not None:
+        with _valid_schemas_lock:
+            _valid_schemas[key] = None
+            while len(_valid_schemas) > _VALID_SCHEMAS_MAX:
+                _valid_schemas.popitem(last=False)
+
+
 def _check_structured_output(request: GenerationRequest, caps: ModelCapabilities) -> None:
     """Refuses a constraint the model did not declare, or one that is malformed on its face.
 
@@ -168,7 +197,7 @@ def _check_structured_output(request: GenerationRequest, caps: ModelCapabilities
         )
     if isinstance(constraint, JsonSchemaConstraint):
         try:
-            jsonschema.validators.validator_for(constraint.schema).check_schema(constraint.schema)
+            _check_schema(constraint.schema)
         except jsonschema.SchemaError as exc:
             path = "/".join(str(p) for p in exc.path) or "<root>"
             raise InvalidArgument.field(
