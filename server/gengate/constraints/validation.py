@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import jsonschema
 import lark
 import regex
+from jsonschema.protocols import Validator
 from llguidance import LLMatcher, LLTokenizer
 
 from gengate.constraints.lowering import choice_lark, effective_schema, grammar_to_lark
@@ -38,9 +41,9 @@ def validate_output(structured: StructuredOutput, text: str) -> str | None:
     """None when `text` satisfies the constraint, else a short human-readable reason."""
     c = structured.constraint
     if isinstance(c, JsonSchemaConstraint):
-        return _validate_json(text, effective_schema(c, structured))
+        return _validate_json(text, _schema_validator(c, structured))
     if isinstance(c, JsonObjectConstraint):
-        return _validate_json(text, {"type": "object"})
+        return _validate_json(text, _any_object_validator())
     if isinstance(c, RegexConstraint):
         return _validate_regex(c.pattern, text)
     if isinstance(c, ChoiceConstraint):
@@ -50,13 +53,56 @@ def validate_output(structured: StructuredOutput, text: str) -> str | None:
     return f"unknown constraint {c!r}"
 
 
-def _validate_json(text: str, schema: dict[str, Any]) -> str | None:
+def _build_validator(schema: dict[str, Any]) -> Validator:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    validator: Validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    return validator
+
+
+@functools.lru_cache(maxsize=1)
+def _any_object_validator() -> Validator:
+    return _build_validator({"type": "object"})
+
+
+class _ValidatorCache:
+    """Validators by schema text (the schema and additional_properties as JSON, key order kept):
+    building one, and the schema copy it holds, cost more than validating a small output."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[str, Validator] = OrderedDict()
+        self._lock = threading.Lock()  # engines validate from their own threads too
+
+    def get(self, c: JsonSchemaConstraint, structured: StructuredOutput) -> Validator:
+        try:
+            key = json.dumps([c.schema, structured.additional_properties])
+        except (TypeError, ValueError):  # not JSON text: build it every time, as before
+            return _build_validator(effective_schema(c, structured))
+        with self._lock:
+            validator = self._entries.get(key)
+            if validator is not None:
+                self._entries.move_to_end(key)
+                return validator
+        validator = _build_validator(effective_schema(c, structured))
+        with self._lock:
+            self._entries[key] = validator
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return validator
+
+
+_validators = _ValidatorCache(256)
+
+
+def _schema_validator(c: JsonSchemaConstraint, structured: StructuredOutput) -> Validator:
+    return _validators.get(c, structured)
+
+
+def _validate_json(text: str, validator: Validator) -> str | None:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         return f"not valid JSON: {exc}"
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is None:
         return None
