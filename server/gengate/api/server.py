@@ -13,7 +13,7 @@ from gengate_client._proto.gengate.v1 import generation_pb2, generation_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gengate.api.auth import BearerTokenInterceptor, tokens_from_env
+from gengate.api.auth import BearerTokenInterceptor, SkipOpenServices, tokens_from_env
 from gengate.api.servicer import GenerationServicer
 from gengate.config import ServerConfig, ServerSettings
 from gengate.errors import ConfigError
@@ -68,7 +68,7 @@ def _interceptors(settings: ServerSettings) -> list[grpc.aio.ServerInterceptor]:
         except ImportError:  # tracing is optional at run time
             pass
         else:
-            chain.append(aio_server_interceptor())  # type: ignore[no-untyped-call]
+            chain.append(SkipOpenServices(aio_server_interceptor()))  # type: ignore[no-untyped-call]
     if settings.auth_tokens_env:
         chain.append(BearerTokenInterceptor(tokens_from_env(settings.auth_tokens_env)))
     return chain
