@@ -5,8 +5,8 @@ the requests it received and the calls that were cancelled."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import ClassVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gengate.backend import collect_stream
 from gengate.domain import (
@@ -32,6 +32,15 @@ from gengate.errors import (
     Unavailable,
 )
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from gengate.api.server import RunningServer
+    from gengate.service import GenerationCore
+
+# Fixture types of tests/composites/conftest.py (imported from here: `conftest` is ambiguous
+# when several test folders are collected in one run).
+CoreFactory = Callable[[list[dict[str, Any]]], Awaitable["GenerationCore"]]
+ServerFactory = Callable[[list[dict[str, Any]]], Awaitable["RunningServer"]]
 
 ERRORS: dict[str, type[GengateError]] = {
     "UNAVAILABLE": Unavailable,

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from composite_members import KIND, TARGET
+from composite_members import KIND, TARGET, CoreFactory, ServerFactory
 from gengate import registry
 from gengate.api.server import RunningServer, start_server
 from gengate.config import parse_config
 from gengate.router import Router
 from gengate.service import GenerationCore
-
-CoreFactory = Callable[[list[dict[str, Any]]], Awaitable[GenerationCore]]
-ServerFactory = Callable[[list[dict[str, Any]]], Awaitable[RunningServer]]
 
 
 @pytest.fixture(autouse=True)

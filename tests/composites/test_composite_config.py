@@ -6,8 +6,7 @@ from asyncio import Semaphore
 from typing import Any
 
 import pytest
-from composite_members import KIND
-from conftest import CoreFactory
+from composite_members import KIND, CoreFactory
 from gengate.composites.mixture import MixtureOfAgentsBackend, MixtureOptions
 from gengate.config import ModelConfig, parse_config
 from gengate.domain import ChatMessage, ConstraintKind, Enforcement, GenerationRequest, Role, TextPart

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from composite_members import KIND
-from conftest import CoreFactory
+from composite_members import KIND, CoreFactory
 from gengate.domain import ChatMessage, GenerationRequest, Role, TextPart
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider

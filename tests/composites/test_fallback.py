@@ -9,8 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
-from composite_members import KIND, MemberUnderTest
-from conftest import CoreFactory, ServerFactory
+from composite_members import KIND, CoreFactory, MemberUnderTest, ServerFactory
 from gengate.api.convert import request_to_pb
 from gengate.domain import (
     ConstraintKind,

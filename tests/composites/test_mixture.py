@@ -11,8 +11,7 @@ from typing import Any
 import grpc
 import jsonschema
 import pytest
-from composite_members import KIND, MemberUnderTest
-from conftest import CoreFactory, ServerFactory
+from composite_members import KIND, CoreFactory, MemberUnderTest, ServerFactory
 from gengate.api.convert import request_to_pb
 from gengate.composites.mixture import DEFAULT_AGGREGATOR_PROMPT
 from gengate.domain import (
