@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 import secrets
 import threading
 from collections import OrderedDict
@@ -17,6 +16,7 @@ from typing import Any
 
 import jsonschema
 
+from gengate.constraints.validation import regex_syntax_error
 from gengate.domain import (
     ChoiceConstraint,
     GenerationRequest,
@@ -210,14 +210,13 @@ def _check_structured_output(request: GenerationRequest, caps: ModelCapabilities
             raise InvalidArgument.field(
                 "structured_output.regex.pattern", "must not be empty", reason="INVALID_REGEX"
             )
-        try:
-            re.compile(constraint.pattern)
-        except re.error as exc:
+        problem = regex_syntax_error(constraint.pattern)
+        if problem is not None:
             raise InvalidArgument.field(
                 "structured_output.regex.pattern",
-                f"invalid regular expression: {exc}",
+                f"invalid regular expression: {problem}",
                 reason="INVALID_REGEX",
-            ) from exc
+            )
     elif isinstance(constraint, ChoiceConstraint):
         if not constraint.choices:
             raise InvalidArgument.field(

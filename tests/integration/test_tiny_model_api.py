@@ -176,3 +176,16 @@ async def test_worker_backed_model_is_healthy(tiny_server: RunningServer) -> Non
             health_pb2.HealthCheckRequest(service="gengate.v1.GenerationService/tiny")
         )
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_unicode_property_classes_are_accepted_and_enforced(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
+    # \p{L} is valid for llguidance and the `regex` module (not Python's `re`): served, not refused.
+    constraint = t.StructuredOutput(regex=t.Regex(pattern=r"\p{L}{2,6}"))
+    reply = await stub.Generate(request(constraint, n=2, sampling=t.SamplingParams(seed=3)))
+    import regex as regex_module
+
+    for gen in reply.generations:
+        assert gen.finish_reason == t.FINISH_REASON_STOP
+        assert regex_module.fullmatch(r"\p{L}{2,6}", gen.text), gen.text

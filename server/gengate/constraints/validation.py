@@ -118,6 +118,17 @@ def _compile_regex(pattern: str) -> regex.Pattern[str] | None:
         return None
 
 
+def regex_syntax_error(pattern: str) -> str | None:
+    """None when the pattern is a regex this server can enforce and validate, else why not.
+
+    The same dialect as validation: the `regex` module, else llguidance's own regex reader.
+    """
+    if _compile_regex(pattern) is not None:
+        return None
+    error = LLMatcher.validate_grammar(LLMatcher.grammar_from_regex(ascii_shorthands(pattern)))
+    return error.strip() or None
+
+
 def _validate_regex(pattern: str, text: str) -> str | None:
     compiled = _compile_regex(pattern)
     if compiled is not None:
