@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from gengate import errors
+from gengate.constraints import validate_output
 from gengate.domain import ChoiceConstraint, JsonSchemaConstraint, RegexConstraint, StructuredOutput
 from gengate.providers import structured as so
 from gengate.providers.defaults import default_provider_entries
@@ -176,13 +177,13 @@ def test_plan_unwraps_and_validates_against_the_original() -> None:
         StructuredOutput(JsonSchemaConstraint(schema)), so.Enforcement.NATIVE, strict_transform=True
     )
     text = plan.unwrap('{"value": [1, 2, 3]}')
-    assert text == "[1, 2, 3]" and so.validate(plan.structured, text) is not None
+    assert text == "[1, 2, 3]" and validate_output(plan.structured, text) is not None
     choice = so.plan_openai_style(
         StructuredOutput(ChoiceConstraint(("a", "b"))), so.Enforcement.NATIVE, strict_transform=False
     )
     assert choice.unwrap('"b"') == "b"
     regex = StructuredOutput(RegexConstraint(r"\d+"))
-    assert so.validate(regex, "12") is None and so.validate(regex, "12a") is not None
+    assert validate_output(regex, "12") is None and validate_output(regex, "12a") is not None
     with pytest.raises(errors.Unimplemented) as info:
         so.check_supported(regex, {}, provider="X")
     assert "regex" in info.value.message and "X" in info.value.message

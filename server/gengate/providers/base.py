@@ -22,6 +22,7 @@ from typing import ClassVar, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from gengate import errors
+from gengate.constraints import validate_output
 from gengate.domain import (
     ChatMessage,
     ConstraintKind,
@@ -381,7 +382,7 @@ class ProviderBackend(abc.ABC):
             if g.finish_reason in (FinishReason.REFUSAL, FinishReason.CONTENT_FILTER):
                 continue  # reported as the finish reason, not as structured output
             text = self._final_text(plan, g.text)
-            error = so.validate(plan.structured, text)
+            error = validate_output(plan.structured, text)
             if error is None:
                 out[i] = replace(g, text=text)
             else:
@@ -404,7 +405,7 @@ class ProviderBackend(abc.ABC):
                     continue
                 g = answer.generations[0]
                 text = self._final_text(plan, g.text)
-                error = so.validate(plan.structured, text)
+                error = validate_output(plan.structured, text)
                 if error is None:
                     out[i] = replace(g, index=i, text=text)
                     del pending[i]

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gengate import errors
-from gengate.constraints import validate_output
 from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     ChoiceConstraint,
@@ -150,15 +149,6 @@ def clean_output(structured: StructuredOutput, text: str) -> str:
                 return unquoted
         return stripped
     return text
-
-
-# ---------------------------------------------------------------------------------------------
-# Validation against the original constraint
-
-
-def validate(structured: StructuredOutput, text: str) -> str | None:
-    """None when `text` satisfies the constraint, else a short error (for the re-ask prompt)."""
-    return validate_output(structured, text)
 
 
 # ---------------------------------------------------------------------------------------------
