@@ -73,6 +73,7 @@ async def collect_stream(events: AsyncIterator[StreamEvent]) -> GenerationResult
     output_tokens = 0
     last_total: float | None = None
     first_token: float | None = None
+    cached = 0  # the prompt is shared by every generation: counted once, like input_tokens
     for index in sorted(ends):
         end = ends[index]
         generations.append(
@@ -86,6 +87,7 @@ async def collect_stream(events: AsyncIterator[StreamEvent]) -> GenerationResult
             )
         )
         output_tokens += end.usage.output_tokens
+        cached = max(cached, end.usage.cached_input_tokens)
         if end.timings.total_s is not None:
             last_total = max(last_total or 0.0, end.timings.total_s)
         if end.timings.time_to_first_token_s is not None:
@@ -96,7 +98,7 @@ async def collect_stream(events: AsyncIterator[StreamEvent]) -> GenerationResult
         request_id=start.request_id,
         model=start.model,
         generations=tuple(generations),
-        usage=Usage(start.input_tokens, output_tokens),
+        usage=Usage(start.input_tokens, output_tokens, cached),
         enforcement=start.enforcement,
         effective_sampling=start.effective_sampling,
         effective_stopping=start.effective_stopping,

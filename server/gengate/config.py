@@ -41,7 +41,8 @@ class ModelConfig:
     # Local engines: "process" (own worker process; the default for llamacpp/transformers/vllm)
     # or "inline" (in the server process). None = the kind's default (gengate.workers.factory).
     isolation: str | None = None
-    # GPUs: "auto" or explicit NVML indices; None = none for CPU engines, auto for GPU-only ones.
+    # GPUs: "auto" or explicit NVML indices; "cpu" = no GPU, also for vllm (its CPU build);
+    # None = none for CPU engines, auto for vllm.
     devices: str | tuple[int, ...] | None = None
     num_gpus: int | None = None
     share_devices: bool = False
@@ -199,11 +200,15 @@ def _parse_placement(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
         valid_list = isinstance(devices, list) and all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices
         )
-        if devices != "auto" and not (valid_list and devices and len(set(devices)) == len(devices)):
-            raise ConfigError(f"{where}: 'devices' must be 'auto' or a list of distinct GPU indices")
-        out["devices"] = "auto" if devices == "auto" else tuple(devices)
+        if devices not in ("auto", "cpu") and not (
+            valid_list and devices and len(set(devices)) == len(devices)
+        ):
+            raise ConfigError(f"{where}: 'devices' must be 'auto', 'cpu' or a list of distinct GPU indices")
+        out["devices"] = devices if devices in ("auto", "cpu") else tuple(devices)
     num_gpus = raw.get("num_gpus")
     if num_gpus is not None:
+        if out.get("devices") == "cpu":
+            raise ConfigError(f"{where}: 'num_gpus' does not go with 'devices: cpu'")
         if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus <= 0:
             raise ConfigError(f"{where}: 'num_gpus' must be a positive integer")
         if isinstance(out.get("devices"), tuple) and len(out["devices"]) != num_gpus:

@@ -137,7 +137,9 @@ def _completion(index: int, text: str, ids: list[int], finish: str | None = None
 def test_tracker_turns_delta_outputs_into_events_with_usage() -> None:
     tracker = OutputTracker(input_tokens=7, top_logprobs=0)
     outputs = [
-        SimpleNamespace(outputs=[_completion(0, "Hel", [1, 2]), _completion(1, "Yo", [3])]),
+        SimpleNamespace(
+            outputs=[_completion(0, "Hel", [1, 2]), _completion(1, "Yo", [3])], num_cached_tokens=4
+        ),
         SimpleNamespace(outputs=[_completion(0, "lo", [4], "stop", "\n")]),
         SimpleNamespace(outputs=[_completion(1, "", [], "length")]),
     ]
@@ -148,6 +150,7 @@ def test_tracker_turns_delta_outputs_into_events_with_usage() -> None:
     ends = {e.index: e for e in events if isinstance(e, GenerationEnd)}
     assert ends[0].finish_reason is FinishReason.STOP_SEQUENCE and ends[0].matched_stop == "\n"
     assert ends[0].usage.input_tokens == 7 and ends[0].usage.output_tokens == 3
+    assert ends[0].usage.cached_input_tokens == ends[1].usage.cached_input_tokens == 4
     assert ends[1].finish_reason is FinishReason.LENGTH and ends[1].usage.output_tokens == 1
     assert tracker.finished(2) and not OutputTracker(1, 0).finished(1)
 
@@ -176,6 +179,15 @@ def test_no_gpu_is_a_clear_start_error() -> None:
     assert engine_kwargs(VLLMOptions(model="m"), visible_devices=None)["tensor_parallel_size"] == 1
 
 
+def test_cpu_build_runs_only_in_a_cpu_worker() -> None:
+    options = VLLMOptions(model="m", tensor_parallel_size=4)
+    kwargs = engine_kwargs(options, visible_devices="", cpu_platform=True)
+    assert kwargs["tensor_parallel_size"] == 1 and "gpu_memory_utilization" not in kwargs
+    assert engine_kwargs(options, visible_devices=None, cpu_platform=True)["tensor_parallel_size"] == 1
+    with pytest.raises(errors.ConfigError, match="set 'devices: cpu'"):
+        engine_kwargs(options, visible_devices="0", cpu_platform=True)
+
+
 def test_capabilities_declare_every_constraint_kind() -> None:
     caps = capabilities_for(VLLMOptions(model="m"), context_length=4096, chat=True)
     assert set(caps.constraints) == set(ConstraintKind)
@@ -193,12 +205,6 @@ def test_config_accepts_vllm_models_without_vllm_installed() -> None:
         }
     ).models[0]
     assert isinstance(config.options, VLLMOptions) and config.num_gpus == 2
-
-
-async def test_start_without_gpu_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    with pytest.raises(errors.Unavailable, match="vLLM needs a GPU"):
-        await VLLMBackend("big", VLLMOptions(model="m")).start()
 
 
 async def test_start_without_vllm_installed_names_the_image(monkeypatch: pytest.MonkeyPatch) -> None:

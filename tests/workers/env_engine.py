@@ -13,3 +13,14 @@ class EnvEngine(ScriptedBackend):
             f"{key}={os.environ.get(key, '<unset>')}" for key in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
         )
         super().__init__(name, options.model_copy(update={"text": env}))
+
+
+class ChildProcessEngine(ScriptedBackend):
+    """Starts a long-lived helper process, as vLLM starts its engine core, and answers with its pid."""
+
+    def __init__(self, name: str, options: ScriptedOptions) -> None:
+        import subprocess
+        import sys
+
+        self.helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        super().__init__(name, options.model_copy(update={"text": str(self.helper.pid)}))

@@ -73,6 +73,28 @@ def test_vllm_always_asks_for_a_gpu() -> None:
     assert isolation_of(config) == "process"
 
 
+def test_vllm_with_devices_cpu_asks_for_no_gpu() -> None:
+    from dataclasses import replace
+
+    config = parse_config(
+        {"models": [{"name": "v", "backend": "vllm", "model": "/m", "devices": "cpu"}]}
+    ).models[0]
+    assert config.devices == "cpu" and gpu_request(config) is None
+    assert gpu_request(replace(config, devices=None)) == GpuRequest(required=True)
+    with pytest.raises(ConfigError, match="'num_gpus' does not go with 'devices: cpu'"):
+        parse_config(
+            {"models": [{"name": "v", "backend": "vllm", "model": "/m", "devices": "cpu", "num_gpus": 1}]}
+        )
+
+
+def test_devices_on_a_remote_provider_is_a_config_error() -> None:
+    config = parse_config(
+        {"models": [{"name": "p", "backend": "openai", "model": "gpt-x", "api_key": "k", "devices": "cpu"}]}
+    ).models[0]
+    with pytest.raises(ConfigError, match="apply to local engines"):
+        build_backend(config)
+
+
 async def test_cpu_engine_with_devices_auto_runs_on_cpu_without_gpus(tmp_path: Path) -> None:
     backend = build_backend(
         model(isolation="process", devices="auto"),

@@ -242,3 +242,36 @@ async def test_cpu_worker_hides_gpus() -> None:
         assert text.startswith("CUDA_VISIBLE_DEVICES= ")
     finally:
         await backend.aclose()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead, only not yet reaped
+        return stat.read().split(") ")[1][0] != "Z"
+
+
+@pytest.mark.parametrize("ending", ["kill -9", "aclose"])
+async def test_processes_an_engine_started_end_with_its_worker(ending: str) -> None:
+    backend = WorkerBackend(
+        "parent", "scripted", {}, target="env_engine:ChildProcessEngine", env=ENV_ENGINE_PATH
+    )
+    await backend.start()
+    try:
+        helper = int(
+            (await backend.generate(GenerationRequest(model="parent", prompt="x"))).generations[0].text
+        )
+        assert _alive(helper)
+        if ending == "kill -9":
+            assert backend.pid is not None
+            os.kill(backend.pid, signal.SIGKILL)
+        else:
+            await backend.aclose()
+        deadline = time.monotonic() + 5
+        while _alive(helper) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not _alive(helper), "the engine's helper process outlived its worker"
+    finally:
+        await backend.aclose()

@@ -330,7 +330,9 @@ def timings_to_pb(t: d.Timings) -> pb.Timings:
 
 
 def usage_to_pb(u: d.Usage) -> pb.Usage:
-    return pb.Usage(input_tokens=u.input_tokens, output_tokens=u.output_tokens)
+    return pb.Usage(
+        input_tokens=u.input_tokens, output_tokens=u.output_tokens, cached_input_tokens=u.cached_input_tokens
+    )
 
 
 def logprobs_to_pb(entries: tuple[d.TokenLogprob, ...]) -> pb.Logprobs:
@@ -402,7 +404,7 @@ def result_from_pb(msg: gpb.GenerateResponse) -> d.GenerationResult:
             )
             for g in msg.generations
         ),
-        usage=d.Usage(msg.usage.input_tokens, msg.usage.output_tokens),
+        usage=d.Usage(msg.usage.input_tokens, msg.usage.output_tokens, msg.usage.cached_input_tokens),
         enforcement=_ENFORCEMENT_FROM_PB[msg.enforcement],
         effective_sampling=sampling_from_pb(msg.effective_sampling),
         effective_stopping=stopping_from_pb(msg.effective_stopping),

@@ -95,6 +95,9 @@ class VLLMOptions(BaseModel):
     enforce_eager: bool = False
     trust_remote_code: bool = False
     structured_outputs_backend: StructuredBackend = "guidance"
+    cpu_kv_cache_gb: float | None = Field(
+        default=None, gt=0, description="KV cache size on vLLM's CPU build (VLLM_CPU_KVCACHE_SPACE)."
+    )
     max_n: int = Field(default=16, ge=1)
     max_logprobs: int = Field(default=20, ge=0)
     chat_template: str | None = None
@@ -210,8 +213,13 @@ class OutputTracker:
     arrived: float = field(default_factory=time.monotonic)
     generations: dict[int, _Generation] = field(default_factory=dict)
 
+    cached_input_tokens: int = 0
+
     def feed(self, output: Any) -> Iterable[StreamEvent]:
         now = time.monotonic()
+        cached = getattr(output, "num_cached_tokens", None)  # prefix-cache hits, once known
+        if cached:
+            self.cached_input_tokens = max(self.cached_input_tokens, int(cached))
         for completion in output.outputs:
             state = self.generations.setdefault(completion.index, _Generation())
             if state.done:
@@ -233,7 +241,7 @@ class OutputTracker:
                     index=completion.index,
                     finish_reason=reason,
                     matched_stop=matched,
-                    usage=Usage(self.input_tokens, state.tokens),
+                    usage=Usage(self.input_tokens, state.tokens, self.cached_input_tokens),
                     timings=Timings(
                         time_to_first_token_s=(state.first_token_at or now) - self.arrived,
                         total_s=now - self.arrived,
@@ -257,16 +265,33 @@ def capabilities_for(options: VLLMOptions, *, context_length: int, chat: bool) -
     )
 
 
-def engine_kwargs(options: VLLMOptions, *, visible_devices: str | None) -> dict[str, Any]:
-    """vllm.AsyncEngineArgs keyword arguments; tensor parallelism follows the GPUs placed."""
-    # Unset means "not placed by gengate" (isolation: inline): every GPU is visible; use one
-    # unless tensor_parallel_size says otherwise.
-    gpus = 1 if visible_devices is None else len([d for d in visible_devices.split(",") if d.strip()])
-    if gpus == 0:
-        raise errors.Unavailable(
-            "vLLM needs a GPU and this worker was given none (CUDA_VISIBLE_DEVICES is empty)", reason="NO_GPU"
+def engine_kwargs(
+    options: VLLMOptions, *, visible_devices: str | None, cpu_platform: bool = False
+) -> dict[str, Any]:
+    """vllm.AsyncEngineArgs keyword arguments; tensor parallelism follows the GPUs placed.
+
+    `visible_devices` is the worker's CUDA_VISIBLE_DEVICES: None when gengate placed nothing
+    (isolation: inline), "" for a CPU worker (`devices: cpu`). `cpu_platform` says the installed
+    vLLM is its CPU build (vllm-cpu), which only a CPU worker may use.
+    """
+    gpus = None if visible_devices is None else len([d for d in visible_devices.split(",") if d.strip()])
+    if cpu_platform and gpus:
+        raise errors.ConfigError(
+            f"the installed vLLM is its CPU build, but this worker was given GPUs {visible_devices}: "
+            "set 'devices: cpu' on the model, or install vLLM's CUDA build"
         )
-    tp = options.tensor_parallel_size or max(1, gpus // options.pipeline_parallel_size)
+    if not cpu_platform and gpus == 0:
+        raise errors.Unavailable(
+            "vLLM needs a GPU and this worker was given none (CUDA_VISIBLE_DEVICES is empty); "
+            "'devices: cpu' needs vLLM's CPU build (vllm-cpu)",
+            reason="NO_GPU",
+        )
+    if cpu_platform:
+        tp = 1
+    else:
+        # Not placed by gengate (isolation: inline): every GPU is visible; use one unless
+        # tensor_parallel_size says otherwise.
+        tp = options.tensor_parallel_size or max(1, (gpus or 1) // options.pipeline_parallel_size)
     kwargs: dict[str, Any] = {
         "model": options.model,
         "tokenizer": options.tokenizer,
@@ -274,7 +299,7 @@ def engine_kwargs(options: VLLMOptions, *, visible_devices: str | None) -> dict[
         "dtype": options.dtype,
         "quantization": options.quantization,
         "max_model_len": options.max_model_len,
-        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "gpu_memory_utilization": None if cpu_platform else options.gpu_memory_utilization,
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": options.pipeline_parallel_size,
         "distributed_executor_backend": options.distributed_executor_backend,
@@ -308,16 +333,23 @@ class VLLMBackend:
         self._context_length = options.max_model_len or 0
 
     async def start(self) -> None:
-        kwargs = engine_kwargs(self.options, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if self.options.cpu_kv_cache_gb is not None:  # read by vLLM's engine-core process
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{self.options.cpu_kv_cache_gb:g}"
         try:
             import vllm
             from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:
             raise errors.ConfigError(
                 f"model {self.name!r}: vLLM is not installed ({exc}); use the GPU image "
-                "(bench/gpu/Dockerfile.vllm) or pip install -r bench/gpu/requirements-vllm.txt"
+                "(bench/gpu/Dockerfile.vllm), pip install 'gengate[vllm]', or for CPU see README (vLLM)"
             ) from exc
+        kwargs = engine_kwargs(
+            self.options,
+            visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            cpu_platform=bool(current_platform.is_cpu()),
+        )
         self._vllm = vllm
         try:
             from vllm.config import StructuredOutputsConfig

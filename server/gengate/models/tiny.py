@@ -58,6 +58,9 @@ class TinyConfig:
 
 
 TINY = TinyConfig()
+# The same model family with head_dim 64: vLLM's attention kernels (CPU and CUDA) take head sizes
+# from 32 up, not the 16 of TINY. Used by the vLLM tests and benchmarks.
+TINY_VLLM = TinyConfig(hidden_size=128, intermediate_size=256, num_heads=2, num_kv_heads=1)
 
 
 @dataclass(frozen=True)
@@ -139,21 +142,21 @@ def _is_built(dest: Path, build_hash: str) -> bool:
         return False
 
 
-def build_tiny_model(dest: Path, *, seed: int = 0) -> TinyModelPaths:
+def build_tiny_model(dest: Path, *, seed: int = 0, config: TinyConfig = TINY) -> TinyModelPaths:
     """Builds the tiny model into `dest` (or reuses a finished build of the same version and seed).
 
     The build goes to a temporary sibling folder that is renamed into place, so concurrent
     builders never see, or leave, a half-written model. Same seed ⇒ byte-identical files.
     """
     dest = Path(dest).expanduser().absolute()
-    build_hash = _build_hash(seed)
+    build_hash = _build_hash(seed, config)
     if _is_built(dest, build_hash):
         return _paths(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.build-", dir=dest.parent))
     try:
         tmp.chmod(0o755)
-        _write_model(tmp, seed)
+        _write_model(tmp, seed, config)
         (tmp / MARKER_FILE).write_text(build_hash + "\n")
         _install(tmp, dest, build_hash)
     finally:

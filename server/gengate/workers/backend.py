@@ -16,6 +16,7 @@ import inspect
 import itertools
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -377,6 +378,7 @@ class WorkerBackend:
             self._worker = None
         self._set_serving(False)
         code = await self._exit_code(worker, wait_s=0.5)
+        _kill_process_group(worker.pid)
         failure = errors.Unavailable(
             f"the worker of model {self.name!r} died ({_describe_exit(code)}); the model is restarting",
             reason="WORKER_DIED",
@@ -424,6 +426,7 @@ class WorkerBackend:
         with contextlib.suppress(ProcessLookupError):
             worker.process.kill()
         await self._exit_code(worker, wait_s=5.0)
+        _kill_process_group(worker.pid)
         worker.writer.close()
 
     async def aclose(self) -> None:
@@ -443,6 +446,7 @@ class WorkerBackend:
                 await asyncio.wait_for(worker.process.wait(), 15.0)
             if worker.process.returncode is None:
                 await self._kill(worker)
+            _kill_process_group(worker.pid)
             if worker.reader_task is not None:
                 await worker.reader_task
         await self._release_lease()
@@ -547,3 +551,11 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def _kill_process_group(pgid: int) -> None:
+    """Kills what an engine started and left behind when its worker ended (vLLM's engine-core
+    process, for one, would otherwise keep its GPU memory). Each worker leads its own process
+    group (start_new_session), so the group is exactly the worker's descendants."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

