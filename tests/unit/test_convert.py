@@ -98,7 +98,7 @@ def test_result_round_trip() -> None:
             ),
             d.Generation(1, "", d.FinishReason.LENGTH, 0),
         ),
-        usage=d.Usage(3, 2),
+        usage=d.Usage(3, 2, cached_input_tokens=1),
         enforcement=d.Enforcement.ENGINE,
         effective_sampling=d.SamplingParams(seed=5),
         effective_stopping=d.StoppingCriteria(max_tokens=9),

@@ -273,7 +273,11 @@ def timings(pb: types_pb2.Timings) -> Timings:
 
 
 def usage(pb: types_pb2.Usage) -> Usage:
-    return Usage(input_tokens=pb.input_tokens, output_tokens=pb.output_tokens)
+    return Usage(
+        input_tokens=pb.input_tokens,
+        output_tokens=pb.output_tokens,
+        cached_input_tokens=pb.cached_input_tokens,
+    )
 
 
 def _optional_id(pb: Any) -> int | None:

@@ -126,10 +126,11 @@ class Request:
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts."""
+    """Token counts; cached_input_tokens: of input_tokens, those served from a prompt cache."""
 
     input_tokens: int
     output_tokens: int
+    cached_input_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -1703,11 +1703,14 @@ func (x *TopLogprob) GetTokenId() uint32 {
 
 // Usage counts tokens.
 type Usage struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	InputTokens   uint32                 `protobuf:"varint,1,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
-	OutputTokens  uint32                 `protobuf:"varint,2,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	InputTokens  uint32                 `protobuf:"varint,1,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	OutputTokens uint32                 `protobuf:"varint,2,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	// Of input_tokens, how many the engine or provider served from its prompt (prefix) cache;
+	// 0 where none were or the backend does not say.
+	CachedInputTokens uint32 `protobuf:"varint,3,opt,name=cached_input_tokens,json=cachedInputTokens,proto3" json:"cached_input_tokens,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Usage) Reset() {
@@ -1750,6 +1753,13 @@ func (x *Usage) GetInputTokens() uint32 {
 func (x *Usage) GetOutputTokens() uint32 {
 	if x != nil {
 		return x.OutputTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetCachedInputTokens() uint32 {
+	if x != nil {
+		return x.CachedInputTokens
 	}
 	return 0
 }
@@ -2386,10 +2396,11 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\x12\x1e\n" +
 	"\btoken_id\x18\x03 \x01(\rH\x00R\atokenId\x88\x01\x01B\v\n" +
-	"\t_token_id\"O\n" +
+	"\t_token_id\"\x7f\n" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\rR\vinputTokens\x12#\n" +
-	"\routput_tokens\x18\x02 \x01(\rR\foutputTokens\"\xb5\x01\n" +
+	"\routput_tokens\x18\x02 \x01(\rR\foutputTokens\x12.\n" +
+	"\x13cached_input_tokens\x18\x03 \x01(\rR\x11cachedInputTokens\"\xb5\x01\n" +
 	"\aTimings\x12/\n" +
 	"\x05queue\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05queue\x12H\n" +
 	"\x13time_to_first_token\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x10timeToFirstToken\x12/\n" +
