@@ -6,6 +6,7 @@ for bad input, the offending fields. Nothing below the api layer knows about gRP
 
 from __future__ import annotations
 
+import copy
 import enum
 from dataclasses import dataclass
 
@@ -55,6 +56,15 @@ class GengateError(Exception):
         self.violations = tuple(violations)
         self.retry_after_s = retry_after_s
         self.metadata = dict(metadata or {})
+
+    def under(self, prefix: str) -> GengateError:
+        """This error with its field paths placed under `prefix` ("requests[3]." for a batch item):
+        BadRequest paths are relative to the whole RPC request (AIP-193)."""
+        if not self.violations or not prefix:
+            return self
+        moved = copy.copy(self)
+        moved.violations = tuple(FieldViolation(prefix + v.field, v.description) for v in self.violations)
+        return moved
 
 
 class InvalidArgument(GengateError):

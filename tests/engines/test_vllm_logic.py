@@ -74,27 +74,50 @@ def test_unset_max_tokens_uses_the_rest_of_the_context_not_vllms_16() -> None:
 @pytest.mark.parametrize(
     ("output", "expected"),
     [
-        (StructuredOutput(JsonSchemaConstraint({"type": "object"})), {"json": {"type": "object"}}),
         (StructuredOutput(RegexConstraint(r"\d+")), {"regex": "[0-9]+"}),  # ASCII dialect
         (StructuredOutput(ChoiceConstraint(("a", "b"))), {"choice": ["a", "b"]}),
         (StructuredOutput(GrammarConstraint(GrammarSyntax.LARK, "start: /x/")), {"grammar": "start: /x/"}),
-        (StructuredOutput(JsonObjectConstraint()), {"json_object": True}),
+        (StructuredOutput(JsonObjectConstraint()), {"json_object": True, "disable_any_whitespace": True}),
         (
-            StructuredOutput(
-                JsonSchemaConstraint({"type": "object"}),
-                whitespace=Whitespace.COMPACT,
-                additional_properties=False,
-            ),
-            {
-                "json": {"type": "object"},
-                "disable_any_whitespace": True,
-                "disable_additional_properties": True,
-            },
+            StructuredOutput(JsonObjectConstraint(), whitespace=Whitespace.FLEXIBLE),
+            {"json_object": True},
         ),
     ],
 )
 def test_structured_outputs_mapping(output: StructuredOutput, expected: dict[str, Any]) -> None:
-    assert structured_outputs_kwargs(output) == expected
+    assert structured_outputs_kwargs(output) == (expected, Enforcement.ENGINE)
+
+
+def test_json_schema_goes_through_gengates_lowering() -> None:
+    """Closed objects by default, ASCII patterns, compact whitespace: what the other engines do."""
+    schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": r"^\d+$"}}}
+    kwargs, enforcement = structured_outputs_kwargs(StructuredOutput(JsonSchemaConstraint(schema)))
+    assert enforcement is Enforcement.ENGINE and kwargs["disable_any_whitespace"] is True
+    assert kwargs["json"] == {
+        "type": "object",
+        "properties": {"id": {"type": "string", "pattern": "^[0-9]+$"}},
+        "additionalProperties": False,
+    }
+    assert schema["properties"]["id"]["pattern"] == r"^\d+$"  # the caller's schema is untouched
+    opened, _ = structured_outputs_kwargs(
+        StructuredOutput(
+            JsonSchemaConstraint(schema), additional_properties=True, whitespace=Whitespace.FLEXIBLE
+        )
+    )
+    assert opened["json"]["additionalProperties"] is True and "disable_any_whitespace" not in opened
+
+
+def test_schema_the_engine_cannot_enforce_is_relaxed_and_validated() -> None:
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    kwargs, enforcement = structured_outputs_kwargs(StructuredOutput(JsonSchemaConstraint(unique)))
+    assert enforcement is Enforcement.VALIDATED
+    assert kwargs["json"] == {"type": "array", "items": {"type": "integer"}}
+
+
+def test_bad_schema_is_a_field_error() -> None:
+    with pytest.raises(errors.InvalidArgument) as info:
+        structured_outputs_kwargs(StructuredOutput(JsonSchemaConstraint({"type": "no-such-type"})))
+    assert info.value.violations[0].field == "structured_output.json_schema.schema"
 
 
 @pytest.mark.parametrize(

@@ -207,7 +207,7 @@ async def test_batch_reports_per_item(stub: generation_pb2_grpc.GenerationServic
     assert by_index[2].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     bad = error_details_pb2.BadRequest()
     assert any(d.Unpack(bad) for d in by_index[2].error.details if d.Is(bad.DESCRIPTOR))
-    assert bad.field_violations[0].field == "n"
+    assert bad.field_violations[0].field == "requests[2].n"  # paths relative to the RPC's request
 
 
 async def test_empty_batch_is_invalid(stub: generation_pb2_grpc.GenerationServiceStub) -> None:
@@ -215,6 +215,24 @@ async def test_empty_batch_is_invalid(stub: generation_pb2_grpc.GenerationServic
         async for _ in stub.BatchGenerate(g.BatchGenerateRequest()):
             pass
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_stream_field_paths_are_relative_to_the_stream_request(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
+    bad = [
+        g.GenerateRequest(model="echo", prompt="x", n=17),  # refused by the request checks
+        g.GenerateRequest(
+            model="echo", prompt="x", stopping=t.StoppingCriteria(max_tokens=0)
+        ),  # by conversion
+    ]
+    fields = []
+    for request in bad:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in stub.GenerateStream(g.GenerateStreamRequest(request=request)):
+                pass
+        fields += [field for field, _ in details(caught.value)[1]]
+    assert fields == ["request.n", "request.stopping.max_tokens"]
 
 
 async def test_stream_frames_in_order_with_usage_in_end(

@@ -60,8 +60,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             domain_request = convert.request_from_pb(
                 request.request, deadline=_deadline(context, self.default_timeout_s), prefix="request."
             )
-            async for event in self.core.generate_stream(domain_request):
-                yield convert.event_to_pb(event)
+            try:
+                async for event in self.core.generate_stream(domain_request):
+                    yield convert.event_to_pb(event)
+            except GengateError as exc:
+                raise exc.under("request.") from None
         except GengateError as exc:
             await abort(context, exc)
         except Exception as exc:
@@ -91,7 +94,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             async for position, outcome in self.core.batch([r for _, r in items]):
                 index = positions[position]
                 if isinstance(outcome, GengateError):
-                    yield gpb.BatchGenerateResponse(index=index, error=to_rpc_status(outcome))
+                    error = outcome.under(f"requests[{index}].")
+                    yield gpb.BatchGenerateResponse(index=index, error=to_rpc_status(error))
                 else:
                     yield gpb.BatchGenerateResponse(index=index, response=convert.result_to_pb(outcome))
         except GengateError as exc:

@@ -74,6 +74,9 @@ class LoweredConstraint:
 
     `schema` is the JSON Schema results must satisfy (the original, with compile options
     applied) when the constraint is a JSON Schema or JSON object; validation uses it.
+    `generate_schema` is the schema the engine is asked to generate: closed objects by default,
+    relaxed where the grammar engine cannot enforce a keyword (engines that take a JSON Schema
+    rather than a grammar, such as vLLM, are given this one).
     """
 
     kind: ConstraintKind
@@ -81,6 +84,7 @@ class LoweredConstraint:
     enforcement: Enforcement = Enforcement.ENGINE
     relaxations: tuple[str, ...] = ()
     schema: dict[str, Any] | None = None
+    generate_schema: dict[str, Any] | None = None
 
     @property
     def key(self) -> str:
@@ -97,7 +101,7 @@ def lower(structured: StructuredOutput) -> LoweredConstraint:
         schema: dict[str, Any] = {"type": "object"}
         grammar = LLMatcher.grammar_from_json_schema(schema, overrides=_json_options(structured))
         _check(grammar, FIELD_SCHEMA, "INVALID_SCHEMA")
-        return LoweredConstraint(ConstraintKind.JSON_OBJECT, grammar, schema=schema)
+        return LoweredConstraint(ConstraintKind.JSON_OBJECT, grammar, schema=schema, generate_schema=schema)
     if isinstance(c, RegexConstraint):
         grammar = LLMatcher.grammar_from_regex(ascii_shorthands(c.pattern))
         _check(grammar, FIELD_REGEX, "INVALID_REGEX", what="invalid regex")
@@ -203,7 +207,12 @@ def _enforce_json_schema(
             relaxations.extend(_partially_enforced_formats(relaxed))
             enforcement = Enforcement.VALIDATED if relaxations else Enforcement.ENGINE
             return LoweredConstraint(
-                ConstraintKind.JSON_SCHEMA, grammar, enforcement, tuple(relaxations), schema=validate_against
+                ConstraintKind.JSON_SCHEMA,
+                grammar,
+                enforcement,
+                tuple(relaxations),
+                schema=validate_against,
+                generate_schema=relaxed,
             )
         found = _relax(relaxed, error, options)
         if not found:

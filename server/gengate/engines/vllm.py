@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gengate import errors
 from gengate.backend import collect_stream
+from gengate.constraints.lowering import lower
 from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     ChoiceConstraint,
@@ -135,12 +136,22 @@ def sampling_kwargs(request: GenerationRequest, *, default_max_tokens: int) -> d
     return kwargs
 
 
-def structured_outputs_kwargs(output: StructuredOutput) -> dict[str, Any]:
-    """vllm.sampling_params.StructuredOutputsParams keyword arguments for one constraint."""
+def structured_outputs_kwargs(output: StructuredOutput) -> tuple[dict[str, Any], Enforcement]:
+    """vllm.sampling_params.StructuredOutputsParams keyword arguments for one constraint, and how
+    it is enforced.
+
+    A JSON Schema goes through gengate's own lowering first, so vLLM generates what the other
+    local engines do: closed objects unless the request says otherwise, ASCII `\\d`/`\\w` in
+    patterns, and a relaxed schema (VALIDATED afterwards) where llguidance cannot enforce a keyword.
+    Whitespace is compact unless the request asks for flexible, as on the other engines.
+    """
     constraint = output.constraint
     kwargs: dict[str, Any]
+    enforcement = Enforcement.ENGINE
     if isinstance(constraint, JsonSchemaConstraint):
-        kwargs = {"json": constraint.schema}
+        lowered = lower(output)
+        kwargs = {"json": lowered.generate_schema}
+        enforcement = lowered.enforcement
     elif isinstance(constraint, RegexConstraint):
         kwargs = {"regex": ascii_shorthands(constraint.pattern)}
     elif isinstance(constraint, ChoiceConstraint):
@@ -151,11 +162,11 @@ def structured_outputs_kwargs(output: StructuredOutput) -> dict[str, Any]:
         kwargs = {"json_object": True}
     else:  # pragma: no cover - the Constraint union is closed
         raise errors.Unimplemented(f"constraint {constraint!r} is not supported by vLLM")
-    if output.whitespace is Whitespace.COMPACT:
+    if output.whitespace is not Whitespace.FLEXIBLE and isinstance(
+        constraint, JsonSchemaConstraint | JsonObjectConstraint
+    ):
         kwargs["disable_any_whitespace"] = True
-    if output.additional_properties is False:
-        kwargs["disable_additional_properties"] = True
-    return kwargs
+    return kwargs, enforcement
 
 
 def finish_reason_of(reason: str | None, stop_reason: int | str | None) -> tuple[FinishReason, str | None]:
@@ -382,15 +393,16 @@ class VLLMBackend:
             ids = ids["input_ids"]
         return list(ids)
 
-    def _sampling_params(self, request: GenerationRequest, prompt_len: int) -> Any:
+    def _sampling_params(self, request: GenerationRequest, prompt_len: int) -> tuple[Any, Enforcement]:
+        """vLLM's SamplingParams for `request`, and how its structured output is enforced."""
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         kwargs = sampling_kwargs(request, default_max_tokens=max(1, self._context_length - prompt_len))
+        enforcement = Enforcement.NONE
         if request.structured_output is not None:
-            kwargs["structured_outputs"] = StructuredOutputsParams(
-                **structured_outputs_kwargs(request.structured_output)
-            )
-        return self._vllm.SamplingParams(output_kind=RequestOutputKind.DELTA, **kwargs)
+            structured, enforcement = structured_outputs_kwargs(request.structured_output)
+            kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
+        return self._vllm.SamplingParams(output_kind=RequestOutputKind.DELTA, **kwargs), enforcement
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await collect_stream(self.generate_stream(request))
@@ -407,13 +419,13 @@ class VLLMBackend:
                 f"the prompt has {len(prompt_ids)} tokens; model {self.name!r} takes {self._context_length}",
                 reason="PROMPT_TOO_LONG",
             )
-        params = self._sampling_params(request, len(prompt_ids))
+        params, enforcement = self._sampling_params(request, len(prompt_ids))
         engine_request_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
         yield StreamStart(
             request_id=request.request_id or engine_request_id,
             model=self.name,
             input_tokens=len(prompt_ids),
-            enforcement=Enforcement.ENGINE if request.structured_output is not None else Enforcement.NONE,
+            enforcement=enforcement,
             effective_sampling=request.sampling,
             effective_stopping=StoppingCriteria(max_tokens=params.max_tokens, stop=request.stopping.stop),
         )
