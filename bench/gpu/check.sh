@@ -16,7 +16,7 @@
 #     (check_transformers.py): text, stream, each constraint kind, n=2 seeded, batching,
 #     CPU-vs-GPU agreement, 16-concurrent vs sequential throughput ratio, lease release;
 #  3. the in-process GPU pytest of the transformers engine (tests/engines/test_transformers.py -m gpu);
-#  4. vLLM (bench/gpu/test_vllm_gpu.py + throughput.py vs vLLM's own server), only where python
+#  4. vLLM (tests/vllm with GENGATE_VLLM_DEVICE=gpu + throughput.py vs vLLM's own server), only where python
 #     imports vllm or $VLLM_WHEELS holds a vllm wheel; otherwise SKIPPED, saying why.
 # Exits non-zero only when a stage that ran failed.
 set -uo pipefail
@@ -169,8 +169,9 @@ else
   PYTHONPATH="$VLLM_PATH" "$VLLM_PY" -c "import gengate.engines.vllm, gengate.workers.main, gengate_client.aio" \
     2>/dev/null || VLLM_PATH="$SRC_PATH:$SITE"
   MODEL="$(PYTHONPATH="$VLLM_PATH" "$VLLM_PY" bench/gpu/make_model.py "$WORK/small-llama")"
-  PYTHONPATH="$VLLM_PATH" GENGATE_VLLM_MODEL="$MODEL" timeout 900 "$VLLM_PY" -m pytest -m gpu \
-    bench/gpu/test_vllm_gpu.py -q -p no:cacheprovider -o addopts="" 2>&1 | tee -a "$OUT/vllm-tests.log"
+  # The same suite scripts/test --vllm runs on vLLM's CPU build, here with a GPU placed.
+  PYTHONPATH="$VLLM_PATH" GENGATE_VLLM_MODEL="$MODEL" GENGATE_VLLM_DEVICE=gpu GENGATE_REQUIRE_VLLM=1 \
+    timeout 900 "$VLLM_PY" -m pytest -m vllm tests/vllm -q -p no:cacheprovider 2>&1 | tee -a "$OUT/vllm-tests.log"
   rc=$?
   row "vLLM tests" "$([[ $rc -eq 0 ]] && echo PASS || echo FAIL)" "$(tail -1 "$OUT/vllm-tests.log" | tr -d '=')"
   PYTHONPATH="$VLLM_PATH" timeout 1200 "$VLLM_PY" bench/gpu/throughput.py --model "$MODEL" \

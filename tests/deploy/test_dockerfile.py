@@ -188,3 +188,21 @@ def test_healthcheck_runs_the_shipped_script() -> None:
 def test_gpu_image_is_referenced_not_duplicated() -> None:
     assert "bench/gpu/Dockerfile.vllm" in DOCKERFILE.read_text()
     assert "vllm" not in build_args(DOCKERFILE)["EXTRAS"]
+
+
+def test_vllm_image_installs_the_vllm_extra_pinned_like_the_offline_path() -> None:
+    extras = pyproject()["project"]["optional-dependencies"]  # type: ignore[index]
+    (pin,) = extras["vllm"]
+    offline = [
+        line.strip()
+        for line in (ROOT / "bench" / "gpu" / "requirements-vllm.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert offline == [pin]
+    install = next(r for r in args_of(VLLM_DOCKERFILE, "RUN") if "pip install" in r)
+    assert "./clients/python" in install and '".[vllm,otel]"' in install
+    # vLLM's llguidance (1.7.x) must satisfy the core requirement; the CPU engines pin their own.
+    core = [d for d in pyproject()["project"]["dependencies"] if d.startswith("llguidance")]  # type: ignore[index]
+    assert core == ["llguidance>=1.7,<2"]
+    for cpu_engine in ("llamacpp", "transformers"):
+        assert any(d.startswith("llguidance==") for d in extras[cpu_engine]), cpu_engine

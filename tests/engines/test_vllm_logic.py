@@ -235,3 +235,19 @@ async def test_start_without_vllm_installed_names_the_image(monkeypatch: pytest.
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(errors.ConfigError, match=r"Dockerfile\.vllm"):
         await VLLMBackend("big", VLLMOptions(model="m")).start()
+
+
+def test_final_only_output_is_one_delta_per_generation_without_ttft() -> None:
+    tracker = OutputTracker(input_tokens=3, top_logprobs=0, final_only=True)
+    final = SimpleNamespace(
+        outputs=[_completion(0, "whole text", [1, 2, 3], "length"), _completion(1, "ab", [4], "stop")]
+    )
+    events = list(tracker.feed(final))
+    assert [(e.index, e.text) for e in events if isinstance(e, GenerationDelta)] == [
+        (0, "whole text"),
+        (1, "ab"),
+    ]
+    ends = [e for e in events if isinstance(e, GenerationEnd)]
+    assert [e.usage.output_tokens for e in ends] == [3, 1]
+    assert all(e.timings.time_to_first_token_s is None and e.timings.total_s is not None for e in ends)
+    assert tracker.finished(2)

@@ -217,11 +217,16 @@ class _Generation:
 
 @dataclass
 class OutputTracker:
-    """Turns vLLM's DELTA RequestOutputs into domain events, counting usage per generation."""
+    """Turns vLLM's RequestOutputs into domain events, counting usage per generation.
+
+    DELTA outputs (streams) carry the new tokens of each step; a FINAL_ONLY output (unary calls)
+    carries each whole generation once, so no time to first token is known.
+    """
 
     input_tokens: int
     top_logprobs: int
     arrived: float = field(default_factory=time.monotonic)
+    final_only: bool = False
     generations: dict[int, _Generation] = field(default_factory=dict)
 
     cached_input_tokens: int = 0
@@ -254,7 +259,9 @@ class OutputTracker:
                     matched_stop=matched,
                     usage=Usage(self.input_tokens, state.tokens, self.cached_input_tokens),
                     timings=Timings(
-                        time_to_first_token_s=(state.first_token_at or now) - self.arrived,
+                        time_to_first_token_s=None
+                        if self.final_only
+                        else (state.first_token_at or now) - self.arrived,
                         total_s=now - self.arrived,
                     ),
                 )
@@ -393,7 +400,9 @@ class VLLMBackend:
             ids = ids["input_ids"]
         return list(ids)
 
-    def _sampling_params(self, request: GenerationRequest, prompt_len: int) -> tuple[Any, Enforcement]:
+    def _sampling_params(
+        self, request: GenerationRequest, prompt_len: int, *, final_only: bool
+    ) -> tuple[Any, Enforcement]:
         """vLLM's SamplingParams for `request`, and how its structured output is enforced."""
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -402,12 +411,18 @@ class VLLMBackend:
         if request.structured_output is not None:
             structured, enforcement = structured_outputs_kwargs(request.structured_output)
             kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
-        return self._vllm.SamplingParams(output_kind=RequestOutputKind.DELTA, **kwargs), enforcement
+        kind = RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA
+        return self._vllm.SamplingParams(output_kind=kind, **kwargs), enforcement
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        return await collect_stream(self.generate_stream(request))
+        # FINAL_ONLY, as vLLM's own server does for non-streaming calls: per-step deltas would cost
+        # the frontend a RequestOutput per token that nobody streams.
+        return await collect_stream(self._events(request, final_only=True))
 
-    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+    def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        return self._events(request, final_only=False)
+
+    async def _events(self, request: GenerationRequest, *, final_only: bool) -> AsyncIterator[StreamEvent]:
         if self._engine is None:
             raise errors.Unavailable(f"model {self.name!r} is not loaded")
         from vllm.inputs import TokensPrompt
@@ -419,7 +434,7 @@ class VLLMBackend:
                 f"the prompt has {len(prompt_ids)} tokens; model {self.name!r} takes {self._context_length}",
                 reason="PROMPT_TOO_LONG",
             )
-        params, enforcement = self._sampling_params(request, len(prompt_ids))
+        params, enforcement = self._sampling_params(request, len(prompt_ids), final_only=final_only)
         engine_request_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
         yield StreamStart(
             request_id=request.request_id or engine_request_id,
@@ -429,7 +444,9 @@ class VLLMBackend:
             effective_sampling=request.sampling,
             effective_stopping=StoppingCriteria(max_tokens=params.max_tokens, stop=request.stopping.stop),
         )
-        tracker = OutputTracker(len(prompt_ids), request.logprobs or 0, arrived=arrived)
+        tracker = OutputTracker(
+            len(prompt_ids), request.logprobs or 0, arrived=arrived, final_only=final_only
+        )
         try:
             async for output in self._engine.generate(
                 TokensPrompt(prompt_token_ids=prompt_ids), params, engine_request_id
