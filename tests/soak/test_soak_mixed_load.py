@@ -109,10 +109,6 @@ KNOWN_ERROR_LOGS: list[tuple[str, str]] = [
     # gRPC aio server interceptor detaches its span context from another Context when a server stream
     # is closed early (client cancel). Log noise only.
     ("opentelemetry.context", r"Failed to detach context"),
-    # Reported: the service's own deadline and gRPC's fire together; abort() then sends a status on a
-    # call gRPC has already ended (about 1 in 200 tiny-deadline calls). The caller still gets
-    # DEADLINE_EXCEEDED; only the log is wrong.
-    ("grpc._cython.cygrpc", r"ExecuteBatchError raised in core by servicer method"),
 ]
 
 
