@@ -112,13 +112,19 @@ def engine_settings(device: str) -> tuple[dict[str, object], list[str], dict[str
     """Same engine settings for both sides: gengate config keys, vLLM server flags, environment."""
     if device == "cpu":
         # float32: see tests/vllm/conftest.py (bfloat16 kernels die on CPUs that list but block AMX).
-        entry = {"devices": "cpu", "dtype": "float32", "cpu_kv_cache_gb": 2, "enforce_eager": True}
         # vLLM's CPU model runner spins its OpenMP threads on every core it is given; leave one
         # core to the serving processes (vLLM's advice), or both sides measure CPU starvation:
         # on 2 cores gengate's extra process then waited ~1 s for a core while its server-side
         # time was 0.3 s.
-        cores = os.cpu_count() or 2
-        env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": f"0-{max(0, cores - 2)}"}
+        bind = f"0-{max(0, (os.cpu_count() or 2) - 2)}"
+        entry = {
+            "devices": "cpu",
+            "dtype": "float32",
+            "cpu_kv_cache_gb": 2,
+            "cpu_threads_bind": bind,
+            "enforce_eager": True,
+        }
+        env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": bind}
         return entry, ["--dtype", "float32", "--enforce-eager"], env
     return {"gpu_memory_utilization": 0.3}, ["--gpu-memory-utilization", "0.3"], {}
 

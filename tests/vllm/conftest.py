@@ -54,7 +54,12 @@ def vllm_entry(vllm_device: str, vllm_model_dir: str) -> dict[str, Any]:
     if vllm_device == "cpu":
         # float32: vLLM's CPU build picks bfloat16 for `auto`, whose kernels die with SIGILL on
         # CPUs (or VMs) that list AMX/AVX512-BF16 without letting processes use them.
-        entry.update(devices="cpu", cpu_kv_cache_gb=1, dtype="float32")
+        # One core left to the serving processes (the test's own included): vLLM's OpenMP threads
+        # spin, and on 2 cores a starved consumer saw a whole answer arrive at once.
+        cores = os.cpu_count() or 2
+        entry.update(
+            devices="cpu", cpu_kv_cache_gb=1, dtype="float32", cpu_threads_bind=f"0-{max(0, cores - 2)}"
+        )
     else:
         entry.update(gpu_memory_utilization=0.3)
     return entry

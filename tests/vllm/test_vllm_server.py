@@ -116,7 +116,9 @@ async def test_bad_input_is_refused_with_details_and_the_model_keeps_serving(cli
         await client.generate("small", "x", output_type=Regex("[0-9"), max_tokens=4)
     assert info.value.field_violations and "regex" in info.value.field_violations[0].field
     with pytest.raises(DeadlineExceededError):
-        await client.generate("small", "A long answer:", max_tokens=1000, timeout=0.05)
+        await client.generate(
+            "small", "A long answer:", output_type=Regex("[a-z]{900}"), max_tokens=1000, timeout=0.3
+        )
     ok = await client.generate("small", "still there?", max_tokens=3)
     assert ok.usage.output_tokens == 3 and ok.finish_reason is FinishReason.LENGTH
 

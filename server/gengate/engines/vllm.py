@@ -99,6 +99,11 @@ class VLLMOptions(BaseModel):
     cpu_kv_cache_gb: float | None = Field(
         default=None, gt=0, description="KV cache size on vLLM's CPU build (VLLM_CPU_KVCACHE_SPACE)."
     )
+    cpu_threads_bind: str | None = Field(
+        default=None,
+        description="Cores for the CPU build's model runner (VLLM_CPU_OMP_THREADS_BIND), e.g. '0-6' on "
+        "8 cores: its OpenMP threads spin, so leave cores to the serving processes.",
+    )
     max_n: int = Field(default=16, ge=1)
     max_logprobs: int = Field(default=20, ge=0)
     chat_template: str | None = None
@@ -353,6 +358,8 @@ class VLLMBackend:
     async def start(self) -> None:
         if self.options.cpu_kv_cache_gb is not None:  # read by vLLM's engine-core process
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{self.options.cpu_kv_cache_gb:g}"
+        if self.options.cpu_threads_bind is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.options.cpu_threads_bind
         try:
             import vllm
             from vllm.engine.arg_utils import AsyncEngineArgs
