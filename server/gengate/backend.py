@@ -104,3 +104,11 @@ async def collect_stream(events: AsyncIterator[StreamEvent]) -> GenerationResult
         effective_stopping=start.effective_stopping,
         timings=Timings(queue_s=queue, time_to_first_token_s=first_token, total_s=last_total),
     )
+
+
+async def aclose_stream(stream: AsyncIterator[object]) -> None:
+    """Closes a stream now (async generators have aclose), so the engine or upstream request
+    behind it is aborted at once rather than when the generator is garbage-collected."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()

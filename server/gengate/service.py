@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any
 
+from gengate.backend import aclose_stream
 from gengate.checks import prepare
 from gengate.domain import (
     FinishReason,
@@ -100,9 +101,7 @@ class GenerationCore:
                             )
                         yield event
                 finally:
-                    aclose = getattr(stream, "aclose", None)  # async generators have it
-                    if aclose is not None:
-                        await aclose()
+                    await aclose_stream(stream)
 
     async def batch(self, requests: Sequence[GenerationRequest]) -> AsyncIterator[BatchItem]:
         """Runs every item concurrently (bounded); yields (index, result or error) as each finishes."""

@@ -7,7 +7,6 @@ ListModels and health, bad input refused with field details while the model keep
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -124,12 +123,9 @@ async def test_bad_input_is_refused_with_details_and_the_model_keeps_serving(cli
 
 
 async def test_concurrent_streams_and_unary_calls_all_complete(client: AsyncClient) -> None:
-    began = time.monotonic()
-
     async def one(i: int) -> int:
         response = await client.generate("small", f"item {i}", max_tokens=16, seed=i)
         return response.usage.output_tokens
 
     counts = await asyncio.gather(*(one(i) for i in range(48)))
-    assert all(count > 0 for count in counts)
-    assert time.monotonic() - began < 300  # a hang guard, not a speed claim
+    assert all(count > 0 for count in counts)  # pytest-timeout guards against a hang

@@ -79,13 +79,6 @@ def annotate(key: str, value: str | int | list[str]) -> None:
     trace.get_current_span().set_attribute(key, value)
 
 
-async def aclose_stream(stream: AsyncIterator[StreamEvent]) -> None:
-    """Closes a member's stream so its engine or upstream request is aborted now."""
-    close = getattr(stream, "aclose", None)
-    if close is not None:
-        await close()
-
-
 class CompositeBackend(abc.ABC):
     """A backend served by other configured models: members are resolved in `bind`, capabilities
     derived in `bind` and again in `start` (engines declare their final capabilities when loaded)."""

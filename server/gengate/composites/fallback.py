@@ -21,10 +21,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gengate.backend import Backend
+from gengate.backend import Backend, aclose_stream
 from gengate.composites.base import (
     CompositeBackend,
-    aclose_stream,
     annotate,
     common_capabilities,
     error_code,

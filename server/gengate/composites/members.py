@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from gengate.composites.base import aclose_stream
+from gengate.backend import aclose_stream
 from gengate.domain import GenerationEnd, GenerationRequest, GenerationResult, ModelCapabilities, StreamEvent
 from gengate.telemetry import backend_span
 

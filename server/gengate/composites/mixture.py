@@ -26,8 +26,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gengate.backend import Backend
-from gengate.composites.base import CompositeBackend, aclose_stream, annotate, member_request
+from gengate.backend import Backend, aclose_stream
+from gengate.composites.base import CompositeBackend, annotate, member_request
 from gengate.domain import (
     ChatMessage,
     GenerationEnd,

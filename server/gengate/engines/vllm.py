@@ -233,7 +233,6 @@ class OutputTracker:
     arrived: float = field(default_factory=time.monotonic)
     final_only: bool = False
     generations: dict[int, _Generation] = field(default_factory=dict)
-
     cached_input_tokens: int = 0
 
     def feed(self, output: Any) -> Iterable[StreamEvent]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from gengate import errors
+from gengate.backend import aclose_stream
 from gengate.providers.errors import is_retryable, normalize_exception
 
 T = TypeVar("T")
@@ -149,8 +150,6 @@ async def stream_with_retries(
             if delay is None:
                 raise error from exc
         finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await aclose_stream(stream)
         attempt += 1
         await asyncio.sleep(delay)

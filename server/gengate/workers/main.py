@@ -20,7 +20,7 @@ import sys
 import traceback
 from typing import Any
 
-from gengate.backend import Backend
+from gengate.backend import Backend, aclose_stream
 from gengate.workers.protocol import (
     Abort,
     Aborted,
@@ -84,9 +84,7 @@ async def run_call(backend: Backend, call: Call, outbox: Outbox) -> None:
                 async for event in events:
                     outbox.send(Event(call.call_id, event))
             finally:
-                aclose = getattr(events, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                await aclose_stream(events)
             outbox.send(Done(call.call_id))
         else:
             outbox.send(Done(call.call_id, await backend.generate(call.request)))
