@@ -251,3 +251,14 @@ def test_final_only_output_is_one_delta_per_generation_without_ttft() -> None:
     assert [e.usage.output_tokens for e in ends] == [3, 1]
     assert all(e.timings.time_to_first_token_s is None and e.timings.total_s is not None for e in ends)
     assert tracker.finished(2)
+
+
+def test_lowered_schemas_are_cached_by_content() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    first, _ = structured_outputs_kwargs(StructuredOutput(JsonSchemaConstraint(schema)))
+    again, _ = structured_outputs_kwargs(StructuredOutput(JsonSchemaConstraint(dict(schema))))
+    assert again["json"] is first["json"]  # lowered once
+    other, _ = structured_outputs_kwargs(
+        StructuredOutput(JsonSchemaConstraint(schema), additional_properties=True)
+    )
+    assert other["json"] is not first["json"] and other["json"]["additionalProperties"] is True

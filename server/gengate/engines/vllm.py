@@ -26,6 +26,7 @@ import inspect
 import os
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -34,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gengate import errors
 from gengate.backend import collect_stream
-from gengate.constraints.lowering import lower
+from gengate.constraints.compiler import constraint_key
+from gengate.constraints.lowering import LoweredConstraint, lower
 from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     ChoiceConstraint,
@@ -154,7 +156,7 @@ def structured_outputs_kwargs(output: StructuredOutput) -> tuple[dict[str, Any],
     kwargs: dict[str, Any]
     enforcement = Enforcement.ENGINE
     if isinstance(constraint, JsonSchemaConstraint):
-        lowered = lower(output)
+        lowered = _lowered(output)
         kwargs = {"json": lowered.generate_schema}
         enforcement = lowered.enforcement
     elif isinstance(constraint, RegexConstraint):
@@ -172,6 +174,25 @@ def structured_outputs_kwargs(output: StructuredOutput) -> tuple[dict[str, Any],
     ):
         kwargs["disable_any_whitespace"] = True
     return kwargs, enforcement
+
+
+_LOWERED: OrderedDict[str, LoweredConstraint] = OrderedDict()
+_LOWERED_MAX = 256
+
+
+def _lowered(output: StructuredOutput) -> LoweredConstraint:
+    """gengate's lowering of a JSON Schema, cached by its canonical text: relaxing a schema runs
+    llguidance's compiler, which a hot schema should not pay on every request."""
+    key = constraint_key(output)
+    hit = _LOWERED.get(key)
+    if hit is not None:
+        _LOWERED.move_to_end(key)
+        return hit
+    lowered = lower(output)  # raises InvalidArgument for a bad schema; errors are not cached
+    _LOWERED[key] = lowered
+    if len(_LOWERED) > _LOWERED_MAX:
+        _LOWERED.popitem(last=False)
+    return lowered
 
 
 def finish_reason_of(reason: str | None, stop_reason: int | str | None) -> tuple[FinishReason, str | None]:
