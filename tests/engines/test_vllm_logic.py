@@ -77,10 +77,11 @@ def test_unset_max_tokens_uses_the_rest_of_the_context_not_vllms_16() -> None:
         (StructuredOutput(RegexConstraint(r"\d+")), {"regex": "[0-9]+"}),  # ASCII dialect
         (StructuredOutput(ChoiceConstraint(("a", "b"))), {"choice": ["a", "b"]}),
         (StructuredOutput(GrammarConstraint(GrammarSyntax.LARK, "start: /x/")), {"grammar": "start: /x/"}),
-        (StructuredOutput(JsonObjectConstraint()), {"json_object": True, "disable_any_whitespace": True}),
+        # compact whitespace comes from the engine; flexible is asked for in the schema itself
+        (StructuredOutput(JsonObjectConstraint()), {"json": {"type": "object"}}),
         (
             StructuredOutput(JsonObjectConstraint(), whitespace=Whitespace.FLEXIBLE),
-            {"json_object": True},
+            {"json": {"type": "object", "x-guidance": {"whitespace_flexible": True}}},
         ),
     ],
 )
@@ -92,11 +93,13 @@ def test_json_schema_goes_through_gengates_lowering() -> None:
     """Closed objects by default, ASCII patterns, compact whitespace: what the other engines do."""
     schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": r"^\d+$"}}}
     kwargs, enforcement = structured_outputs_kwargs(StructuredOutput(JsonSchemaConstraint(schema)))
-    assert enforcement is Enforcement.ENGINE and kwargs["disable_any_whitespace"] is True
-    assert kwargs["json"] == {
-        "type": "object",
-        "properties": {"id": {"type": "string", "pattern": "^[0-9]+$"}},
-        "additionalProperties": False,
+    assert enforcement is Enforcement.ENGINE
+    assert kwargs == {
+        "json": {
+            "type": "object",
+            "properties": {"id": {"type": "string", "pattern": "^[0-9]+$"}},
+            "additionalProperties": False,
+        }
     }
     assert schema["properties"]["id"]["pattern"] == r"^\d+$"  # the caller's schema is untouched
     opened, _ = structured_outputs_kwargs(
@@ -104,7 +107,8 @@ def test_json_schema_goes_through_gengates_lowering() -> None:
             JsonSchemaConstraint(schema), additional_properties=True, whitespace=Whitespace.FLEXIBLE
         )
     )
-    assert opened["json"]["additionalProperties"] is True and "disable_any_whitespace" not in opened
+    assert opened["json"]["additionalProperties"] is True
+    assert opened["json"]["x-guidance"] == {"whitespace_flexible": True}
 
 
 def test_schema_the_engine_cannot_enforce_is_relaxed_and_validated() -> None:

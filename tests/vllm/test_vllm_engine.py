@@ -38,6 +38,7 @@ from gengate.domain import (
     StoppingCriteria,
     StreamStart,
     StructuredOutput,
+    Whitespace,
 )
 from gengate.workers.backend import WorkerBackend
 from gengate.workers.factory import build_backend
@@ -147,6 +148,67 @@ async def test_each_constraint_kind_with_n_2(vllm: WorkerBackend, constraint: An
             continue
         assert gen.finish_reason is FinishReason.STOP, gen  # bounded languages finish in budget
         assert check(gen.text), gen.text
+
+
+# llguidance cannot enforce uniqueItems: gengate relaxes it to "two of a/b" and validates after.
+PAIR = {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 2, "maxItems": 2, "uniqueItems": True}
+RELAXED_PAIR = {key: value for key, value in PAIR.items() if key != "uniqueItems"}
+
+
+async def test_json_is_compact_unless_the_request_asks_for_flexible_whitespace(vllm: WorkerBackend) -> None:
+    compact = await vllm.generate(
+        req(n=4, structured_output=StructuredOutput(JsonSchemaConstraint(RELAXED_PAIR)))
+    )
+    assert all(re.fullmatch(r'\["[ab]","[ab]"\]', g.text) for g in compact.generations), compact
+    flexible = await vllm.generate(
+        req(
+            n=4,
+            structured_output=StructuredOutput(
+                JsonSchemaConstraint(RELAXED_PAIR), whitespace=Whitespace.FLEXIBLE
+            ),
+            stopping=StoppingCriteria(max_tokens=200),
+        )
+    )
+    # random weights put whitespace wherever the grammar lets them
+    assert any(re.search(r"\s", g.text) for g in flexible.generations), flexible
+
+
+async def test_relaxed_schema_resamples_only_the_generations_that_fail(vllm: WorkerBackend) -> None:
+    checked = 0
+    for seed in range(16):
+        sampling = SamplingParams(temperature=1.0, seed=seed)
+        relaxed = await vllm.generate(
+            req(
+                n=4, sampling=sampling, structured_output=StructuredOutput(JsonSchemaConstraint(RELAXED_PAIR))
+            )
+        )
+        first = [g.text for g in relaxed.generations]
+        failing = {i for i, text in enumerate(first) if len(set(json.loads(text))) < 2}
+        if not failing or len(failing) == 4:
+            continue
+        stream = vllm.generate_stream(
+            req(n=4, sampling=sampling, structured_output=StructuredOutput(JsonSchemaConstraint(PAIR)))
+        )
+        try:
+            events = [e async for e in stream]
+        except errors.Aborted as exc:  # a generation failed all its tries (p = 1/8 each): refused
+            assert exc.reason == "VALIDATION_FAILED" and "did not validate in 4 tries" in exc.message
+            continue
+        assert isinstance(events[0], StreamStart) and events[0].enforcement is Enforcement.VALIDATED
+        for index in range(4):
+            deltas = [e for e in events if isinstance(e, GenerationDelta) and e.index == index]
+            assert len(deltas) == 1, "a validated generation arrives whole"
+            assert len(set(json.loads(deltas[0].text))) == 2, deltas[0].text
+            if index in failing:
+                assert deltas[0].text != first[index]  # sampled again
+            else:
+                assert deltas[0].text == first[index]  # kept: the same sample as without validation
+        checked += 1
+        if checked == 2:
+            return
+    pytest.fail(
+        f"only {checked} of 16 seeds gave a mix of valid and invalid first samples that re-sampling fixed"
+    )
 
 
 async def test_seed_makes_n_2_reproducible_and_each_seed_its_own(vllm: WorkerBackend) -> None:

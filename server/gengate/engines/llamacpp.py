@@ -47,18 +47,15 @@ from gengate.domain import (
     TokenLogprob,
     Usage,
 )
+from gengate.engines.resampling import merge_deltas, retry_seed, validated_events
 
 if TYPE_CHECKING:
     from gengate.engines.decoding import LoopHandoff
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
-# A VALIDATED (relaxed) constraint's result that fails validation is sampled again this often.
-VALIDATION_RETRIES = 3
 # Prompts up to this many characters are tokenized on the event loop (a thread hop costs more).
 INLINE_TOKENIZE_CHARS = 4096
-_MASK64 = (1 << 64) - 1
-_RETRY_SEED_STEP = 0x9E3779B97F4A7C15
 
 
 class LlamaCppOptions(BaseModel):
@@ -240,42 +237,41 @@ class LlamaCppBackend:
             effective_sampling=sampling,
             effective_stopping=request.stopping,
         )
-        validated = enforcement is Enforcement.VALIDATED
-        for index in range(request.n):
-            last_reason = ""
-            for attempt in range(1 + (VALIDATION_RETRIES if validated else 0)):
-                job_seed = (seed + attempt * _RETRY_SEED_STEP) & _MASK64
-                buffered: list[GenerationDelta] = []
-                done: _Done | None = None
-                job_sampling = replace(sampling, seed=job_seed)
-                run = self._run(request, index, prompt, job_sampling, stopping, compiled)
-                async with aclosing(run) as items:
-                    async for item in items:
-                        if isinstance(item, GenerationDelta):
-                            if validated:
-                                buffered.append(item)
-                            else:
-                                yield item
-                        else:
-                            done = item
-                assert done is not None
-                if not validated or done.finish_reason is not FinishReason.STOP:
-                    break
-                from gengate.constraints import validate_output
 
-                assert request.structured_output is not None
-                reason = validate_output(request.structured_output, done.text)
-                if reason is None:
-                    break
-                last_reason = reason
-            else:
-                raise errors.Aborted(
-                    f"generation {index} failed validation {1 + VALIDATION_RETRIES} times: {last_reason}",
-                    reason="VALIDATION_FAILED",
-                )
-            if buffered:
-                yield _merge(buffered)
-            now = time.monotonic()
+        def generations(indices: Sequence[int], attempt: int) -> AsyncGenerator[StreamEvent, None]:
+            attempt_sampling = replace(sampling, seed=retry_seed(seed, attempt))
+            return self._generations(request, indices, prompt, attempt_sampling, stopping, compiled, arrived)
+
+        if enforcement is Enforcement.VALIDATED:
+            assert request.structured_output is not None
+            events = validated_events(request.structured_output, request.n, generations)
+        else:
+            events = generations(range(request.n), 0)
+        async with aclosing(events) as stream:
+            async for event in stream:
+                yield event
+
+    async def _generations(
+        self,
+        request: GenerationRequest,
+        indices: Sequence[int],
+        prompt: list[int],
+        sampling: SamplingParams,
+        stopping: StoppingCriteria,
+        compiled: Any,
+        arrived: float,
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """Generations `indices`, one after another: their deltas as they come, then each end."""
+        for index in indices:
+            done: _Done | None = None
+            async with aclosing(self._run(request, index, prompt, sampling, stopping, compiled)) as items:
+                async for item in items:
+                    if isinstance(item, GenerationDelta):
+                        yield item
+                    else:
+                        done = item
+            assert done is not None
+            first_token_s = None if done.first_token_at is None else done.first_token_at - arrived
             yield GenerationEnd(
                 index=index,
                 finish_reason=done.finish_reason,
@@ -283,10 +279,8 @@ class LlamaCppBackend:
                 matched_stop=done.matched_stop,
                 timings=Timings(
                     queue_s=max(0.0, done.started_at - arrived),
-                    time_to_first_token_s=None
-                    if done.first_token_at is None
-                    else done.first_token_at - arrived,
-                    total_s=now - arrived,
+                    time_to_first_token_s=first_token_s,
+                    total_s=time.monotonic() - arrived,
                 ),
             )
 
@@ -321,7 +315,7 @@ class LlamaCppBackend:
                 items = await handoff.take()
                 deltas = [i for i in items if isinstance(i, GenerationDelta)]
                 if deltas:
-                    yield _merge(deltas)
+                    yield merge_deltas(deltas)
                 for item in items:
                     if isinstance(item, _Failed):
                         raise item.error
@@ -539,20 +533,6 @@ def _prompt_chars(request: GenerationRequest) -> int:
     if request.prompt is not None:
         return len(request.prompt)
     return sum(len(m.text) for m in request.messages or ())
-
-
-def _merge(deltas: list[GenerationDelta]) -> GenerationDelta:
-    """One delta carrying the text, token count and logprobs of several."""
-    if len(deltas) == 1:
-        return deltas[0]
-    logprobs = [lp for d in deltas for lp in (d.logprobs or ())]
-    with_logprobs = any(d.logprobs is not None for d in deltas)
-    return GenerationDelta(
-        index=deltas[0].index,
-        text="".join(d.text for d in deltas),
-        token_count=sum(d.token_count for d in deltas),
-        logprobs=tuple(logprobs) if with_logprobs else None,
-    )
 
 
 def _internal(exc: BaseException) -> errors.GengateError:

@@ -27,8 +27,9 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -63,6 +64,7 @@ from gengate.domain import (
     Usage,
     Whitespace,
 )
+from gengate.engines.resampling import retry_seed, validated_events
 
 StructuredBackend = Literal["guidance", "xgrammar", "outlines", "auto"]
 
@@ -150,14 +152,22 @@ def structured_outputs_kwargs(output: StructuredOutput) -> tuple[dict[str, Any],
     A JSON Schema goes through gengate's own lowering first, so vLLM generates what the other
     local engines do: closed objects unless the request says otherwise, ASCII `\\d`/`\\w` in
     patterns, and a relaxed schema (VALIDATED afterwards) where llguidance cannot enforce a keyword.
-    Whitespace is compact unless the request asks for flexible, as on the other engines.
+    A JSON object is sent as the schema `{"type": "object"}` so that it can carry whitespace too.
+
+    Whitespace: vLLM's backends take it from the engine (`disable_any_whitespace`, which the
+    per-request field of the same name does not override); gengate starts the engine compact and
+    a request for flexible whitespace says so in the schema (`x-guidance`), which the guidance
+    backend honours and the others ignore (their output stays compact, still valid JSON).
     """
     constraint = output.constraint
     kwargs: dict[str, Any]
     enforcement = Enforcement.ENGINE
-    if isinstance(constraint, JsonSchemaConstraint):
+    if isinstance(constraint, JsonSchemaConstraint | JsonObjectConstraint):
         lowered = _lowered(output)
-        kwargs = {"json": lowered.generate_schema}
+        schema = lowered.generate_schema or {"type": "object"}
+        if output.whitespace is Whitespace.FLEXIBLE:
+            schema = {**schema, "x-guidance": {"whitespace_flexible": True}}
+        kwargs = {"json": schema}
         enforcement = lowered.enforcement
     elif isinstance(constraint, RegexConstraint):
         kwargs = {"regex": ascii_shorthands(constraint.pattern)}
@@ -165,15 +175,13 @@ def structured_outputs_kwargs(output: StructuredOutput) -> tuple[dict[str, Any],
         kwargs = {"choice": list(constraint.choices)}
     elif isinstance(constraint, GrammarConstraint):
         kwargs = {"grammar": constraint.definition}
-    elif isinstance(constraint, JsonObjectConstraint):
-        kwargs = {"json_object": True}
     else:  # pragma: no cover - the Constraint union is closed
         raise errors.Unimplemented(f"constraint {constraint!r} is not supported by vLLM")
-    if output.whitespace is not Whitespace.FLEXIBLE and isinstance(
-        constraint, JsonSchemaConstraint | JsonObjectConstraint
-    ):
-        kwargs["disable_any_whitespace"] = True
     return kwargs, enforcement
+
+
+# vLLM refuses `disable_any_whitespace` on the backends that cannot do it.
+COMPACT_WHITESPACE_BACKENDS = frozenset({"guidance", "xgrammar"})
 
 
 _LOWERED: OrderedDict[str, LoweredConstraint] = OrderedDict()
@@ -256,7 +264,7 @@ class OutputTracker:
     generations: dict[int, _Generation] = field(default_factory=dict)
     cached_input_tokens: int = 0
 
-    def feed(self, output: Any) -> Iterable[StreamEvent]:
+    def feed(self, output: Any) -> Iterable[GenerationDelta | GenerationEnd]:
         now = time.monotonic()
         cached = getattr(output, "num_cached_tokens", None)  # prefix-cache hits, once known
         if cached:
@@ -396,14 +404,16 @@ class VLLMBackend:
             cpu_platform=bool(current_platform.is_cpu()),
         )
         self._vllm = vllm
+        backend = self.options.structured_outputs_backend
+        structured_config: dict[str, Any] = {"backend": backend}
+        if backend in COMPACT_WHITESPACE_BACKENDS:
+            structured_config["disable_any_whitespace"] = True  # see structured_outputs_kwargs
         try:
             from vllm.config import StructuredOutputsConfig
 
-            kwargs["structured_outputs_config"] = StructuredOutputsConfig(
-                backend=self.options.structured_outputs_backend
-            )
+            kwargs["structured_outputs_config"] = StructuredOutputsConfig(**structured_config)
         except ImportError:  # older layouts take a plain mapping
-            kwargs["structured_outputs_config"] = {"backend": self.options.structured_outputs_backend}
+            kwargs["structured_outputs_config"] = structured_config
         self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         tokenizer = self._engine.get_tokenizer()
         self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
@@ -428,9 +438,13 @@ class VLLMBackend:
         return list(ids)
 
     def _sampling_params(
-        self, request: GenerationRequest, prompt_len: int, *, final_only: bool
+        self, request: GenerationRequest, prompt_len: int, *, stream: bool
     ) -> tuple[Any, Enforcement]:
-        """vLLM's SamplingParams for `request`, and how its structured output is enforced."""
+        """vLLM's SamplingParams for `request`, and how its structured output is enforced.
+
+        Deltas only for a stream whose text is not held back for validation; FINAL_ONLY otherwise,
+        as vLLM's own server does for non-streaming calls (a RequestOutput per token costs its
+        frontend time that nobody uses)."""
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         kwargs = sampling_kwargs(request, default_max_tokens=max(1, self._context_length - prompt_len))
@@ -438,22 +452,19 @@ class VLLMBackend:
         if request.structured_output is not None:
             structured, enforcement = structured_outputs_kwargs(request.structured_output)
             kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
-        kind = RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA
+        deltas = stream and enforcement is not Enforcement.VALIDATED
+        kind = RequestOutputKind.DELTA if deltas else RequestOutputKind.FINAL_ONLY
         return self._vllm.SamplingParams(output_kind=kind, **kwargs), enforcement
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        # FINAL_ONLY, as vLLM's own server does for non-streaming calls: per-step deltas would cost
-        # the frontend a RequestOutput per token that nobody streams.
-        return await collect_stream(self._events(request, final_only=True))
+        return await collect_stream(self._events(request, stream=False))
 
     def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        return self._events(request, final_only=False)
+        return self._events(request, stream=True)
 
-    async def _events(self, request: GenerationRequest, *, final_only: bool) -> AsyncIterator[StreamEvent]:
+    async def _events(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[StreamEvent]:
         if self._engine is None:
             raise errors.Unavailable(f"model {self.name!r} is not loaded")
-        from vllm.inputs import TokensPrompt
-
         arrived = time.monotonic()
         prompt_ids = self._prompt_ids(request)
         if len(prompt_ids) >= self._context_length:
@@ -461,7 +472,7 @@ class VLLMBackend:
                 f"the prompt has {len(prompt_ids)} tokens; model {self.name!r} takes {self._context_length}",
                 reason="PROMPT_TOO_LONG",
             )
-        params, enforcement = self._sampling_params(request, len(prompt_ids), final_only=final_only)
+        params, enforcement = self._sampling_params(request, len(prompt_ids), stream=stream)
         engine_request_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
         yield StreamStart(
             request_id=request.request_id or engine_request_id,
@@ -471,6 +482,44 @@ class VLLMBackend:
             effective_sampling=request.sampling,
             effective_stopping=StoppingCriteria(max_tokens=params.max_tokens, stop=request.stopping.stop),
         )
+
+        def generations(indices: Sequence[int], attempt: int) -> AsyncGenerator[StreamEvent, None]:
+            if attempt == 0:
+                return self._run(prompt_ids, params, engine_request_id, request, arrived, indices)
+            seed = request.sampling.seed
+            retry = replace(
+                request,
+                n=len(indices),
+                sampling=replace(request.sampling, seed=None if seed is None else retry_seed(seed, attempt)),
+            )
+            retry_params, _ = self._sampling_params(retry, len(prompt_ids), stream=False)
+            retry_id = f"{engine_request_id}-retry{attempt}"
+            return self._run(prompt_ids, retry_params, retry_id, retry, arrived, indices)
+
+        if enforcement is Enforcement.VALIDATED:
+            assert request.structured_output is not None
+            events = validated_events(request.structured_output, request.n, generations)
+        else:
+            events = generations(range(request.n), 0)
+        async with aclosing(events) as each:
+            async for event in each:
+                yield event
+
+    async def _run(
+        self,
+        prompt_ids: list[int],
+        params: Any,
+        engine_request_id: str,
+        request: GenerationRequest,
+        arrived: float,
+        indices: Sequence[int],
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """One engine request's events, its generation j reported as generation `indices[j]`;
+        the engine request is aborted if the caller stops early."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        final_only = params.output_kind == RequestOutputKind.FINAL_ONLY
         tracker = OutputTracker(
             len(prompt_ids), request.logprobs or 0, arrived=arrived, final_only=final_only
         )
@@ -479,7 +528,8 @@ class VLLMBackend:
                 TokensPrompt(prompt_token_ids=prompt_ids), params, engine_request_id
             ):
                 for event in tracker.feed(output):
-                    yield event
+                    index = indices[event.index]
+                    yield event if index == event.index else replace(event, index=index)
         finally:
             if not tracker.finished(request.n) and self._engine is not None:
                 await self._engine.abort(engine_request_id)

@@ -1,7 +1,8 @@
 """RequestRun: one request's n generations on the scheduler, turned into stream events.
 
 It owns the validation loop for VALIDATED constraints: such a generation's text is held back
-until it validates, and one that does not is re-generated with the next seed.
+until it validates, and one that does not is re-generated at once with the next attempt's seed
+(engines/resampling.py; the other engines re-run failed generations in rounds).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gengate.domain import (
     Usage,
 )
 from gengate.engines.decoding import SequenceDecoder
+from gengate.engines.resampling import VALIDATION_RETRIES, retry_seed, validation_failed
 from gengate.engines.transformers.scheduler import (
     Admitted,
     Failed,
@@ -39,9 +41,6 @@ from gengate.engines.transformers.scheduler import (
 
 if TYPE_CHECKING:
     from gengate.engines.transformers.backend import Loaded
-
-# A generation that fails validation (VALIDATED enforcement) is re-generated this many times.
-VALIDATION_RETRIES = 3
 
 
 @dataclass(eq=False)
@@ -113,7 +112,7 @@ class RequestRun:
                 gen.seq.cancel()
 
     def _launch(self, gen: _Generation) -> None:
-        seed = (self.sampling.seed or 0) + gen.attempt
+        seed = retry_seed(self.sampling.seed or 0, gen.attempt)
         gen.decoder = SequenceDecoder(
             index=gen.index,
             detokenize=self._detokenize,
@@ -191,10 +190,7 @@ class RequestRun:
         problem = validate_output(structured, text) if reason is FinishReason.STOP else None
         if problem is not None:
             if gen.attempt >= VALIDATION_RETRIES:
-                raise errors.Aborted(
-                    f"generation {gen.index} did not validate in {gen.attempt + 1} tries: {problem}",
-                    reason="VALIDATION_FAILED",
-                )
+                raise validation_failed(gen.index, gen.attempt + 1, problem)
             gen.attempt += 1
             self._launch(gen)
             return False

@@ -1,0 +1,84 @@
+"""Re-sampling of VALIDATED generations, shared by the local engines.
+
+A relaxed constraint (one `constraints.lowering` could not enforce keyword for keyword) is
+enforced by the engine as far as it goes and checked afterwards. Each generation's text is held
+back until it validates; one that does not is sampled again with another seed, up to
+VALIDATION_RETRIES times, and then refused with ABORTED VALIDATION_FAILED. A generation cut by
+max_tokens or a stop string is released as it is: its finish reason says it is incomplete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
+
+from gengate import errors
+from gengate.constraints import validate_output
+from gengate.domain import FinishReason, GenerationDelta, GenerationEnd, StreamEvent, StructuredOutput
+
+# A generation that fails validation is sampled this many more times.
+VALIDATION_RETRIES = 3
+_SEED_STEP = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: attempts' seeds far apart
+_SEED_MASK = (1 << 63) - 1  # every engine takes a non-negative 63-bit seed
+
+# run(indices, attempt): the events of generations `indices` (with those indices), sampled with
+# the seed of `attempt` (0 = the request's own). No StreamStart.
+GenerationRunner = Callable[[Sequence[int], int], AsyncGenerator[StreamEvent, None]]
+
+
+def retry_seed(seed: int, attempt: int) -> int:
+    """The seed of validation attempt `attempt`: reproducible from the request's seed."""
+    return (seed + attempt * _SEED_STEP) & _SEED_MASK
+
+
+def merge_deltas(deltas: Sequence[GenerationDelta]) -> GenerationDelta:
+    """One delta carrying the text, token count and logprobs of several (of one generation)."""
+    if len(deltas) == 1:
+        return deltas[0]
+    with_logprobs = any(d.logprobs is not None for d in deltas)
+    return GenerationDelta(
+        index=deltas[0].index,
+        text="".join(d.text for d in deltas),
+        token_count=sum(d.token_count for d in deltas),
+        logprobs=tuple(lp for d in deltas for lp in (d.logprobs or ())) if with_logprobs else None,
+    )
+
+
+def validation_failed(index: int, tries: int, problem: str) -> errors.Aborted:
+    """The error for a generation that did not validate in `tries` attempts."""
+    return errors.Aborted(
+        f"generation {index} did not validate in {tries} tries: {problem}", reason="VALIDATION_FAILED"
+    )
+
+
+async def validated_events(
+    structured: StructuredOutput, n: int, run: GenerationRunner
+) -> AsyncGenerator[StreamEvent, None]:
+    """Generations 0..n-1 from `run`, each released (one merged delta, then its end) once its
+    text validates; those that fail are run again together, with the next attempt's seed."""
+    pending: dict[int, str] = {}  # generation index -> why its last attempt failed
+    indices: Sequence[int] = range(n)
+    for attempt in range(1 + VALIDATION_RETRIES):
+        held: dict[int, list[GenerationDelta]] = {i: [] for i in indices}
+        async with aclosing(run(indices, attempt)) as events:
+            async for event in events:
+                if isinstance(event, GenerationDelta):
+                    held[event.index].append(event)
+                    continue
+                if not isinstance(event, GenerationEnd):
+                    continue
+                deltas = held.pop(event.index)
+                complete = event.finish_reason is FinishReason.STOP
+                problem = validate_output(structured, "".join(d.text for d in deltas)) if complete else None
+                if problem is not None:
+                    pending[event.index] = problem
+                    continue
+                pending.pop(event.index, None)
+                if deltas:
+                    yield merge_deltas(deltas)
+                yield event
+        if not pending:
+            return
+        indices = sorted(pending)
+    index = min(pending)
+    raise validation_failed(index, 1 + VALIDATION_RETRIES, pending[index])
