@@ -74,13 +74,13 @@ class GenerationCore:
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         arrived = time.monotonic()
         route, request = self._prepare(request)
-        with backend_span(route, request) as span:
+        with backend_span(route, request, current=False) as span:
             async with route.slot() as queued_s:
                 texts: dict[int, list[str]] = {}
                 enforcement = "none"
                 stream = route.backend.generate_stream(request)
                 try:
-                    async for event in _iter_with_deadline(stream, request):
+                    async for event in _iter_with_deadline(span.events(stream), request):
                         if isinstance(event, StreamStart):
                             enforcement = event.enforcement.value
                             event = dataclasses.replace(

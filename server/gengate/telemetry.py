@@ -13,8 +13,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -32,6 +32,8 @@ from gengate.errors import GengateError
 
 if TYPE_CHECKING:
     from gengate.router import Route
+
+T = TypeVar("T")
 
 log = logging.getLogger("gengate")
 tracer = trace.get_tracer("gengate")
@@ -194,14 +196,34 @@ class BackendSpan:
         self.span.set_attribute("gen_ai.usage.output_tokens", self._output_tokens)
         self.span.set_attribute("gen_ai.response.finish_reasons", self._finish_reasons)
 
+    def events(self, stream: AsyncIterator[T]) -> AsyncIterator[T]:
+        """`stream`, each item produced with this span current (a worker or provider call it
+        starts is its child) but never held current across a yield: a stream dropped by its
+        consumer is closed wherever the event loop closes it, and a context attached in one
+        asyncio Context cannot be detached in another ("Failed to detach context")."""
+        if not self.span.is_recording():
+            return stream
+        return self._events(stream)
+
+    async def _events(self, stream: AsyncIterator[T]) -> AsyncIterator[T]:
+        while True:
+            with trace.use_span(self.span, record_exception=False, set_status_on_exception=False):
+                try:
+                    item = await anext(stream)
+                except StopAsyncIteration:
+                    return
+            yield item
+
 
 _NO_SPAN = BackendSpan(trace.INVALID_SPAN)
 
 
 @contextlib.contextmanager
-def backend_span(route: Route, request: GenerationRequest) -> Iterator[BackendSpan]:
+def backend_span(route: Route, request: GenerationRequest, *, current: bool = True) -> Iterator[BackendSpan]:
     """A CLIENT-kind span around one backend call, child of the current RPC span.
 
+    `current`: the span is the current one inside the block (a unary call, awaited in one task).
+    A stream passes False and produces its events through `BackendSpan.events` instead.
     With no tracer provider installed every span is a no-op: skip building one (and its
     attributes) altogether, which is most of this function's cost per request.
     """
@@ -230,20 +252,22 @@ def backend_span(route: Route, request: GenerationRequest) -> Iterator[BackendSp
         attributes["gengate.constraint.kind"] = request.structured_output.constraint.kind.value
     if trace_content() and request.prompt is not None:
         attributes["gen_ai.input.messages"] = request.prompt
-    with tracer.start_as_current_span(
-        f"{operation} {route.name}",
-        kind=trace.SpanKind.CLIENT,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
+    span = tracer.start_span(f"{operation} {route.name}", kind=trace.SpanKind.CLIENT, attributes=attributes)
+    scope = (
+        trace.use_span(span, record_exception=False, set_status_on_exception=False)
+        if current
+        else contextlib.nullcontext()
+    )
+    try:
+        with scope:
             yield BackendSpan(span)
-        except GengateError as exc:
-            span.set_attribute("error.type", exc.reason)
-            span.set_status(Status(StatusCode.ERROR, exc.code.value))
-            raise
-        except BaseException as exc:
-            span.set_attribute("error.type", type(exc).__name__)
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            raise
+    except GengateError as exc:
+        span.set_attribute("error.type", exc.reason)
+        span.set_status(Status(StatusCode.ERROR, exc.code.value))
+        raise
+    except BaseException as exc:
+        span.set_attribute("error.type", type(exc).__name__)
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        span.end()

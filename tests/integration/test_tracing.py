@@ -8,7 +8,9 @@ OTLP) are tested in subprocesses, on the real `gengate serve`.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import os
 import signal
 import socket
@@ -29,7 +31,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 PROMPT = "CANARY-prompt-7731 tell me a story"
 REPO = Path(__file__).resolve().parents[2]
@@ -320,3 +322,32 @@ provider.shutdown()
     assert outer["attributes"] == {"list": [1, 2]}
     assert outer["status"] == "UNSET" and outer["service_name"] == "gengate"
     assert started <= outer["start_time_unix_nano"] <= inner["start_time_unix_nano"]
+
+
+async def test_a_stream_cancelled_by_its_caller_ends_its_spans_without_context_errors(
+    make_server: ServerFactory, exporter: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server stream dropped while the server waits to write used to be closed by the event
+    loop in another Context than the one its spans were attached in: "Failed to detach context"
+    (an ERROR log) per cancelled stream, from the RPC span and from the backend span."""
+    server = await make_server({"models": [{"name": "m", "backend": "scripted", "text": "word " * 30000}]})
+    caplog.set_level(logging.ERROR, logger="opentelemetry.context")
+    async with AsyncClient(server.address) as client:
+        for attempt in range(3):
+            with trace.get_tracer("test").start_as_current_span(f"caller-{attempt}") as caller:
+                frames = client.generate_stream("m", PROMPT, max_tokens=20000)
+                async for frame in frames:
+                    if isinstance(frame, StreamStart):
+                        break
+                await asyncio.sleep(0.3)  # not reading: the server blocks writing its frames
+                await frames.aclose()  # cancels the RPC mid-stream
+        assert (await client.generate("m", PROMPT, max_tokens=2)).usage.output_tokens == 2
+    for _ in range(50):
+        gc.collect()
+        spans, rpc, backend = await _chain(exporter, caller)
+        if rpc.end_time and backend.end_time:
+            break
+        await asyncio.sleep(0.05)
+    assert backend.status.status_code is StatusCode.ERROR  # cancelled: not a success
+    detach_errors = [r.getMessage() for r in caplog.records if r.name == "opentelemetry.context"]
+    assert detach_errors == []

@@ -440,3 +440,15 @@ def summary_table(soak: Soak, extra: list[str]) -> str:
         "validated structured outputs: " + ", ".join(f"{k}={v}" for k, v in sorted(soak.validated.items()))
     )
     return "\n".join([*lines, *extra])
+
+
+def install_tracer_provider() -> None:
+    """Tracing on, as with GENGATE_TRACES_FILE or OTLP: an SDK provider (one per process, so reuse
+    one another test installed), which makes start_server add the OpenTelemetry interceptor."""
+    from gengate.telemetry import tracing_enabled
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+    assert tracing_enabled()

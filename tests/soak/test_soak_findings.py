@@ -21,26 +21,16 @@ from gengate.domain import (
 )
 from gengate.router import Route, Router
 from gengate.service import GenerationCore
-from gengate.telemetry import tracing_enabled
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
 from pydantic import BaseModel
-
-
-def _install_tracer_provider() -> None:
-    """Tracing on, as with GENGATE_TRACES_FILE or OTLP: an SDK provider (one per process, so reuse
-    one another test installed), which makes start_server add the OpenTelemetry interceptor."""
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        trace.set_tracer_provider(TracerProvider())
-    assert tracing_enabled()
+from soak_load import install_tracer_provider
 
 
 # Regression: the OpenTelemetry aio server interceptor iterates every server-streaming handler,
 # but grpc_health's Health.Watch is a coroutine; Watch ended UNKNOWN with tracing on
 # (opentelemetry-python-contrib#3066). Health and reflection now bypass that interceptor.
 async def test_health_watch_streams_the_model_status_with_tracing_on() -> None:
-    _install_tracer_provider()
+    install_tracer_provider()
     config = parse_config({"models": [{"name": "echo", "backend": "scripted"}]})
     server = await start_server(config, host="127.0.0.1", port=0)
     try:

@@ -73,27 +73,6 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         return None if handler is None else _rejecting(handler, error)
 
 
-class SkipOpenServices(grpc.aio.ServerInterceptor):
-    """Runs `inner` for gengate's own RPCs only; health and reflection pass straight through.
-
-    OpenTelemetry's aio server interceptor iterates every server-streaming handler with
-    `async for`, but grpc_health's Health.Watch is a coroutine: under it, Watch ended UNKNOWN
-    (upstream opentelemetry-python-contrib#3066).
-    """
-
-    def __init__(self, inner: grpc.aio.ServerInterceptor) -> None:
-        self._inner = inner
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        if (handler_call_details.method or "").startswith(OPEN_SERVICES):
-            return await continuation(handler_call_details)
-        return await self._inner.intercept_service(continuation, handler_call_details)
-
-
 def _rejecting(
     handler: grpc.RpcMethodHandler[Any, Any], error: GengateError
 ) -> grpc.RpcMethodHandler[Any, Any]:

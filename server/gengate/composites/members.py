@@ -46,11 +46,11 @@ class MemberBackend:
         return result
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        with backend_span(self._route, request) as span:
+        with backend_span(self._route, request, current=False) as span:
             async with self._route.slot():
                 stream = self._route.backend.generate_stream(request)
                 try:
-                    async for event in stream:
+                    async for event in span.events(stream):
                         if isinstance(event, GenerationEnd):
                             span.record_end(event)
                         yield event
