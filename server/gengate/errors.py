@@ -59,11 +59,15 @@ class GengateError(Exception):
 
     def under(self, prefix: str) -> GengateError:
         """This error with its field paths placed under `prefix` ("requests[3]." for a batch item):
-        BadRequest paths are relative to the whole RPC request (AIP-193)."""
+        BadRequest paths are relative to the whole RPC request (AIP-193), and a message that
+        starts with a field's name (`InvalidArgument.field`) names the same path."""
         if not self.violations or not prefix:
             return self
         moved = copy.copy(self)
         moved.violations = tuple(FieldViolation(prefix + v.field, v.description) for v in self.violations)
+        if any(self.message.startswith(f"{v.field}: ") for v in self.violations):
+            moved.message = prefix + self.message
+            moved.args = (moved.message,)
         return moved
 
 
