@@ -47,7 +47,7 @@ from gengate.domain import (
     TokenLogprob,
     Usage,
 )
-from gengate.engines.resampling import merge_deltas, retry_seed, validated_events
+from gengate.engines.resampling import all_generations, merge_deltas, retry_seed
 
 if TYPE_CHECKING:
     from gengate.engines.decoding import LoopHandoff
@@ -242,13 +242,8 @@ class LlamaCppBackend:
             attempt_sampling = replace(sampling, seed=retry_seed(seed, attempt))
             return self._generations(request, indices, prompt, attempt_sampling, stopping, compiled, arrived)
 
-        if enforcement is Enforcement.VALIDATED:
-            assert request.structured_output is not None
-            events = validated_events(request.structured_output, request.n, generations)
-        else:
-            events = generations(range(request.n), 0)
-        async with aclosing(events) as stream:
-            async for event in stream:
+        async with aclosing(all_generations(request, enforcement, generations)) as events:
+            async for event in events:
                 yield event
 
     async def _generations(

@@ -14,7 +14,15 @@ from contextlib import aclosing
 
 from gengate import errors
 from gengate.constraints import validate_output
-from gengate.domain import FinishReason, GenerationDelta, GenerationEnd, StreamEvent, StructuredOutput
+from gengate.domain import (
+    Enforcement,
+    FinishReason,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    StreamEvent,
+    StructuredOutput,
+)
 
 # A generation that fails validation is sampled this many more times.
 VALIDATION_RETRIES = 3
@@ -49,6 +57,16 @@ def validation_failed(index: int, tries: int, problem: str) -> errors.Aborted:
     return errors.Aborted(
         f"generation {index} did not validate in {tries} tries: {problem}", reason="VALIDATION_FAILED"
     )
+
+
+def all_generations(
+    request: GenerationRequest, enforcement: Enforcement, run: GenerationRunner
+) -> AsyncGenerator[StreamEvent, None]:
+    """The request's n generations from `run`: as they come, or held back and re-sampled until
+    they validate when its constraint is only VALIDATED."""
+    if enforcement is Enforcement.VALIDATED and request.structured_output is not None:
+        return validated_events(request.structured_output, request.n, run)
+    return run(range(request.n), 0)
 
 
 async def validated_events(

@@ -64,7 +64,7 @@ from gengate.domain import (
     Usage,
     Whitespace,
 )
-from gengate.engines.resampling import retry_seed, validated_events
+from gengate.engines.resampling import all_generations, retry_seed
 
 StructuredBackend = Literal["guidance", "xgrammar", "outlines", "auto"]
 
@@ -496,13 +496,8 @@ class VLLMBackend:
             retry_id = f"{engine_request_id}-retry{attempt}"
             return self._run(prompt_ids, retry_params, retry_id, retry, arrived, indices)
 
-        if enforcement is Enforcement.VALIDATED:
-            assert request.structured_output is not None
-            events = validated_events(request.structured_output, request.n, generations)
-        else:
-            events = generations(range(request.n), 0)
-        async with aclosing(events) as each:
-            async for event in each:
+        async with aclosing(all_generations(request, enforcement, generations)) as events:
+            async for event in events:
                 yield event
 
     async def _run(
