@@ -27,20 +27,14 @@ from pathlib import Path
 from gengate.backend import collect_stream
 from gengate.config import parse_config
 from gengate.constraints import validate_output
+from gengate.constraints.examples import EXAMPLE_CONSTRAINTS
 from gengate.domain import (
-    ChoiceConstraint,
-    Constraint,
     Enforcement,
     FinishReason,
     GenerationDelta,
     GenerationEnd,
     GenerationRequest,
     GenerationResult,
-    GrammarConstraint,
-    GrammarSyntax,
-    JsonObjectConstraint,
-    JsonSchemaConstraint,
-    RegexConstraint,
     SamplingParams,
     StoppingCriteria,
     StreamStart,
@@ -61,24 +55,6 @@ from gengate.workers.placement import (
 CHECK_TIMEOUT_S = 300.0
 MIN_BATCH_RATIO = 1.5  # 16 concurrent vs one at a time: batching must at least help
 GREEDY = SamplingParams(temperature=0.0, seed=0)
-CONSTRAINTS: dict[str, Constraint] = {
-    "json_schema": JsonSchemaConstraint(
-        {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "maxLength": 6},
-                "age": {"type": "integer", "minimum": 0, "maximum": 150},
-            },
-            "required": ["name", "age"],
-            "additionalProperties": False,
-        }
-    ),
-    "regex": RegexConstraint(r"[a-z]{2,6}@example\.(com|org)"),
-    "choice": ChoiceConstraint(("red", "green", "blue")),
-    "lark": GrammarConstraint(GrammarSyntax.LARK, 'start: ("yes" | "no") " " NUM\nNUM: /[0-9]{1,3}/'),
-    "gbnf": GrammarConstraint(GrammarSyntax.GBNF, 'root ::= ("cat" | "dog") " " [0-9] [0-9]?'),
-    "json_object": JsonObjectConstraint(),
-}
 
 
 class Skipped(Exception):
@@ -208,7 +184,7 @@ async def check_stream(ctx: Context) -> str:
 
 def constraint_check(name: str) -> Callable[[Context], Awaitable[str]]:
     async def check(ctx: Context) -> str:
-        structured = StructuredOutput(CONSTRAINTS[name])
+        structured = StructuredOutput(EXAMPLE_CONSTRAINTS[name])
         max_tokens = 200 if name == "json_object" else 60
         result = await ctx.engine().generate(
             request(n=2, structured_output=structured, stopping=StoppingCriteria(max_tokens=max_tokens))
@@ -312,7 +288,7 @@ CHECKS: list[tuple[str, Callable[[Context], Awaitable[str]]]] = [
     ("worker on GPU (devices: auto)", check_worker_placement),
     ("text", check_text),
     ("stream", check_stream),
-    *((f"constraint {name}", constraint_check(name)) for name in CONSTRAINTS),
+    *((f"constraint {name}", constraint_check(name)) for name in EXAMPLE_CONSTRAINTS),
     ("n=2 seeded", check_n2_seeded),
     ("batching (16 concurrent)", check_batching),
     ("CPU vs GPU agreement", check_cpu_agreement),

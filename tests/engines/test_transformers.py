@@ -11,20 +11,17 @@ from collections.abc import AsyncIterator
 import pytest
 from gengate import errors
 from gengate.constraints import validate_output
+from gengate.constraints.examples import EXAMPLE_CONSTRAINTS
 from gengate.domain import (
     ChatMessage,
-    ChoiceConstraint,
     Enforcement,
     FinishReason,
     GenerationDelta,
     GenerationEnd,
     GenerationRequest,
-    GrammarConstraint,
     GrammarSyntax,
     ImagePart,
-    JsonObjectConstraint,
     JsonSchemaConstraint,
-    RegexConstraint,
     Role,
     SamplingParams,
     StoppingCriteria,
@@ -241,29 +238,9 @@ async def test_deadline_ends_with_time_limit(backend: TransformersBackend) -> No
     assert gen.finish_reason is FinishReason.STOP or gen.output_tokens < 1500
 
 
-CONSTRAINTS = {
-    "json_schema": JsonSchemaConstraint(
-        {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "maxLength": 6},
-                "age": {"type": "integer", "minimum": 0, "maximum": 150},
-            },
-            "required": ["name", "age"],
-            "additionalProperties": False,
-        }
-    ),
-    "regex": RegexConstraint(r"[a-z]{2,6}@example\.(com|org)"),
-    "choice": ChoiceConstraint(("red", "green", "blue")),
-    "lark": GrammarConstraint(GrammarSyntax.LARK, 'start: ("yes" | "no") " " NUM\nNUM: /[0-9]{1,3}/'),
-    "gbnf": GrammarConstraint(GrammarSyntax.GBNF, 'root ::= ("cat" | "dog") " " [0-9] [0-9]?'),
-    "json_object": JsonObjectConstraint(),
-}
-
-
-@pytest.mark.parametrize("name", list(CONSTRAINTS))
+@pytest.mark.parametrize("name", list(EXAMPLE_CONSTRAINTS))
 async def test_every_constraint_holds(backend: TransformersBackend, name: str) -> None:
-    structured = StructuredOutput(CONSTRAINTS[name])
+    structured = StructuredOutput(EXAMPLE_CONSTRAINTS[name])
     max_tokens = 200 if name == "json_object" else 60
     result = await backend.generate(
         request(n=4, structured_output=structured, stopping=StoppingCriteria(max_tokens=max_tokens))
@@ -388,7 +365,7 @@ async def test_gpu_batches_and_agrees_with_cpu(
         assert engine.stats.max_batch_size > 1
         first = [token_ids(r.generations[0].logprobs)[0] for r in on_gpu]
         assert first == [token_ids(r.generations[0].logprobs)[0] for r in on_cpu]
-        structured = StructuredOutput(CONSTRAINTS["json_schema"])
+        structured = StructuredOutput(EXAMPLE_CONSTRAINTS["json_schema"])
         result = await engine.generate(
             request(n=4, structured_output=structured, stopping=StoppingCriteria(max_tokens=60))
         )
