@@ -25,7 +25,17 @@ from gengate.registry import backend_class
 
 # Keys every model entry may have, whatever its backend.
 COMMON_MODEL_KEYS = frozenset(
-    {"name", "backend", "max_concurrency", "max_queue", "isolation", "devices", "num_gpus", "share_devices"}
+    {
+        "name",
+        "backend",
+        "max_concurrency",
+        "max_queue",
+        "isolation",
+        "devices",
+        "num_gpus",
+        "share_devices",
+        "cpu_threads",
+    }
 )
 
 
@@ -46,6 +56,9 @@ class ModelConfig:
     devices: str | tuple[int, ...] | None = None
     num_gpus: int | None = None
     share_devices: bool = False
+    # Threads a CPU engine worker computes with (OMP_NUM_THREADS in its process); None = the
+    # engine's default, or a share of the cores when several CPU workers run (workers.factory).
+    cpu_threads: int | None = None
 
 
 class ServerSettings(BaseModel):
@@ -188,7 +201,7 @@ def _parse_model(raw: Any, index: int, source: str) -> ModelConfig:
 
 
 def _parse_placement(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The isolation and GPU keys of a model entry, checked."""
+    """The isolation, GPU and CPU-thread keys of a model entry, checked."""
     out: dict[str, Any] = {}
     isolation = raw.get("isolation")
     if isolation is not None:
@@ -218,6 +231,11 @@ def _parse_placement(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(share, bool):
         raise ConfigError(f"{where}: 'share_devices' must be true or false")
     out["share_devices"] = share
+    threads = raw.get("cpu_threads")
+    if threads is not None:
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0:
+            raise ConfigError(f"{where}: 'cpu_threads' must be a positive integer")
+        out["cpu_threads"] = threads
     return out
 
 

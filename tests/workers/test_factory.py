@@ -1,4 +1,4 @@
-"""Config keys isolation/devices/num_gpus/share_devices and the backend factory."""
+"""Config keys isolation/devices/num_gpus/share_devices/cpu_threads and the backend factory."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from gengate.config import parse_config
 from gengate.engines.scripted import ScriptedBackend
 from gengate.errors import ConfigError
 from gengate.workers.backend import GpuRequest, WorkerBackend
-from gengate.workers.factory import build_backend, gpu_request, isolation_of
+from gengate.workers.factory import (
+    THREAD_VARIABLES,
+    build_backend,
+    gpu_request,
+    isolation_of,
+    with_cpu_thread_shares,
+)
 from gengate.workers.placement import PlacementError, PlacementFile, StaticDeviceProvider
 
 
@@ -120,3 +126,79 @@ async def test_gpu_only_engine_without_gpus_is_a_clear_start_error(tmp_path: Pat
     with pytest.raises(PlacementError, match="needs a GPU but none is available") as info:
         await backend.start()
     assert info.value.reason == "NO_GPU" and backend.pid is None
+
+
+# --- cpu_threads: compute threads of CPU engine workers ---------------------------------------
+
+
+def server(*entries: dict[str, object]):  # type: ignore[no-untyped-def]
+    return parse_config({"models": list(entries)})
+
+
+def test_cores_are_split_between_cpu_workers_that_do_not_say(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    config = server(
+        {"name": "a", "backend": "llamacpp", "tiny": True},
+        {"name": "b", "backend": "transformers", "tiny": True},
+        {"name": "c", "backend": "llamacpp", "tiny": True, "cpu_threads": 2},
+        {"name": "gpu", "backend": "transformers", "tiny": True, "devices": [0]},  # not a CPU worker
+        {"name": "inline", "backend": "llamacpp", "tiny": True, "isolation": "inline"},
+        {"name": "s", "backend": "scripted"},
+    )
+    shares = {m.name: m.cpu_threads for m in with_cpu_thread_shares(config, cores=16).models}
+    assert shares == {"a": 7, "b": 7, "c": 2, "gpu": None, "inline": None, "s": None}
+    assert with_cpu_thread_shares(config, cores=2).models[0].cpu_threads == 1  # never below one
+
+
+def test_one_cpu_worker_or_omp_num_threads_leaves_threads_to_the_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    alone = server({"name": "a", "backend": "llamacpp", "tiny": True}, {"name": "s", "backend": "scripted"})
+    assert with_cpu_thread_shares(alone, cores=16) == alone
+    two = server(
+        {"name": "a", "backend": "llamacpp", "tiny": True}, {"name": "b", "backend": "llamacpp", "tiny": True}
+    )
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert with_cpu_thread_shares(two, cores=16) == two
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"backend": "llamacpp", "tiny": True, "cpu_threads": 0}, "'cpu_threads' must be a positive integer"),
+        ({"backend": "vllm", "model": "x", "devices": "cpu", "cpu_threads": 2}, "takes 'cpu_threads_bind'"),
+        ({"backend": "scripted", "cpu_threads": 2}, "applies to llamacpp and transformers"),
+        (
+            {"backend": "llamacpp", "tiny": True, "isolation": "inline", "cpu_threads": 2},
+            "needs 'isolation: process'",
+        ),
+    ],
+)
+def test_cpu_threads_where_it_cannot_apply_is_a_config_error(entry: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_backend(parse_config({"models": [{"name": "m", **entry}]}).models[0])
+
+
+async def test_a_workers_thread_pools_follow_cpu_threads() -> None:
+    import psutil
+
+    config = parse_config({"models": [{"name": "m", "backend": "llamacpp", "tiny": True, "cpu_threads": 1}]})
+    backend = build_backend(config.models[0])
+    assert isinstance(backend, WorkerBackend)
+    await backend.start()
+    try:
+        assert backend.pid is not None
+        environ = psutil.Process(backend.pid).environ()
+        assert {key: environ.get(key) for key in THREAD_VARIABLES} == dict.fromkeys(THREAD_VARIABLES, "1")
+    finally:
+        await backend.aclose()
+
+
+def test_llama_cpp_threads_come_from_n_threads_then_omp_num_threads() -> None:
+    from gengate.engines.llamacpp import compute_threads
+
+    assert compute_threads(3, {"OMP_NUM_THREADS": "1"}) == 3
+    assert compute_threads(None, {"OMP_NUM_THREADS": "2"}) == 2
+    assert compute_threads(None, {"OMP_NUM_THREADS": "two"}) is None
+    assert compute_threads(None, {}) is None

@@ -105,7 +105,9 @@ async def start_server(
     port = settings.port if port is None else port
     interceptors = _interceptors(settings)  # configuration errors surface before models load
     credentials = _server_credentials(settings)
-    router = Router.from_config(config)
+    from gengate.workers.factory import with_cpu_thread_shares
+
+    router = Router.from_config(with_cpu_thread_shares(config))
     await router.start_all()
     max_bytes = settings.max_message_mb * 1024 * 1024
     server = grpc.aio.server(

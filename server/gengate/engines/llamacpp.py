@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
 import secrets
 import threading
 import time
 import uuid
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
@@ -66,7 +67,9 @@ class LlamaCppOptions(BaseModel):
     path: str | None = Field(default=None, description="GGUF file; `~` is expanded.")
     tiny: bool = Field(default=False, description="Serve the built-in tiny model (built on start).")
     n_ctx: int = Field(default=2048, ge=16, description="Context length in tokens.")
-    n_threads: int | None = Field(default=None, ge=1, description="CPU threads; unset = llama.cpp's default.")
+    n_threads: int | None = Field(
+        default=None, ge=1, description="CPU threads; unset = the model's cpu_threads, else llama.cpp's."
+    )
     chat_template: str | None = Field(default=None, description="Jinja chat template overriding the GGUF's.")
 
     @model_validator(mode="after")
@@ -163,9 +166,9 @@ class LlamaCppBackend:
         if not self.model_path.is_file():
             raise errors.ConfigError(f"model {self.name!r}: GGUF file not found: {self.model_path}")
         kwargs: dict[str, Any] = {"n_ctx": self.options.n_ctx, "verbose": False}
-        if self.options.n_threads is not None:
-            kwargs["n_threads"] = self.options.n_threads
-            kwargs["n_threads_batch"] = self.options.n_threads
+        threads = compute_threads(self.options.n_threads)
+        if threads is not None:
+            kwargs["n_threads"] = kwargs["n_threads_batch"] = threads
         llm = llama_cpp.Llama(model_path=str(self.model_path), **kwargs)
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         self._eog = frozenset(t for t in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t))
@@ -516,6 +519,15 @@ def _compile_template(source: str) -> Any:
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     return env.from_string(source)
+
+
+def compute_threads(n_threads: int | None, env: Mapping[str, str] = os.environ) -> int | None:
+    """llama.cpp's thread count: `n_threads`, else OMP_NUM_THREADS (what a worker's `cpu_threads`
+    sets, and what torch follows too), else None for llama.cpp's own default."""
+    if n_threads is not None:
+        return n_threads
+    value = env.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def _special_text(llm: Any, token: int) -> str:

@@ -5,8 +5,12 @@
 
 from __future__ import annotations
 
+import logging
+import os
+from dataclasses import replace
+
 from gengate.backend import Backend
-from gengate.config import ModelConfig
+from gengate.config import ModelConfig, ServerConfig
 from gengate.errors import ConfigError
 from gengate.registry import backend_class
 from gengate.workers.backend import GpuRequest, WorkerBackend
@@ -20,6 +24,14 @@ PROCESS_BY_DEFAULT = frozenset({"llamacpp", "transformers", "vllm"})
 # Engines that need a GPU unless the config says `devices: cpu` (vLLM's CPU build): they get GPUs
 # placed (devices: auto by default).
 GPU_BY_DEFAULT = frozenset({"vllm"})
+# Engines whose compute threads `cpu_threads` sets (vLLM's CPU build binds cores itself:
+# `cpu_threads_bind`).
+CPU_THREADED = frozenset({"llamacpp", "transformers"})
+# The thread-pool variables of the math libraries an engine may use (OpenMP: torch, llama.cpp's
+# default here; MKL, OpenBLAS; rayon: Hugging Face tokenizers).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS")
+
+log = logging.getLogger(__name__)
 
 _shared_placement: PlacementFile | None = None
 
@@ -57,6 +69,32 @@ def gpu_request(config: ModelConfig) -> GpuRequest | None:
     return GpuRequest(devices=devices, num_gpus=count, share=config.share_devices, required=gpu_only)
 
 
+def with_cpu_thread_shares(config: ServerConfig, cores: int | None = None) -> ServerConfig:
+    """`config` with the node's cores split between its CPU engine workers that do not say
+    `cpu_threads`, when there are several: each engine would otherwise start a thread per core
+    and they would all fight over every core. Left alone when OMP_NUM_THREADS is set."""
+    cpu_workers = [
+        m
+        for m in config.models
+        if m.backend in CPU_THREADED and isolation_of(m) == "process" and gpu_request(m) is None
+    ]
+    unset = [m.name for m in cpu_workers if m.cpu_threads is None]
+    if len(cpu_workers) < 2 or not unset or "OMP_NUM_THREADS" in os.environ:
+        return config
+    cores = cores or len(os.sched_getaffinity(0))
+    taken = sum(m.cpu_threads or 0 for m in cpu_workers)
+    share = max(1, (cores - taken) // len(unset))
+    workers = len(cpu_workers)
+    log.info("%d cores, %d CPU engine workers: %d thread(s) each for %s", cores, workers, share, unset)
+    models = tuple(replace(m, cpu_threads=share) if m.name in unset else m for m in config.models)
+    return replace(config, models=models)
+
+
+def thread_environment(threads: int | None) -> dict[str, str]:
+    """A worker's environment for `threads` compute threads (nothing when None)."""
+    return {} if threads is None else dict.fromkeys(THREAD_VARIABLES, str(threads))
+
+
 def build_backend(
     config: ModelConfig,
     *,
@@ -71,6 +109,18 @@ def build_backend(
             raise ConfigError(
                 f"model {config.name!r}: isolation/devices/num_gpus apply to local engines "
                 f"({', '.join(sorted(LOCAL_ENGINES))}), not to {config.backend!r}"
+            )
+    if config.cpu_threads is not None:
+        if config.backend not in CPU_THREADED:
+            hint = "; vLLM's CPU build takes 'cpu_threads_bind'" if config.backend == "vllm" else ""
+            raise ConfigError(
+                f"model {config.name!r}: 'cpu_threads' applies to {' and '.join(sorted(CPU_THREADED))}"
+                f" workers, not to {config.backend!r}{hint}"
+            )
+        if isolation == "inline":
+            raise ConfigError(
+                f"model {config.name!r}: 'cpu_threads' needs 'isolation: process' "
+                "(thread pools are set per worker process before the engine starts)"
             )
     if isolation == "inline":
         if gpu is not None:
@@ -88,4 +138,5 @@ def build_backend(
         gpu=gpu,
         placement=placement or (shared_placement() if gpu is not None else None),
         device_provider=device_provider,
+        env=thread_environment(config.cpu_threads),
     )
