@@ -344,7 +344,7 @@ async def test_a_stream_cancelled_by_its_caller_ends_its_spans_without_context_e
         assert (await client.generate("m", PROMPT, max_tokens=2)).usage.output_tokens == 2
     for _ in range(50):
         gc.collect()
-        spans, rpc, backend = await _chain(exporter, caller)
+        _, rpc, backend = await _chain(exporter, caller)
         if rpc.end_time and backend.end_time:
             break
         await asyncio.sleep(0.05)
