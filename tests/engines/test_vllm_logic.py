@@ -66,6 +66,22 @@ def test_sampling_mapping_sets_only_what_the_request_sets() -> None:
     }
 
 
+def test_engine_options_map_to_vllms_own_and_bad_ones_are_refused() -> None:
+    request = GenerationRequest(model="m", prompt="p", backend_options={"min_tokens": 5, "ignore_eos": True})
+    kwargs = sampling_kwargs(request, default_max_tokens=100)
+    assert (kwargs["min_tokens"], kwargs["ignore_eos"]) == (5, True)
+    with pytest.raises(errors.InvalidArgument) as info:
+        sampling_kwargs(
+            GenerationRequest(model="m", prompt="p", backend_options={"ignore_eos": "yes"}),
+            default_max_tokens=9,
+        )
+    assert info.value.violations[0].field == "backend_options[ignore_eos]"
+    assert capabilities_for(VLLMOptions(model="x"), context_length=8, chat=True).backend_options == {
+        "min_tokens",
+        "ignore_eos",
+    }
+
+
 def test_unset_max_tokens_uses_the_rest_of_the_context_not_vllms_16() -> None:
     kwargs = sampling_kwargs(GenerationRequest(model="m", prompt="p"), default_max_tokens=4000)
     assert kwargs == {"n": 1, "max_tokens": 4000}

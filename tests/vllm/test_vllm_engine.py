@@ -246,6 +246,25 @@ async def test_stop_sequence_ends_before_it(vllm: WorkerBackend) -> None:
     assert full.text.index(stop) == len(cut.text)
 
 
+async def test_min_tokens_holds_the_end_back(vllm: WorkerBackend) -> None:
+    """A stop string matching the first token ends the call at once, unless min_tokens holds it."""
+    greedy = SamplingParams(temperature=0.0)
+    whole = await vllm.generate(req(sampling=greedy, stopping=StoppingCriteria(max_tokens=40)))
+    plain = whole.generations[0]
+    stop = plain.text[:1]
+    cut = await vllm.generate(req(sampling=greedy, stopping=StoppingCriteria(max_tokens=40, stop=(stop,))))
+    assert cut.generations[0].text == "" and cut.usage.output_tokens <= 1
+    held = await vllm.generate(
+        req(
+            sampling=greedy,
+            stopping=StoppingCriteria(max_tokens=40, stop=(stop,)),
+            backend_options={"min_tokens": 10},
+        )
+    )
+    assert held.usage.output_tokens > 10
+    assert plain.text.startswith(held.generations[0].text) and held.generations[0].text
+
+
 async def test_cancel_aborts_the_engine_request(vllm: WorkerBackend) -> None:
     stream = vllm.generate_stream(
         req(structured_output=LONG_ANSWER, stopping=StoppingCriteria(max_tokens=1000))

@@ -18,6 +18,8 @@ Semantics (documented, shared by all engines):
 - EOS ends the generation with STOP (counted in output tokens, never in the text); a stop string
   ends it with STOP_SEQUENCE and is cut from the text; a constraint that can take nothing more
   ends it with STOP; max_tokens ends it with LENGTH.
+- backend option min_tokens masks EOS until that many tokens are out, and only text after them
+  can match a stop string (vLLM's semantics); ignore_eos masks EOS throughout (engines/options.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import numpy.typing as npt
 from gengate import errors
 from gengate.constraints.matcher import ConstraintMatcher
 from gengate.domain import FinishReason, SamplingParams, StoppingCriteria, TokenLogprob, TopLogprob
+from gengate.engines.options import NO_OPTIONS, EngineOptions
 
 FloatArray = npt.NDArray[np.float32]
 T = TypeVar("T")
@@ -68,6 +71,7 @@ class SequenceDecoder:
         matcher: ConstraintMatcher | None,
         prompt_token_ids: Sequence[int],
         vocab_size: int,
+        options: EngineOptions = NO_OPTIONS,
     ) -> None:
         self.index = index
         self._detokenize = detokenize
@@ -79,6 +83,11 @@ class SequenceDecoder:
         self._max_tokens = stopping.max_tokens
         self._stops = tuple(s for s in stopping.stop if s)
         self._max_stop = max((len(s) for s in self._stops), default=0)
+        # No end before min_tokens (EOS masked, stop strings not looked for), none by EOS at all
+        # with ignore_eos: vLLM's semantics for its options of the same names.
+        self._min_tokens = options.min_tokens
+        self._ignore_eos = options.ignore_eos
+        self._stops_from = 0  # stop strings are looked for from here in _full
 
         temperature = 1.0 if sampling.temperature is None else float(sampling.temperature)
         self._greedy = temperature <= 0.0
@@ -104,7 +113,7 @@ class SequenceDecoder:
         if matcher is not None:
             self._bitmask = np.zeros((matcher.vocab_size + 31) // 32, dtype=np.int32)
         # Without penalties or a mask the logits are only read, so step() skips its copy.
-        self._edits_logits = matcher is not None or self._penalized
+        self._edits_logits = matcher is not None or self._penalized or options.holds_eos
         # Scratch buffers reused every step: allocating vocab-sized arrays per token (page
         # faults at 128k) cost more than the arithmetic. Allocated on first use.
         self._buffers: tuple[FloatArray, FloatArray, npt.NDArray[np.float64]] | None = None
@@ -157,6 +166,8 @@ class SequenceDecoder:
             self._apply_penalties(work)
             if matcher is not None:
                 self._apply_mask(work, matcher)
+            if self._holds_eos():
+                work[self._eos] = -np.inf
         else:
             work = raw  # read only from here on
         token = self._choose(work)
@@ -170,7 +181,11 @@ class SequenceDecoder:
         if self._penalized:
             self._record(token)
         self._decode(token)
-        stop = self._find_stop()
+        if len(self._tokens) <= self._min_tokens:
+            self._stops_from = len(self._full)  # as vLLM: only text after min_tokens can stop
+            stop = None
+        else:
+            stop = self._find_stop()
         if stop is not None:
             return self._finish(token, FinishReason.STOP_SEQUENCE, logprob, stop)
         if matcher is not None and matcher.is_stopped():
@@ -196,6 +211,9 @@ class SequenceDecoder:
         self._finished = reason
         self._matched_stop = stop
         return StepResult(token, self.finalize(), reason, stop, logprob)
+
+    def _holds_eos(self) -> bool:
+        return self._ignore_eos or len(self._tokens) < self._min_tokens
 
     def _record(self, token: int) -> None:
         self._counts[token] = self._counts.get(token, 0) + 1
@@ -336,7 +354,7 @@ class SequenceDecoder:
         """Cuts _full at the earliest stop string that appeared; returns it, or None."""
         if not self._stops:
             return None
-        start = max(0, self._emitted - self._max_stop + 1)
+        start = max(0, self._emitted - self._max_stop + 1, self._stops_from)
         best: tuple[int, str] | None = None
         for stop in self._stops:
             at = self._full.find(stop, start)

@@ -48,6 +48,7 @@ from gengate.domain import (
     TokenLogprob,
     Usage,
 )
+from gengate.engines.options import ENGINE_OPTIONS, EngineOptions, engine_options
 from gengate.engines.resampling import all_generations, merge_deltas, retry_seed
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class _Job:
     stopping: StoppingCriteria
     logprobs: int | None
     compiled: Any  # CompiledConstraint | None
+    options: EngineOptions
     deadline: float | None
     handoff: LoopHandoff[object]
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -142,6 +144,7 @@ class LlamaCppBackend:
             context_length=self.options.n_ctx,
             seed=True,
             chat=chat,
+            backend_options=ENGINE_OPTIONS,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -211,6 +214,7 @@ class LlamaCppBackend:
         arrived = time.monotonic()
         if self._llm is None or self._executor is None:
             raise errors.Unavailable(f"model {self.name!r} is not loaded", reason="MODEL_NOT_LOADED")
+        options = engine_options(request)
         if _prompt_chars(request) <= INLINE_TOKENIZE_CHARS:
             prompt = self._prompt_tokens(request)
         else:
@@ -243,7 +247,9 @@ class LlamaCppBackend:
 
         def generations(indices: Sequence[int], attempt: int) -> AsyncGenerator[StreamEvent, None]:
             attempt_sampling = replace(sampling, seed=retry_seed(seed, attempt))
-            return self._generations(request, indices, prompt, attempt_sampling, stopping, compiled, arrived)
+            return self._generations(
+                request, indices, prompt, attempt_sampling, stopping, compiled, options, arrived
+            )
 
         async with aclosing(all_generations(request, enforcement, generations)) as events:
             async for event in events:
@@ -257,12 +263,14 @@ class LlamaCppBackend:
         sampling: SamplingParams,
         stopping: StoppingCriteria,
         compiled: Any,
+        options: EngineOptions,
         arrived: float,
     ) -> AsyncGenerator[StreamEvent, None]:
         """Generations `indices`, one after another: their deltas as they come, then each end."""
         for index in indices:
             done: _Done | None = None
-            async with aclosing(self._run(request, index, prompt, sampling, stopping, compiled)) as items:
+            run = self._run(request, index, prompt, sampling, stopping, compiled, options)
+            async with aclosing(run) as items:
                 async for item in items:
                     if isinstance(item, GenerationDelta):
                         yield item
@@ -290,6 +298,7 @@ class LlamaCppBackend:
         sampling: SamplingParams,
         stopping: StoppingCriteria,
         compiled: Any,
+        options: EngineOptions,
     ) -> AsyncGenerator[GenerationDelta | _Done, None]:
         """Runs one generation on the worker thread, yielding its (coalesced) deltas, then _Done."""
         from gengate.engines.decoding import LoopHandoff
@@ -303,6 +312,7 @@ class LlamaCppBackend:
             stopping=stopping,
             logprobs=request.logprobs,
             compiled=compiled,
+            options=options,
             deadline=request.deadline,
             handoff=handoff,
         )
@@ -354,6 +364,7 @@ class LlamaCppBackend:
             matcher=job.compiled.new_matcher() if job.compiled is not None else None,
             prompt_token_ids=job.prompt,
             vocab_size=n_vocab,
+            options=job.options,
         )
         if job.cancel.is_set():  # cancelled while queued behind other generations
             job.handoff.put(_Done("", FinishReason.CANCELLED, None, 0, started, None), last=True)

@@ -64,6 +64,7 @@ from gengate.domain import (
     Usage,
     Whitespace,
 )
+from gengate.engines.options import ENGINE_OPTIONS, engine_options
 from gengate.engines.resampling import all_generations, retry_seed
 
 StructuredBackend = Literal["guidance", "xgrammar", "outlines", "auto"]
@@ -118,7 +119,8 @@ class VLLMOptions(BaseModel):
 
 
 def sampling_kwargs(request: GenerationRequest, *, default_max_tokens: int) -> dict[str, Any]:
-    """vllm.SamplingParams keyword arguments for `request` (unset fields keep vLLM's defaults)."""
+    """vllm.SamplingParams keyword arguments for `request` (unset fields keep vLLM's defaults);
+    InvalidArgument for bad backend options (engines/options.py)."""
     sampling = request.sampling
     kwargs: dict[str, Any] = {"n": request.n}
     for name in (
@@ -142,6 +144,11 @@ def sampling_kwargs(request: GenerationRequest, *, default_max_tokens: int) -> d
         kwargs["include_stop_str_in_output"] = False
     if request.logprobs is not None:
         kwargs["logprobs"] = request.logprobs
+    options = engine_options(request)
+    if options.min_tokens:
+        kwargs["min_tokens"] = options.min_tokens
+    if options.ignore_eos:
+        kwargs["ignore_eos"] = True
     return kwargs
 
 
@@ -313,6 +320,7 @@ def capabilities_for(options: VLLMOptions, *, context_length: int, chat: bool) -
         context_length=context_length,
         seed=True,
         chat=chat,
+        backend_options=ENGINE_OPTIONS,
     )
 
 

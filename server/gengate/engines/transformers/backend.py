@@ -31,6 +31,7 @@ from gengate.domain import (
     StreamEvent,
     StreamStart,
 )
+from gengate.engines.options import ENGINE_OPTIONS, engine_options
 
 MAX_TOP_LOGPROBS = 20
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
@@ -97,6 +98,7 @@ class TransformersBackend:
             context_length=context_length,
             seed=True,
             chat=chat,
+            backend_options=ENGINE_OPTIONS,
         )
 
     @property
@@ -187,6 +189,7 @@ class TransformersBackend:
         if loaded is None:
             raise errors.Unavailable(f"model {self.name!r} is not started", reason="NOT_STARTED")
         self._check(request)
+        options = engine_options(request)
         prompt_ids = self._prompt_ids(loaded, request)
         room = loaded.context_length - len(prompt_ids)
         if room <= 0:
@@ -214,7 +217,7 @@ class TransformersBackend:
 
         from gengate.engines.transformers.request import RequestRun
 
-        run = RequestRun(loaded, request, prompt_ids, sampling, stopping, compiled, arrived)
+        run = RequestRun(loaded, request, prompt_ids, sampling, stopping, compiled, arrived, options)
         try:
             async for event in run.events():
                 yield event

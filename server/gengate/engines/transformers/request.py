@@ -29,6 +29,7 @@ from gengate.domain import (
     Usage,
 )
 from gengate.engines.decoding import SequenceDecoder
+from gengate.engines.options import NO_OPTIONS, EngineOptions
 from gengate.engines.resampling import VALIDATION_RETRIES, retry_seed, validation_failed
 from gengate.engines.transformers.scheduler import (
     Admitted,
@@ -71,6 +72,7 @@ class RequestRun:
         stopping: StoppingCriteria,
         compiled: CompiledConstraint | None,
         arrived: float,
+        options: EngineOptions = NO_OPTIONS,
     ) -> None:
         self.loaded = loaded
         self.request = request
@@ -79,6 +81,7 @@ class RequestRun:
         self.stopping = stopping
         self.compiled = compiled
         self.arrived = arrived
+        self.options = options
         self.validating = compiled is not None and compiled.enforcement is Enforcement.VALIDATED
         self._queue: asyncio.Queue[tuple[Sequence, SequenceEvent]] = asyncio.Queue()
         self._sink = asyncio_sink(asyncio.get_running_loop(), self._queue)
@@ -123,6 +126,7 @@ class RequestRun:
             matcher=self.compiled.new_matcher() if self.compiled is not None else None,
             prompt_token_ids=self.prompt_ids,
             vocab_size=self.loaded.vocab_size,
+            options=self.options,
         )
         gen.seq = Sequence(
             prompt_ids=self.prompt_ids,

@@ -1,0 +1,50 @@
+"""Backend options of a local engine over gRPC, on the real llama.cpp worker."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from gengate.api.server import RunningServer
+from gengate_client import AsyncClient
+from gengate_client.errors import InvalidArgumentError
+
+ServerFactory = Callable[[dict[str, Any]], Awaitable[RunningServer]]
+
+pytest.importorskip("llama_cpp")
+
+
+async def test_min_tokens_reaches_the_engine(make_server: ServerFactory) -> None:
+    """The tiny model's random weights never pick EOS, so a stop string plays its part: one that
+    matches the first token ends the call at once, unless min_tokens holds the end back."""
+    server = await make_server({"models": [{"name": "tiny", "backend": "llamacpp", "tiny": True}]})
+    async with AsyncClient(server.address) as client:
+        plain = await client.generate("tiny", "Hi", max_tokens=40, seed=3)
+        stop = plain.text[:1]
+        cut = await client.generate("tiny", "Hi", max_tokens=40, seed=3, stop=[stop])
+        assert cut.text == "" and cut.usage.output_tokens == 1
+        held = await client.generate(
+            "tiny", "Hi", max_tokens=40, seed=3, stop=[stop], backend_options={"min_tokens": 10}
+        )
+        assert held.usage.output_tokens > 10
+        assert plain.text.startswith(held.text) and len(held.text) > 0  # same samples, cut later
+
+
+async def test_a_bad_option_names_its_field_in_unary_and_batch_calls(make_server: ServerFactory) -> None:
+    server = await make_server({"models": [{"name": "tiny", "backend": "llamacpp", "tiny": True}]})
+    async with AsyncClient(server.address) as client:
+        with pytest.raises(InvalidArgumentError) as info:
+            await client.generate("tiny", "Hi", max_tokens=4, backend_options={"min_tokens": "five"})
+        assert [v.field for v in info.value.field_violations] == ["backend_options[min_tokens]"]
+        items = await client.batch_generate(
+            [
+                {"model": "tiny", "prompt": "Hi", "max_tokens": 2},
+                {"model": "tiny", "prompt": "Hi", "max_tokens": 2, "backend_options": {"min_tokens": 9}},
+            ]
+        )
+        assert items[0].ok and not items[1].ok
+        error = items[1].error
+        assert isinstance(error, InvalidArgumentError)
+        assert [v.field for v in error.field_violations] == ["requests[1].backend_options[min_tokens]"]
+        assert str(error).count("requests[1].backend_options[min_tokens]: is 9, more than") == 1
