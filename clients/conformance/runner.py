@@ -226,6 +226,10 @@ def run_vector(client: Client, v: dict[str, Any]) -> dict[str, Any]:
         else:
             kinds = {"CONSTRAINT_KIND_" + str(c.kind).upper() for c in tiny.capabilities.constraints}
             failures += [f"{k} not supported" for k in expect.get("constraint_kinds", []) if k not in kinds]
+            options = list(tiny.capabilities.backend_options)
+            observed["backend_options"] = options
+            if "backend_options" in expect and options != expect["backend_options"]:
+                failures.append(f"backend options {options}, want {expect['backend_options']}")
     elif call == "generate":
         start = time.monotonic()
         out = generate(client, request, v.get("timeout_ms"))

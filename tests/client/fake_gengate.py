@@ -85,6 +85,7 @@ MODELS = [
             context_length=2048,
             seed=True,
             chat=True,
+            backend_options=["ignore_eos", "min_tokens"],
         ),
     ),
     types_pb2.ModelInfo(name="remote", backend="openai", capabilities=types_pb2.ModelCapabilities(max_n=1)),

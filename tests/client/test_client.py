@@ -251,7 +251,9 @@ def test_list_models(fake: RunningFake) -> None:
     assert tiny.capabilities.grammar_syntaxes == (GrammarSyntax.LARK, GrammarSyntax.GBNF)
     assert tiny.capabilities.input_modalities == (Modality.TEXT,)
     assert tiny.capabilities.max_n == 8 and tiny.capabilities.context_length == 2048
+    assert tiny.capabilities.backend_options == ("ignore_eos", "min_tokens")
     assert models[1].name == "remote" and models[1].capabilities.constraints == ()
+    assert models[1].capabilities.backend_options == ()
 
 
 async def test_async_client_same_surface(fake: RunningFake) -> None:

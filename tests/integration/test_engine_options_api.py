@@ -20,6 +20,8 @@ async def test_min_tokens_reaches_the_engine(make_server: ServerFactory) -> None
     matches the first token ends the call at once, unless min_tokens holds the end back."""
     server = await make_server({"models": [{"name": "tiny", "backend": "llamacpp", "tiny": True}]})
     async with AsyncClient(server.address) as client:
+        (listed,) = await client.list_models()
+        assert listed.capabilities.backend_options == ("ignore_eos", "min_tokens")
         plain = await client.generate("tiny", "Hi", max_tokens=40, seed=3)
         stop = plain.text[:1]
         cut = await client.generate("tiny", "Hi", max_tokens=40, seed=3, stop=[stop])

@@ -399,5 +399,6 @@ def model_info(pb: types_pb2.ModelInfo) -> ModelInfo:
         context_length=c.context_length,
         seed=c.seed,
         chat=c.chat,
+        backend_options=tuple(c.backend_options),
     )
     return ModelInfo(name=pb.name, backend=pb.backend, capabilities=caps, raw=pb)

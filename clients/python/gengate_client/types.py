@@ -331,6 +331,7 @@ class ModelCapabilities:
     context_length: int
     seed: bool
     chat: bool
+    backend_options: tuple[str, ...] = ()  # keys accepted in `backend_options=`
 
     def enforcement_of(self, kind: ConstraintKind) -> Enforcement | None:
         """How `kind` is enforced, or None when the model does not serve it."""

@@ -226,6 +226,12 @@ async function runVector(client: GengateClient, v: Vector): Promise<{ name: stri
       }
       const kinds = new Set((found.capabilities?.constraints ?? []).map((c) => `CONSTRAINT_KIND_${ConstraintKind[c.kind]}`));
       for (const k of (expect["constraint_kinds"] as string[] | undefined) ?? []) if (!kinds.has(k)) failures.push(`${k} not supported`);
+      const options = [...(found.capabilities?.backendOptions ?? [])];
+      observed.backend_options = options;
+      const wantOptions = expect["backend_options"] as string[] | undefined;
+      if (wantOptions && options.join(",") !== wantOptions.join(",")) {
+        failures.push(`backend options ${options.join(",")}, want ${wantOptions.join(",")}`);
+      }
       break;
     }
     case "generate": {

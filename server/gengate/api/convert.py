@@ -464,5 +464,6 @@ def model_info_to_pb(info: d.ModelInfo) -> pb.ModelInfo:
             context_length=caps.context_length,
             seed=caps.seed,
             chat=caps.chat,
+            backend_options=sorted(caps.backend_options),
         ),
     )

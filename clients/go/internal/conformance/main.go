@@ -395,6 +395,17 @@ func runVector(ctx context.Context, c *gengate.Client, v vector) result {
 				failures = append(failures, fmt.Sprintf("%s not supported", k))
 			}
 		}
+		options := append([]string{}, found.GetCapabilities().GetBackendOptions()...)
+		observed["backend_options"] = options
+		if want, ok := v.Expect["backend_options"].([]any); ok {
+			wantOptions := make([]string, len(want))
+			for i, o := range want {
+				wantOptions[i] = o.(string)
+			}
+			if !slices.Equal(options, wantOptions) {
+				failures = append(failures, fmt.Sprintf("backend options %v, want %v", options, wantOptions))
+			}
+		}
 	case "generate":
 		start := time.Now()
 		out := generate(ctx, c, v.Request, v.TimeoutMs)

@@ -2140,8 +2140,11 @@ type ModelCapabilities struct {
 	ContextLength uint32 `protobuf:"varint,7,opt,name=context_length,json=contextLength,proto3" json:"context_length,omitempty"`
 	Seed          bool   `protobuf:"varint,8,opt,name=seed,proto3" json:"seed,omitempty"`
 	Chat          bool   `protobuf:"varint,9,opt,name=chat,proto3" json:"chat,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Keys this model accepts in GenerateRequest.backend_options (sorted); any other is refused
+	// with INVALID_ARGUMENT. Local engines: min_tokens, ignore_eos.
+	BackendOptions []string `protobuf:"bytes,10,rep,name=backend_options,json=backendOptions,proto3" json:"backend_options,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ModelCapabilities) Reset() {
@@ -2235,6 +2238,13 @@ func (x *ModelCapabilities) GetChat() bool {
 		return x.Chat
 	}
 	return false
+}
+
+func (x *ModelCapabilities) GetBackendOptions() []string {
+	if x != nil {
+		return x.BackendOptions
+	}
+	return nil
 }
 
 // ConstraintSupport pairs a constraint kind with its enforcement level.
@@ -2429,7 +2439,7 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12A\n" +
-	"\fcapabilities\x18\x03 \x01(\v2\x1d.gengate.v1.ModelCapabilitiesR\fcapabilities\"\x85\x03\n" +
+	"\fcapabilities\x18\x03 \x01(\v2\x1d.gengate.v1.ModelCapabilitiesR\fcapabilities\"\xae\x03\n" +
 	"\x11ModelCapabilities\x12?\n" +
 	"\vconstraints\x18\x01 \x03(\v2\x1d.gengate.v1.ConstraintSupportR\vconstraints\x12D\n" +
 	"\x10grammar_syntaxes\x18\x02 \x03(\x0e2\x19.gengate.v1.GrammarSyntaxR\x0fgrammarSyntaxes\x12\x13\n" +
@@ -2439,7 +2449,9 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\x10input_modalities\x18\x06 \x03(\x0e2\x14.gengate.v1.ModalityR\x0finputModalities\x12%\n" +
 	"\x0econtext_length\x18\a \x01(\rR\rcontextLength\x12\x12\n" +
 	"\x04seed\x18\b \x01(\bR\x04seed\x12\x12\n" +
-	"\x04chat\x18\t \x01(\bR\x04chat\"~\n" +
+	"\x04chat\x18\t \x01(\bR\x04chat\x12'\n" +
+	"\x0fbackend_options\x18\n" +
+	" \x03(\tR\x0ebackendOptions\"~\n" +
 	"\x11ConstraintSupport\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.gengate.v1.ConstraintKindR\x04kind\x129\n" +
 	"\venforcement\x18\x02 \x01(\x0e2\x17.gengate.v1.EnforcementR\venforcement*P\n" +

@@ -1007,6 +1007,7 @@ class ModelCapabilities(_message.Message):
     CONTEXT_LENGTH_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     CHAT_FIELD_NUMBER: _builtins.int
+    BACKEND_OPTIONS_FIELD_NUMBER: _builtins.int
     max_n: _builtins.int
     logprobs: _builtins.bool
     max_top_logprobs: _builtins.int
@@ -1024,6 +1025,12 @@ class ModelCapabilities(_message.Message):
     def grammar_syntaxes(self) -> _containers.RepeatedScalarFieldContainer[Global___GrammarSyntax.ValueType]: ...
     @_builtins.property
     def input_modalities(self) -> _containers.RepeatedScalarFieldContainer[Global___Modality.ValueType]: ...
+    @_builtins.property
+    def backend_options(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Keys this model accepts in GenerateRequest.backend_options (sorted); any other is refused
+        with INVALID_ARGUMENT. Local engines: min_tokens, ignore_eos.
+        """
+
     def __init__(
         self,
         *,
@@ -1036,10 +1043,11 @@ class ModelCapabilities(_message.Message):
         context_length: _builtins.int = ...,
         seed: _builtins.bool = ...,
         chat: _builtins.bool = ...,
+        backend_options: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "constraints", b"constraints", "context_length", b"context_length", "grammar_syntaxes", b"grammar_syntaxes", "input_modalities", b"input_modalities", "logprobs", b"logprobs", "max_n", b"max_n", "max_top_logprobs", b"max_top_logprobs", "seed", b"seed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_options", b"backend_options", "chat", b"chat", "constraints", b"constraints", "context_length", b"context_length", "grammar_syntaxes", b"grammar_syntaxes", "input_modalities", b"input_modalities", "logprobs", b"logprobs", "max_n", b"max_n", "max_top_logprobs", b"max_top_logprobs", "seed", b"seed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
