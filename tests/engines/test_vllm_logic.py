@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -35,6 +36,8 @@ from gengate.engines.vllm import (
     convert_logprobs,
     engine_kwargs,
     finish_reason_of,
+    lora_choice,
+    no_lora_adapter,
     sampling_kwargs,
     structured_outputs_kwargs,
 )
@@ -282,3 +285,56 @@ def test_lowered_schemas_are_cached_by_content() -> None:
         StructuredOutput(JsonSchemaConstraint(schema), additional_properties=True)
     )
     assert other["json"] is not first["json"] and other["json"]["additionalProperties"] is True
+
+
+def test_lora_adapters_enable_lora_and_are_picked_by_name() -> None:
+    options = VLLMOptions(model="m", lora_adapters={"sql": "~/a/sql", "chat": "/a/chat"}, max_lora_rank=32)
+    kwargs = engine_kwargs(options, visible_devices="0")
+    assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["max_loras"]) == (True, 32, 4)
+    assert "enable_lora" not in engine_kwargs(VLLMOptions(model="m"), visible_devices="0")
+    caps = capabilities_for(options, context_length=8, chat=True)
+    assert caps.backend_options == {"min_tokens", "ignore_eos", "lora"}
+
+    def pick(value: object) -> tuple[str, int, str] | None:
+        request = GenerationRequest(model="m", prompt="p", backend_options={"lora": value} if value else {})
+        return lora_choice(request, options.lora_adapters)
+
+    assert pick(None) is None
+    sql = pick("sql")
+    assert sql is not None and sql[:2] == ("sql", 2) and not sql[2].startswith("~")  # ids by sorted name
+    assert pick("chat") == ("chat", 1, "/a/chat")
+    for bad, message in (
+        (3, "must be a string, got int"),
+        ("nope", "no adapter 'nope' on this model (adapters: chat, sql)"),
+    ):
+        with pytest.raises(errors.InvalidArgument) as info:
+            pick(bad)
+        assert info.value.violations[0].field == "backend_options[lora]" and message in info.value.message
+    # lora is vLLM's own key: the shared option check leaves it to the engine
+    request = GenerationRequest(model="m", prompt="p", backend_options={"lora": "sql", "min_tokens": 2})
+    assert sampling_kwargs(request, default_max_tokens=9)["min_tokens"] == 2
+
+
+def test_cpu_build_serves_requests_without_an_adapter_with_one_that_changes_nothing(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from gengate.models.tiny import TINY_VLLM, build_tiny_lora
+    from safetensors.torch import load_file
+
+    adapters = {"b": str(build_tiny_lora(tmp_path / "b", config=TINY_VLLM)), "a": str(tmp_path / "missing")}
+    options = VLLMOptions(model="m", lora_adapters=adapters, max_loras=2)
+    assert engine_kwargs(options, visible_devices="", cpu_platform=True)["max_loras"] == 3  # + its slot
+    assert engine_kwargs(options, visible_devices="0")["max_loras"] == 2
+    with pytest.raises(errors.ConfigError, match="adapter 'a'"):  # the first by name is the model
+        no_lora_adapter(adapters, tmp_path / "none")
+    made = no_lora_adapter({"b": adapters["b"]}, tmp_path / "none")
+    source, zeroed = (
+        load_file(f"{adapters['b']}/adapter_model.safetensors"),
+        load_file(f"{made}/adapter_model.safetensors"),
+    )
+    assert source.keys() == zeroed.keys()
+    for key, tensor in zeroed.items():
+        if "lora_B" in key:
+            assert not tensor.any() and source[key].any()
+        else:
+            assert (tensor == source[key]).all()
+    assert (made / "adapter_config.json").read_text() == (tmp_path / "b" / "adapter_config.json").read_text()

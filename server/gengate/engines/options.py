@@ -33,12 +33,15 @@ class EngineOptions:
 NO_OPTIONS = EngineOptions()
 
 
-def engine_options(request: GenerationRequest) -> EngineOptions:
-    """The request's engine options, or InvalidArgument naming `backend_options[key]`."""
+def engine_options(request: GenerationRequest, *, also: frozenset[str] = frozenset()) -> EngineOptions:
+    """The request's engine options, or InvalidArgument naming `backend_options[key]`. Keys in
+    `also` are the engine's own (vLLM's `lora`), checked by it."""
     given = request.backend_options
     if not given:
         return NO_OPTIONS
     for key, value in given.items():
+        if key in also:
+            continue
         expected = ENGINE_OPTION_TYPES.get(key)
         if expected is None:  # the service refuses unknown keys before an engine sees them
             raise errors.InvalidArgument.field(f"backend_options[{key}]", "unknown option")

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -109,6 +110,13 @@ class VLLMOptions(BaseModel):
         description="Cores for the CPU build's model runner (VLLM_CPU_OMP_THREADS_BIND), e.g. '0-6' on "
         "8 cores: its OpenMP threads spin, so leave cores to the serving processes.",
     )
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="LoRA adapters served on this model: name -> folder (PEFT format); a request picks "
+        "one with backend_options {lora: name}.",
+    )
+    max_lora_rank: int = Field(default=16, ge=1, description="Largest adapter rank (vLLM's max_lora_rank).")
+    max_loras: int = Field(default=4, ge=1, description="Adapters in one batch at once (vLLM's max_loras).")
     max_n: int = Field(default=16, ge=1)
     max_logprobs: int = Field(default=20, ge=0)
     chat_template: str | None = None
@@ -116,6 +124,29 @@ class VLLMOptions(BaseModel):
 
 
 # --- pure mapping, tested without vLLM -----------------------------------------------------------
+
+# Backend options only vLLM takes (beyond engines/options.py's): the LoRA adapter to apply.
+VLLM_OPTIONS = frozenset({"lora"})
+
+
+def lora_choice(request: GenerationRequest, adapters: Mapping[str, str]) -> tuple[str, int, str] | None:
+    """The adapter a request asks for (backend_options {lora: name}) as (name, vLLM's integer id,
+    folder), or None; InvalidArgument naming `backend_options[lora]` for a bad one."""
+    name = request.backend_options.get("lora")
+    if name is None:
+        return None
+    where = "backend_options[lora]"
+    if not isinstance(name, str):
+        raise errors.InvalidArgument.field(where, f"must be a string, got {type(name).__name__}")
+    if name not in adapters:
+        known = ", ".join(sorted(adapters)) or "none (set lora_adapters on the model)"
+        raise errors.InvalidArgument.field(where, f"no adapter {name!r} on this model (adapters: {known})")
+    return lora_adapter(adapters, name)
+
+
+def lora_adapter(adapters: Mapping[str, str], name: str) -> tuple[str, int, str]:
+    """(name, vLLM's integer id, folder) of a configured adapter: ids follow the sorted names."""
+    return name, sorted(adapters).index(name) + 1, str(Path(adapters[name]).expanduser())
 
 
 def sampling_kwargs(request: GenerationRequest, *, default_max_tokens: int) -> dict[str, Any]:
@@ -144,7 +175,7 @@ def sampling_kwargs(request: GenerationRequest, *, default_max_tokens: int) -> d
         kwargs["include_stop_str_in_output"] = False
     if request.logprobs is not None:
         kwargs["logprobs"] = request.logprobs
-    options = engine_options(request)
+    options = engine_options(request, also=VLLM_OPTIONS)
     if options.min_tokens:
         kwargs["min_tokens"] = options.min_tokens
     if options.ignore_eos:
@@ -208,6 +239,38 @@ def _lowered(output: StructuredOutput) -> LoweredConstraint:
     if len(_LOWERED) > _LOWERED_MAX:
         _LOWERED.popitem(last=False)
     return lowered
+
+
+NO_LORA_NAME = "gengate-no-lora"
+
+
+def no_lora_adapter(adapters: Mapping[str, str], dest: Path) -> Path:
+    """An adapter that changes nothing (one of `adapters` with every B matrix zero), written to
+    `dest`, for requests without an adapter on vLLM's CPU build.
+
+    There, a request without an adapter that shares a batch with requests that have one gets the
+    last adapter slot applied: the torch bgmv ops index the stacked weights with its slot -1
+    (vllm/lora/ops/torch_ops). Found by tests/vllm/test_vllm_lora.py; CUDA kernels skip -1.
+    """
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    name = sorted(adapters)[0]
+    source = Path(adapters[name]).expanduser()
+    weights = source / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise errors.ConfigError(
+            f"LoRA adapter {name!r}: {weights} not found (vLLM's CPU build needs adapters in safetensors)"
+        )
+    tensors = load_file(str(weights))
+    for key, tensor in tensors.items():
+        if "lora_B" in key or "lora_embedding_B" in key:
+            tensor.zero_()
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(dest / "adapter_model.safetensors"))
+    shutil.copyfile(source / "adapter_config.json", dest / "adapter_config.json")
+    return dest
 
 
 def finish_reason_of(reason: str | None, stop_reason: int | str | None) -> tuple[FinishReason, str | None]:
@@ -320,7 +383,7 @@ def capabilities_for(options: VLLMOptions, *, context_length: int, chat: bool) -
         context_length=context_length,
         seed=True,
         chat=chat,
-        backend_options=ENGINE_OPTIONS,
+        backend_options=ENGINE_OPTIONS | VLLM_OPTIONS if options.lora_adapters else ENGINE_OPTIONS,
     )
 
 
@@ -370,6 +433,10 @@ def engine_kwargs(
         "max_logprobs": options.max_logprobs,
         "seed": options.seed,
     }
+    if options.lora_adapters:
+        # On the CPU build every request runs with an adapter (no_lora_adapter), which takes a slot.
+        slots = options.max_loras + (1 if cpu_platform else 0)
+        kwargs.update(enable_lora=True, max_lora_rank=options.max_lora_rank, max_loras=slots)
     return {key: value for key, value in kwargs.items() if value is not None}
 
 
@@ -390,6 +457,8 @@ class VLLMBackend:
         self._tokenizer: Any = None
         self._vllm: Any = None
         self._context_length = options.max_model_len or 0
+        self._no_lora: Any = None  # vLLM's CPU build: the adapter of requests without one
+        self._scratch: Path | None = None
 
     async def start(self) -> None:
         if self.options.cpu_kv_cache_gb is not None:  # read by vLLM's engine-core process
@@ -406,11 +475,16 @@ class VLLMBackend:
                 f"model {self.name!r}: vLLM is not installed ({exc}); use the GPU image "
                 "(bench/gpu/Dockerfile.vllm), pip install 'gengate[vllm]', or for CPU see README (vLLM)"
             ) from exc
+        cpu_platform = bool(current_platform.is_cpu())
         kwargs = engine_kwargs(
-            self.options,
-            visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-            cpu_platform=bool(current_platform.is_cpu()),
+            self.options, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), cpu_platform=cpu_platform
         )
+        if cpu_platform and self.options.lora_adapters:
+            import tempfile
+
+            self._scratch = Path(tempfile.mkdtemp(prefix="gengate-vllm-"))
+            path = no_lora_adapter(self.options.lora_adapters, self._scratch / NO_LORA_NAME)
+            self._no_lora = self._adapter(NO_LORA_NAME, len(self.options.lora_adapters) + 1, str(path))
         self._vllm = vllm
         backend = self.options.structured_outputs_backend
         structured_config: dict[str, Any] = {"backend": backend}
@@ -428,11 +502,32 @@ class VLLMBackend:
         self._context_length = int(self._engine.model_config.max_model_len)
         chat = bool(self.options.chat_template or getattr(self._tokenizer, "chat_template", None))
         self.capabilities = capabilities_for(self.options, context_length=self._context_length, chat=chat)
+        await self._load_adapters()
+
+    async def _load_adapters(self) -> None:
+        """Loads every configured LoRA adapter now, so a bad one fails the start, not a request."""
+        names = sorted(self.options.lora_adapters)
+        requests = [self._adapter(*lora_adapter(self.options.lora_adapters, name)) for name in names]
+        if self._no_lora is not None:
+            requests.append(self._no_lora)
+        for lora in requests:
+            try:
+                await self._engine.add_lora(lora)
+            except Exception as exc:
+                raise errors.ConfigError(
+                    f"model {self.name!r}: LoRA adapter {lora.lora_name!r} ({lora.lora_path}) did not load: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
 
     async def aclose(self) -> None:
         if self._engine is not None:
             engine, self._engine = self._engine, None
             engine.shutdown()
+        if self._scratch is not None:
+            import shutil
+
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         if request.prompt is not None:
@@ -464,6 +559,18 @@ class VLLMBackend:
         kind = RequestOutputKind.DELTA if deltas else RequestOutputKind.FINAL_ONLY
         return self._vllm.SamplingParams(output_kind=kind, **kwargs), enforcement
 
+    def _lora_request(self, request: GenerationRequest) -> Any:
+        """vLLM's LoRARequest for the adapter the request names, or None (on the CPU build with
+        adapters configured: the adapter that changes nothing, see no_lora_adapter)."""
+        choice = lora_choice(request, self.options.lora_adapters)
+        return self._no_lora if choice is None else self._adapter(*choice)
+
+    @staticmethod
+    def _adapter(name: str, lora_id: int, path: str) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
+
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await collect_stream(self._events(request, stream=False))
 
@@ -481,6 +588,7 @@ class VLLMBackend:
                 reason="PROMPT_TOO_LONG",
             )
         params, enforcement = self._sampling_params(request, len(prompt_ids), stream=stream)
+        lora = self._lora_request(request)
         engine_request_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
         yield StreamStart(
             request_id=request.request_id or engine_request_id,
@@ -493,7 +601,7 @@ class VLLMBackend:
 
         def generations(indices: Sequence[int], attempt: int) -> AsyncGenerator[StreamEvent, None]:
             if attempt == 0:
-                return self._run(prompt_ids, params, engine_request_id, request, arrived, indices)
+                return self._run(prompt_ids, params, lora, engine_request_id, request, arrived, indices)
             seed = request.sampling.seed
             retry = replace(
                 request,
@@ -502,7 +610,7 @@ class VLLMBackend:
             )
             retry_params, _ = self._sampling_params(retry, len(prompt_ids), stream=False)
             retry_id = f"{engine_request_id}-retry{attempt}"
-            return self._run(prompt_ids, retry_params, retry_id, retry, arrived, indices)
+            return self._run(prompt_ids, retry_params, lora, retry_id, retry, arrived, indices)
 
         async with aclosing(all_generations(request, enforcement, generations)) as events:
             async for event in events:
@@ -512,6 +620,7 @@ class VLLMBackend:
         self,
         prompt_ids: list[int],
         params: Any,
+        lora: Any,
         engine_request_id: str,
         request: GenerationRequest,
         arrived: float,
@@ -528,7 +637,7 @@ class VLLMBackend:
         )
         try:
             async for output in self._engine.generate(
-                TokensPrompt(prompt_token_ids=prompt_ids), params, engine_request_id
+                TokensPrompt(prompt_token_ids=prompt_ids), params, engine_request_id, lora_request=lora
             ):
                 for event in tracker.feed(output):
                     index = indices[event.index]

@@ -164,6 +164,54 @@ def build_tiny_model(dest: Path, *, seed: int = 0, config: TinyConfig = TINY) ->
     return _paths(dest)
 
 
+def build_tiny_lora(
+    dest: Path, *, config: TinyConfig = TINY_VLLM, rank: int = 8, seed: int = 0, scale: float = 0.5
+) -> Path:
+    """Builds a LoRA adapter for the tiny model in PEFT's format (adapter_config.json and
+    adapter_model.safetensors, random A and B on every layer's q_proj and v_proj), large enough
+    to change what the model writes: what vLLM loads as a LoRA adapter. Same seed ⇒ same files."""
+    from safetensors.numpy import save_file
+
+    dest = Path(dest).expanduser().absolute()
+    build_hash = hashlib.sha256(f"{BUILD_VERSION}-lora {config!r} {rank} {seed} {scale}".encode()).hexdigest()
+    if _is_built(dest, build_hash):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.build-", dir=dest.parent))
+    try:
+        tmp.chmod(0o755)
+        rng = np.random.default_rng(seed)
+        kv_dim = config.num_kv_heads * config.head_dim
+        tensors: dict[str, npt.NDArray[np.float32]] = {}
+        for layer in range(config.num_layers):
+            for module, out_dim in (("q_proj", config.hidden_size), ("v_proj", kv_dim)):
+                prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+                a = rng.normal(0.0, scale, (rank, config.hidden_size))
+                b = rng.normal(0.0, scale, (out_dim, rank))
+                tensors[f"{prefix}.lora_A.weight"] = a.astype(np.float32)
+                tensors[f"{prefix}.lora_B.weight"] = b.astype(np.float32)
+        save_file(tensors, str(tmp / "adapter_model.safetensors"))
+        adapter_config = {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "r": rank,
+            "lora_alpha": 2 * rank,
+            "lora_dropout": 0.0,
+            "target_modules": ["q_proj", "v_proj"],
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "use_rslora": False,
+            "use_dora": False,
+            "modules_to_save": None,
+        }
+        (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
+        (tmp / MARKER_FILE).write_text(build_hash + "\n")
+        _install(tmp, dest, build_hash)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
 def _install(tmp: Path, dest: Path, build_hash: str) -> None:
     """Renames a finished build into place, replacing a stale build; a concurrent winner is kept."""
     for _ in range(3):
