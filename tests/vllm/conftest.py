@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gengate.config import parse_config
 from gengate.models.tiny import TINY_VLLM, build_tiny_model
+from gengate.workers.backend import WorkerBackend
+from gengate.workers.factory import build_backend
+
+StartVLLM = Callable[[dict[str, Any]], Awaitable[WorkerBackend]]
 
 MAX_MODEL_LEN = 1024
 
@@ -63,3 +69,20 @@ def vllm_entry(vllm_device: str, vllm_model_dir: str) -> dict[str, Any]:
     else:
         entry.update(gpu_memory_utilization=0.3)
     return entry
+
+
+@pytest.fixture(scope="module")
+async def start_vllm() -> AsyncIterator[StartVLLM]:
+    """Starts a vLLM model (a worker process) from a config entry; closes it after the module."""
+    started: list[WorkerBackend] = []
+
+    async def start(entry: dict[str, Any]) -> WorkerBackend:
+        backend = build_backend(parse_config({"models": [entry]}).models[0])
+        assert isinstance(backend, WorkerBackend)
+        started.append(backend)
+        await backend.start()
+        return backend
+
+    yield start
+    for backend in started:
+        await backend.aclose()

@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import jsonschema
@@ -21,7 +20,6 @@ import psutil
 import pytest
 from gengate import errors
 from gengate.backend import collect_stream
-from gengate.config import parse_config
 from gengate.domain import (
     ChoiceConstraint,
     Enforcement,
@@ -41,7 +39,6 @@ from gengate.domain import (
     Whitespace,
 )
 from gengate.workers.backend import WorkerBackend
-from gengate.workers.factory import build_backend
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -62,12 +59,9 @@ LONG_ANSWER = StructuredOutput(RegexConstraint("[a-z]{900}"))
 
 
 @pytest.fixture(scope="module")
-async def vllm(vllm_entry: dict[str, Any]) -> AsyncIterator[WorkerBackend]:
-    backend = build_backend(parse_config({"models": [vllm_entry]}).models[0])
-    assert isinstance(backend, WorkerBackend)
-    await backend.start()
-    yield backend
-    await backend.aclose()
+async def vllm(vllm_entry: dict[str, Any], start_vllm: Any) -> WorkerBackend:
+    backend: WorkerBackend = await start_vllm(vllm_entry)
+    return backend
 
 
 def req(**kwargs: object) -> GenerationRequest:

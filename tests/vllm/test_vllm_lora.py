@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +18,16 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 async def vllm_lora(
-    vllm_entry: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[WorkerBackend]:
+    vllm_entry: dict[str, Any], tmp_path_factory: pytest.TempPathFactory, start_vllm: Any
+) -> WorkerBackend:
     folder = tmp_path_factory.mktemp("lora")
     adapters = {
         "bold": str(build_tiny_lora(folder / "bold", config=TINY_VLLM, seed=1)),
         "calm": str(build_tiny_lora(folder / "calm", config=TINY_VLLM, seed=2)),
     }
     entry = {**vllm_entry, "lora_adapters": adapters, "max_lora_rank": 8, "max_loras": 2}
-    backend = build_backend(parse_config({"models": [entry]}).models[0])
-    assert isinstance(backend, WorkerBackend)
-    await backend.start()
-    yield backend
-    await backend.aclose()
+    backend: WorkerBackend = await start_vllm(entry)
+    return backend
 
 
 def req(**kwargs: object) -> GenerationRequest:
