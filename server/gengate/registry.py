@@ -35,6 +35,7 @@ BACKEND_CLASSES: dict[str, str] = {
     "litellm": "gengate.providers.litellm:LiteLLMBackend",
     "fallback": "gengate.composites.fallback:FallbackBackend",
     "mixture_of_agents": "gengate.composites.mixture:MixtureOfAgentsBackend",
+    "preset": "gengate.composites.preset:PresetBackend",
 }
 
 

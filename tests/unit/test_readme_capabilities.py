@@ -46,7 +46,7 @@ ROWS = readme_rows()
 
 
 # Composite kinds have no row: their capabilities derive from their members'.
-COMPOSITES = {"fallback", "mixture_of_agents"}
+COMPOSITES = {"fallback", "mixture_of_agents", "preset"}
 
 
 def test_every_served_kind_has_a_row() -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from gengate import errors
+from gengate.api.server import RunningServer, start_server
 from gengate.config import parse_config
 from gengate.domain import GenerationRequest, SamplingParams, StoppingCriteria
 from gengate.models.tiny import TINY_VLLM, build_tiny_lora
@@ -17,16 +19,31 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
-async def vllm_lora(
-    vllm_entry: dict[str, Any], tmp_path_factory: pytest.TempPathFactory, start_vllm: Any
-) -> WorkerBackend:
+async def lora_server(
+    vllm_entry: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[RunningServer]:
+    """A gengate server with the vLLM model and two adapters, one also served as a preset."""
     folder = tmp_path_factory.mktemp("lora")
     adapters = {
         "bold": str(build_tiny_lora(folder / "bold", config=TINY_VLLM, seed=1)),
         "calm": str(build_tiny_lora(folder / "calm", config=TINY_VLLM, seed=2)),
     }
     entry = {**vllm_entry, "lora_adapters": adapters, "max_lora_rank": 8, "max_loras": 2}
-    backend: WorkerBackend = await start_vllm(entry)
+    preset = {
+        "name": "small-bold",
+        "backend": "preset",
+        "model": "small",
+        "backend_options": {"lora": "bold"},
+    }
+    server = await start_server(parse_config({"models": [entry, preset]}), host="127.0.0.1", port=0)
+    yield server
+    await server.stop(grace=1)
+
+
+@pytest.fixture(scope="module")
+def vllm_lora(lora_server: RunningServer) -> WorkerBackend:
+    backend = lora_server.router.route("small").backend
+    assert isinstance(backend, WorkerBackend)
     return backend
 
 
@@ -87,3 +104,20 @@ async def test_an_adapter_that_does_not_load_fails_the_start(
     with pytest.raises(WorkerStartError, match="broken"):
         await backend.start()
     await backend.aclose()
+
+
+async def test_an_adapter_served_as_a_preset_model_over_grpc(
+    lora_server: RunningServer, vllm_lora: WorkerBackend
+) -> None:
+    from gengate_client import AsyncClient
+
+    async with AsyncClient(lora_server.address) as client:
+        listed = {m.name: m.capabilities.backend_options for m in await client.list_models()}
+        assert listed == {
+            "small": ("ignore_eos", "lora", "min_tokens"),
+            "small-bold": ("ignore_eos", "min_tokens"),
+        }
+        reply = await client.generate("small-bold", "Once upon a time", max_tokens=24, temperature=0.0)
+    assert reply.model == "small-bold"
+    assert reply.text == await text(vllm_lora, backend_options={"lora": "bold"})
+    assert reply.text != await text(vllm_lora)

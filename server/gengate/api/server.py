@@ -108,7 +108,11 @@ async def start_server(
     from gengate.workers.factory import with_cpu_thread_shares
 
     router = Router.from_config(with_cpu_thread_shares(config))
-    await router.start_all()
+    try:
+        await router.start_all()
+    except BaseException:
+        await router.close_all()  # the models that did start (worker processes) go too
+        raise
     max_bytes = settings.max_message_mb * 1024 * 1024
     server = grpc.aio.server(
         interceptors=interceptors,
