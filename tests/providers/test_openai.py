@@ -177,6 +177,26 @@ async def test_request_body_and_sampling(make: cc.Make, fake: FakeOpenAI) -> Non
     assert info.value.violations[0].field == "sampling.top_k"
 
 
+async def test_request_options_reach_the_body_and_nothing_else_does(make: cc.Make, fake: FakeOpenAI) -> None:
+    from dataclasses import replace
+
+    from gengate.checks import prepare
+
+    backend = await make(
+        request_options=["reasoning_effort", "service_tier"], extra_body={"reasoning_effort": "high", "x": 1}
+    )
+    assert backend.capabilities.backend_options == {"reasoning_effort", "service_tier"}
+    await backend.generate(replace(cc.prompt(), backend_options={"reasoning_effort": "low"}))
+    body = fake.server.requests[0].body
+    assert (body["reasoning_effort"], body["x"]) == ("low", 1)  # the caller's value over the config's
+    with pytest.raises(errors.InvalidArgument) as info:  # what the service checks before a backend
+        prepare(replace(cc.prompt(), backend_options={"temperature": 2}), backend.capabilities)
+    assert info.value.violations[0].field == "backend_options[temperature]"
+    assert (await make()).capabilities.backend_options == frozenset()  # none unless configured
+    with pytest.raises(ValueError, match=r"\['seed', 'temperature'\] are set from the request's own fields"):
+        oai.OpenAIOptions(model="m", request_options=["temperature", "user", "seed"])
+
+
 async def test_strict_schema_transform_and_null_stripping(make: cc.Make, fake: FakeOpenAI) -> None:
     schema = {
         "type": "object",

@@ -7,13 +7,14 @@ each family member only says how it takes structured output and which quirks it 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gengate import errors
 from gengate.constraints.regex_dialect import ascii_shorthands
@@ -27,6 +28,7 @@ from gengate.domain import (
     GrammarConstraint,
     GrammarSyntax,
     JsonObjectConstraint,
+    ModelCapabilities,
     RegexConstraint,
     TextPart,
     TokenLogprob,
@@ -53,6 +55,32 @@ N, V = Enforcement.NATIVE, Enforcement.VALIDATED
 K = ConstraintKind
 
 
+# Request fields gengate sets from the contract: not for backend_options.
+CONTRACT_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "n",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "seed",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "logprobs",
+        "top_logprobs",
+        "stream",
+        "stream_options",
+        "response_format",
+    }
+)
+
+
 class OpenAIOptions(ProviderOptions):
     """Options of every OpenAI-family backend."""
 
@@ -61,6 +89,19 @@ class OpenAIOptions(ProviderOptions):
     extra_body: dict[str, Any] = Field(default_factory=dict, description="Merged into every request body.")
     extra_headers: dict[str, str] = Field(default_factory=dict)
     strict: bool = Field(default=True, description="Send JSON Schemas in strict mode (OpenAI, Azure).")
+    request_options: list[str] = Field(
+        default_factory=list,
+        description="Request fields callers may set through backend_options, sent as they are in the "
+        "request body (e.g. reasoning_effort, service_tier, user).",
+    )
+
+    @field_validator("request_options")
+    @classmethod
+    def _not_contract_fields(cls, value: list[str]) -> list[str]:
+        taken = sorted(set(value) & CONTRACT_FIELDS)
+        if taken:
+            raise ValueError(f"{taken} are set from the request's own fields, not through backend_options")
+        return value
 
 
 class OpenAIBackend(ProviderBackend):
@@ -88,6 +129,11 @@ class OpenAIBackend(ProviderBackend):
     strict_schemas: ClassVar[bool] = True
 
     options: OpenAIOptions
+
+    def build_capabilities(self) -> ModelCapabilities:
+        """The provider's capabilities, plus the request fields the config lets callers set."""
+        caps = super().build_capabilities()
+        return dataclasses.replace(caps, backend_options=frozenset(self.options.request_options))
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)
@@ -168,11 +214,11 @@ class OpenAIBackend(ProviderBackend):
             params["logprobs"] = True
             if req.logprobs > 0:
                 params["top_logprobs"] = req.logprobs
+        extra.update(req.backend_options)  # over the config's extra_body, under what gengate sets
         if call.plan is not None and call.plan.native:
             native = self.structured_params(call.plan)
             extra.update(native.pop("extra_body", {}))
             params.update(native)
-        extra.update(req.backend_options)
         if stream:
             params["stream"] = True
             if self.stream_usage_option:
