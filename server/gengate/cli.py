@@ -109,12 +109,26 @@ def _generate_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "request_id": args.request_id,
         "output_type": _output_type(args),
     }
+    if args.option:
+        kwargs["backend_options"] = dict(_backend_option(o) for o in args.option)
     if args.messages:
         messages = _read_json(args.messages, "--messages")
         if not isinstance(messages, list):
             raise CliError("--messages: the file must hold a JSON list of {role, content} objects")
         kwargs["messages"] = messages
     return kwargs
+
+
+def _backend_option(text: str) -> tuple[str, str | int | float | bool]:
+    """KEY=VALUE: a JSON number or true/false stays typed, anything else is a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise CliError(f"--option {text!r}: expected KEY=VALUE")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return key, raw
+    return key, value if isinstance(value, bool | int | float) else raw
 
 
 def _frame_json(frame: StreamFrame) -> str:
@@ -179,7 +193,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _format_models_table(models: Sequence[Any]) -> str:
-    header = ("NAME", "BACKEND", "CONSTRAINTS", "GRAMMARS", "MAX_N", "CONTEXT", "FEATURES")
+    header = ("NAME", "BACKEND", "CONSTRAINTS", "GRAMMARS", "MAX_N", "CONTEXT", "FEATURES", "OPTIONS")
     rows = [header]
     for m in models:
         caps = m.capabilities
@@ -190,8 +204,18 @@ def _format_models_table(models: Sequence[Any]) -> str:
         ]
         features += [m.lower() for m in caps.input_modalities if m.value != "TEXT"]
         context = str(caps.context_length) if caps.context_length else "?"
+        options = ",".join(caps.backend_options) or "-"
         rows.append(
-            (m.name, m.backend, constraints, grammars, str(caps.max_n), context, ",".join(features) or "-")
+            (
+                m.name,
+                m.backend,
+                constraints,
+                grammars,
+                str(caps.max_n),
+                context,
+                ",".join(features) or "-",
+                options,
+            )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join(
@@ -388,6 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int)
     gen.add_argument("--stop", action="append", metavar="STR", help="stop string (repeatable)")
     gen.add_argument("--logprobs", type=int, metavar="K", help="return logprobs with K alternatives")
+    gen.add_argument(
+        "--option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="backend option (repeatable; see the model's OPTIONS in `gengate models`), e.g. min_tokens=20",
+    )
     gen.add_argument("--request-id")
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     gen.set_defaults(func=cmd_generate)

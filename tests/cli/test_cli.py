@@ -40,6 +40,10 @@ def test_generate_passes_every_option(fake: RunningFake, capsys: pytest.CaptureF
         "--stop", "END",
         "--logprobs", "2",
         "--request-id", "r-7",
+        "--option", "min_tokens=5",
+        "--option", "ignore_eos=true",
+        "--option", "lora=sql",
+        "--option", "scale=0.5",
         "--metadata", "Authorization=Bearer s3cret",
     )  # fmt: skip
     assert status == 0 and out == "echo 0: p\necho 1: p\n"
@@ -47,6 +51,17 @@ def test_generate_passes_every_option(fake: RunningFake, capsys: pytest.CaptureF
     assert sent.stopping.max_tokens == 9 and list(sent.stopping.stop) == ["END"] and sent.n == 2
     assert sent.sampling.seed == 4 and sent.sampling.temperature == 0.5 and sent.sampling.top_k == 3
     assert sent.logprobs == 2 and sent.request_id == "r-7"
+    options = {k: v.WhichOneof("value") for k, v in sent.backend_options.items()}
+    assert options == {
+        "min_tokens": "int_value",
+        "ignore_eos": "bool_value",
+        "lora": "string_value",
+        "scale": "double_value",
+    }
+    assert (
+        sent.backend_options["min_tokens"].int_value == 5
+        and sent.backend_options["lora"].string_value == "sql"
+    )
     assert fake.servicer.metadata[-1]["authorization"] == "Bearer s3cret"
 
 
@@ -179,6 +194,7 @@ def test_models_table_and_json(fake: RunningFake, capsys: pytest.CaptureFixture[
         "MAX_N",
         "CONTEXT",
         "FEATURES",
+        "OPTIONS",
     ]
     assert lines[1].split() == [
         "tiny",
@@ -188,8 +204,9 @@ def test_models_table_and_json(fake: RunningFake, capsys: pytest.CaptureFixture[
         "8",
         "2048",
         "chat,logprobs,seed",
+        "ignore_eos,min_tokens",
     ]
-    assert lines[2].split() == ["remote", "openai", "-", "-", "1", "?", "-"]
+    assert lines[2].split() == ["remote", "openai", "-", "-", "1", "?", "-", "-"]
     status, out, _ = run(capsys, "models", "--address", fake.address, "--json")
     assert [m["name"] for m in json.loads(out)["models"]] == ["tiny", "remote"]
 
