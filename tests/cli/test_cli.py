@@ -222,3 +222,7 @@ def test_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
     status, _, err = run(capsys, "serve", "--config", "/nonexistent/gengate.yaml")
     assert status == 2 and "cannot read config" in err
+    status, _, err = run(
+        capsys, "generate", "--address", "x:1", "--model", "m", "--prompt", "p", "--option", "n"
+    )
+    assert status == 2 and "--option 'n': expected KEY=VALUE" in err
