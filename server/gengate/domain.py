@@ -7,7 +7,7 @@ the constraint engine only ever see these types.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeAlias
 
 
@@ -62,6 +62,10 @@ class SamplingParams:
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     seed: int | None = None
+
+
+# The sampling fields by name, in the contract's order (conversions and engine mappings walk them).
+SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams))
 
 
 @dataclass(frozen=True)

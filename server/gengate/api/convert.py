@@ -127,19 +127,7 @@ def _optional(msg: Any, name: str) -> Any:
 
 
 def sampling_from_pb(msg: pb.SamplingParams) -> d.SamplingParams:
-    return d.SamplingParams(**{f: _optional(msg, f) for f in _SAMPLING_FIELDS})
-
-
-_SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "seed",
-)
+    return d.SamplingParams(**{f: _optional(msg, f) for f in d.SAMPLING_FIELDS})
 
 
 def stopping_from_pb(msg: pb.StoppingCriteria) -> d.StoppingCriteria:
@@ -294,7 +282,7 @@ def structured_to_pb(so: d.StructuredOutput) -> pb.StructuredOutput:
 
 def sampling_to_pb(s: d.SamplingParams) -> pb.SamplingParams:
     msg = pb.SamplingParams()
-    for name in _SAMPLING_FIELDS:
+    for name in d.SAMPLING_FIELDS:
         value = getattr(s, name)
         if value is not None:
             setattr(msg, name, value)

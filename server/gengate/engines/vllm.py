@@ -41,6 +41,7 @@ from gengate.constraints.compiler import constraint_key
 from gengate.constraints.lowering import LoweredConstraint, lower
 from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
+    SAMPLING_FIELDS,
     ChoiceConstraint,
     ConstraintKind,
     Enforcement,
@@ -154,16 +155,7 @@ def sampling_kwargs(request: GenerationRequest, *, default_max_tokens: int) -> d
     InvalidArgument for bad backend options (engines/options.py)."""
     sampling = request.sampling
     kwargs: dict[str, Any] = {"n": request.n}
-    for name in (
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "frequency_penalty",
-        "presence_penalty",
-        "seed",
-    ):
+    for name in SAMPLING_FIELDS:
         value = getattr(sampling, name)
         if value is not None:
             kwargs[name] = value

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator
 from gengate import errors
 from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
+    SAMPLING_FIELDS,
     ChoiceConstraint,
     ConstraintKind,
     Enforcement,
@@ -56,29 +57,19 @@ K = ConstraintKind
 
 
 # Request fields gengate sets from the contract: not for backend_options.
-CONTRACT_FIELDS = frozenset(
-    {
-        "model",
-        "messages",
-        "n",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "frequency_penalty",
-        "presence_penalty",
-        "seed",
-        "max_tokens",
-        "max_completion_tokens",
-        "stop",
-        "logprobs",
-        "top_logprobs",
-        "stream",
-        "stream_options",
-        "response_format",
-    }
-)
+CONTRACT_FIELDS = frozenset(SAMPLING_FIELDS) | {
+    "model",
+    "messages",
+    "n",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "logprobs",
+    "top_logprobs",
+    "stream",
+    "stream_options",
+    "response_format",
+}
 
 
 class OpenAIOptions(ProviderOptions):
