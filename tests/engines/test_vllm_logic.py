@@ -37,6 +37,7 @@ from gengate.engines.vllm import (
     engine_kwargs,
     finish_reason_of,
     lora_choice,
+    lora_slots,
     no_lora_adapter,
     sampling_kwargs,
     structured_outputs_kwargs,
@@ -295,14 +296,14 @@ def test_lora_adapters_enable_lora_and_are_picked_by_name() -> None:
     caps = capabilities_for(options, context_length=8, chat=True)
     assert caps.backend_options == {"min_tokens", "ignore_eos", "lora"}
 
-    def pick(value: object) -> tuple[str, int, str] | None:
+    def pick(value: object) -> str | None:
         request = GenerationRequest(model="m", prompt="p", backend_options={"lora": value} if value else {})
         return lora_choice(request, options.lora_adapters)
 
-    assert pick(None) is None
-    sql = pick("sql")
-    assert sql is not None and sql[:2] == ("sql", 2) and not sql[2].startswith("~")  # ids by sorted name
-    assert pick("chat") == ("chat", 1, "/a/chat")
+    assert pick(None) is None and pick("sql") == "sql"
+    slots = lora_slots(options.lora_adapters)
+    assert slots["chat"] == (1, "/a/chat")  # ids by sorted name, from 1
+    assert slots["sql"][0] == 2 and not slots["sql"][1].startswith("~")
     for bad, message in (
         (3, "must be a string, got int"),
         ("nope", "no adapter 'nope' on this model (adapters: chat, sql)"),

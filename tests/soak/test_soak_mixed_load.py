@@ -68,10 +68,9 @@ pytestmark = [pytest.mark.soak, pytest.mark.timeout(SOAK_SECONDS + WARMUP_S + 30
 
 
 @pytest.fixture
-async def soak_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RunningServer]:
-    # One thread per engine worker: the two workers then leave the event loop a core of its own,
-    # instead of three parties contending for every core (which makes throughput swing).
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+async def soak_server() -> AsyncIterator[RunningServer]:
+    # One thread per engine worker (cpu_threads): the two workers then leave the event loop a core
+    # of its own, instead of three parties contending for every core (which makes throughput swing).
     install_tracer_provider()  # spans on every path, as in production with a collector
     config = parse_config(
         {
@@ -82,8 +81,8 @@ async def soak_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RunningS
                     "text": " ".join(f"w{i}" for i in range(60)),
                     "tokens_per_s": 400,
                 },
-                {"name": TINY, "backend": "llamacpp", "tiny": True, "n_threads": 1},
-                {"name": TINY_HF, "backend": "transformers", "tiny": True},
+                {"name": TINY, "backend": "llamacpp", "tiny": True, "cpu_threads": 1},
+                {"name": TINY_HF, "backend": "transformers", "tiny": True, "cpu_threads": 1},
             ]
         }
     )

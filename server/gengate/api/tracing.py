@@ -58,10 +58,11 @@ class ClosingStreams(grpc.aio.ServerInterceptor):
 
     gRPC iterates a streaming handler's async generator itself; when the caller cancels while the
     server waits to write, it drops the generator, which the event loop then closes in another
-    task. Every span made current inside it (the RPC span, the backend span) was attached in the
-    RPC's Context and cannot be detached from that one: "Failed to detach context", an ERROR
-    log per cancelled stream (upstream opentelemetry-python-contrib#2357). Written with
-    `context.write` instead, the handler closes its generator where it was iterated.
+    task. The RPC span the interceptor made current inside it was attached in the RPC's Context
+    and cannot be detached from that one: "Failed to detach context", an ERROR log per cancelled
+    stream (upstream opentelemetry-python-contrib#2357). Written with `context.write` instead, the
+    handler closes its generator where it was iterated. (The backend span is never held current
+    across a yield: telemetry.BackendSpan.events.)
     """
 
     def __init__(self, inner: grpc.aio.ServerInterceptor) -> None:

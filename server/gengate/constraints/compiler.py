@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -17,6 +15,7 @@ from gengate.constraints import lowering
 from gengate.constraints.lowering import FIELD_CHOICES, FIELD_GRAMMAR, FIELD_REGEX, FIELD_SCHEMA
 from gengate.constraints.matcher import ConstraintMatcher
 from gengate.domain import ConstraintKind, Enforcement, StructuredOutput
+from gengate.lru import LruCache
 
 _FIELD_BY_KIND = {
     ConstraintKind.JSON_SCHEMA: FIELD_SCHEMA,
@@ -90,20 +89,17 @@ class ConstraintCompiler:
         self.timeout_s = timeout_s
         self.cache_size = cache_size
         self.stats = CompilerStats()
-        self._cache: OrderedDict[tuple[str, str], CompiledConstraint] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache: LruCache[tuple[str, str], CompiledConstraint] = LruCache(cache_size)
         self._inflight: dict[tuple[str, str], asyncio.Future[CompiledConstraint]] = {}
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gengate-compile")
 
     async def compile(self, structured: StructuredOutput) -> CompiledConstraint:
         """The compiled constraint, or InvalidArgument naming the field and what is wrong."""
         key = (self.tokenizer_key, constraint_key(structured))
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                self.stats.hits += 1
-                return hit
+        hit = self._cache.get(key)
+        if hit is not None:
+            self.stats.hits += 1
+            return hit
         work = self._inflight.get(key)
         if work is None:
             self.stats.misses += 1
@@ -124,10 +120,7 @@ class ConstraintCompiler:
         self._inflight.pop(key, None)
         if done.cancelled() or done.exception() is not None:
             return
-        with self._lock:
-            self._cache[key] = done.result()
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+        self._cache.put(key, done.result())
 
     def compile_sync(self, structured: StructuredOutput) -> CompiledConstraint:
         """Lowers and compiles in the calling thread (no cache); raises InvalidArgument."""

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import threading
-from collections import OrderedDict
 from typing import Any
 
 import jsonschema
@@ -33,6 +31,7 @@ from gengate.domain import (
     RegexConstraint,
     StructuredOutput,
 )
+from gengate.lru import LruCache
 
 _MAX_REASON = 300
 
@@ -64,38 +63,21 @@ def _any_object_validator() -> Validator:
     return _build_validator({"type": "object"})
 
 
-class _ValidatorCache:
-    """Validators by schema text (the schema and additional_properties as JSON, key order kept):
-    building one, and the schema copy it holds, cost more than validating a small output."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._entries: OrderedDict[str, Validator] = OrderedDict()
-        self._lock = threading.Lock()  # engines validate from their own threads too
-
-    def get(self, c: JsonSchemaConstraint, structured: StructuredOutput) -> Validator:
-        try:
-            key = json.dumps([c.schema, structured.additional_properties])
-        except (TypeError, ValueError):  # not JSON text: build it every time, as before
-            return _build_validator(effective_schema(c, structured))
-        with self._lock:
-            validator = self._entries.get(key)
-            if validator is not None:
-                self._entries.move_to_end(key)
-                return validator
-        validator = _build_validator(effective_schema(c, structured))
-        with self._lock:
-            self._entries[key] = validator
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
-        return validator
-
-
-_validators = _ValidatorCache(256)
+_validators: LruCache[str, Validator] = LruCache(256)
 
 
 def _schema_validator(c: JsonSchemaConstraint, structured: StructuredOutput) -> Validator:
-    return _validators.get(c, structured)
+    """Validators by schema text (the schema and additional_properties as JSON, key order kept):
+    building one, and the schema copy it holds, cost more than validating a small output."""
+    try:
+        key = json.dumps([c.schema, structured.additional_properties])
+    except (TypeError, ValueError):  # not JSON text: build it every time
+        return _build_validator(effective_schema(c, structured))
+    validator = _validators.get(key)
+    if validator is None:
+        validator = _build_validator(effective_schema(c, structured))
+        _validators.put(key, validator)
+    return validator
 
 
 def _validate_json(text: str, validator: Validator) -> str | None:

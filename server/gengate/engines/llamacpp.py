@@ -98,7 +98,6 @@ class _Job:
 
 @dataclass(frozen=True)
 class _Done:
-    text: str
     finish_reason: FinishReason
     matched_stop: str | None
     output_tokens: int
@@ -367,7 +366,7 @@ class LlamaCppBackend:
             options=job.options,
         )
         if job.cancel.is_set():  # cancelled while queued behind other generations
-            job.handoff.put(_Done("", FinishReason.CANCELLED, None, 0, started, None), last=True)
+            job.handoff.put(_Done(FinishReason.CANCELLED, None, 0, started, None), last=True)
             return
         self._load_prompt(llm, job.prompt)
         first_token_at: float | None = None
@@ -409,7 +408,6 @@ class LlamaCppBackend:
                 job.handoff.put(GenerationDelta(job.index, tail, pending_tokens, logprobs), more=True)
         job.handoff.put(
             _Done(
-                text=decoder.text,
                 finish_reason=finish,
                 matched_stop=decoder.matched_stop,
                 output_tokens=len(decoder.output_token_ids),

@@ -26,7 +26,6 @@ import inspect
 import os
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
@@ -68,6 +67,7 @@ from gengate.domain import (
 )
 from gengate.engines.options import ENGINE_OPTIONS, engine_options
 from gengate.engines.resampling import all_generations, retry_seed
+from gengate.lru import LruCache
 
 StructuredBackend = Literal["guidance", "xgrammar", "outlines", "auto"]
 
@@ -130,9 +130,9 @@ class VLLMOptions(BaseModel):
 VLLM_OPTIONS = frozenset({"lora"})
 
 
-def lora_choice(request: GenerationRequest, adapters: Mapping[str, str]) -> tuple[str, int, str] | None:
-    """The adapter a request asks for (backend_options {lora: name}) as (name, vLLM's integer id,
-    folder), or None; InvalidArgument naming `backend_options[lora]` for a bad one."""
+def lora_choice(request: GenerationRequest, adapters: Mapping[str, str]) -> str | None:
+    """The adapter a request names (backend_options {lora: name}), or None; InvalidArgument
+    naming `backend_options[lora]` for a bad one."""
     name = request.backend_options.get("lora")
     if name is None:
         return None
@@ -142,12 +142,12 @@ def lora_choice(request: GenerationRequest, adapters: Mapping[str, str]) -> tupl
     if name not in adapters:
         known = ", ".join(sorted(adapters)) or "none (set lora_adapters on the model)"
         raise errors.InvalidArgument.field(where, f"no adapter {name!r} on this model (adapters: {known})")
-    return lora_adapter(adapters, name)
+    return name
 
 
-def lora_adapter(adapters: Mapping[str, str], name: str) -> tuple[str, int, str]:
-    """(name, vLLM's integer id, folder) of a configured adapter: ids follow the sorted names."""
-    return name, sorted(adapters).index(name) + 1, str(Path(adapters[name]).expanduser())
+def lora_slots(adapters: Mapping[str, str]) -> dict[str, tuple[int, str]]:
+    """Each configured adapter's vLLM integer id (by sorted name, from 1) and folder."""
+    return {name: (i, str(Path(adapters[name]).expanduser())) for i, name in enumerate(sorted(adapters), 1)}
 
 
 def sampling_kwargs(request: GenerationRequest, *, default_max_tokens: int) -> dict[str, Any]:
@@ -214,22 +214,17 @@ def structured_outputs_kwargs(output: StructuredOutput) -> tuple[dict[str, Any],
 COMPACT_WHITESPACE_BACKENDS = frozenset({"guidance", "xgrammar"})
 
 
-_LOWERED: OrderedDict[str, LoweredConstraint] = OrderedDict()
-_LOWERED_MAX = 256
+_LOWERED: LruCache[str, LoweredConstraint] = LruCache(256)
 
 
 def _lowered(output: StructuredOutput) -> LoweredConstraint:
     """gengate's lowering of a JSON Schema, cached by its canonical text: relaxing a schema runs
     llguidance's compiler, which a hot schema should not pay on every request."""
     key = constraint_key(output)
-    hit = _LOWERED.get(key)
-    if hit is not None:
-        _LOWERED.move_to_end(key)
-        return hit
-    lowered = lower(output)  # raises InvalidArgument for a bad schema; errors are not cached
-    _LOWERED[key] = lowered
-    if len(_LOWERED) > _LOWERED_MAX:
-        _LOWERED.popitem(last=False)
+    lowered = _LOWERED.get(key)
+    if lowered is None:
+        lowered = lower(output)  # raises InvalidArgument for a bad schema; errors are not cached
+        _LOWERED.put(key, lowered)
     return lowered
 
 
@@ -449,6 +444,7 @@ class VLLMBackend:
         self._tokenizer: Any = None
         self._vllm: Any = None
         self._context_length = options.max_model_len or 0
+        self._loras: dict[str, Any] = {}  # adapter name -> vLLM's LoRARequest, made at start
         self._no_lora: Any = None  # vLLM's CPU build: the adapter of requests without one
         self._scratch: Path | None = None
 
@@ -476,7 +472,10 @@ class VLLMBackend:
 
             self._scratch = Path(tempfile.mkdtemp(prefix="gengate-vllm-"))
             path = no_lora_adapter(self.options.lora_adapters, self._scratch / NO_LORA_NAME)
-            self._no_lora = self._adapter(NO_LORA_NAME, len(self.options.lora_adapters) + 1, str(path))
+            from vllm.lora.request import LoRARequest
+
+            slot = len(self.options.lora_adapters) + 1
+            self._no_lora = LoRARequest(lora_name=NO_LORA_NAME, lora_int_id=slot, lora_path=str(path))
         self._vllm = vllm
         backend = self.options.structured_outputs_backend
         structured_config: dict[str, Any] = {"backend": backend}
@@ -498,11 +497,13 @@ class VLLMBackend:
 
     async def _load_adapters(self) -> None:
         """Loads every configured LoRA adapter now, so a bad one fails the start, not a request."""
-        names = sorted(self.options.lora_adapters)
-        requests = [self._adapter(*lora_adapter(self.options.lora_adapters, name)) for name in names]
-        if self._no_lora is not None:
-            requests.append(self._no_lora)
-        for lora in requests:
+        from vllm.lora.request import LoRARequest
+
+        self._loras = {
+            name: LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
+            for name, (lora_id, path) in lora_slots(self.options.lora_adapters).items()
+        }
+        for lora in [*self._loras.values(), *([self._no_lora] if self._no_lora is not None else [])]:
             try:
                 await self._engine.add_lora(lora)
             except Exception as exc:
@@ -554,14 +555,8 @@ class VLLMBackend:
     def _lora_request(self, request: GenerationRequest) -> Any:
         """vLLM's LoRARequest for the adapter the request names, or None (on the CPU build with
         adapters configured: the adapter that changes nothing, see no_lora_adapter)."""
-        choice = lora_choice(request, self.options.lora_adapters)
-        return self._no_lora if choice is None else self._adapter(*choice)
-
-    @staticmethod
-    def _adapter(name: str, lora_id: int, path: str) -> Any:
-        from vllm.lora.request import LoRARequest
-
-        return LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
+        name = lora_choice(request, self.options.lora_adapters)
+        return self._no_lora if name is None else self._loras[name]
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await collect_stream(self._events(request, stream=False))
