@@ -7,32 +7,27 @@ one, max_tokens set, and a constraint kind the model declared. Field paths name 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import secrets
-import threading
-from collections import OrderedDict
 from typing import Any
 
-import jsonschema
-
-from gengate.constraints.validation import regex_syntax_error
 from gengate.domain import (
     ChoiceConstraint,
     GenerationRequest,
     GrammarConstraint,
     ImagePart,
-    JsonSchemaConstraint,
+    JsonObjectConstraint,
     Modality,
     ModelCapabilities,
     RegexConstraint,
     SamplingParams,
     StoppingCriteria,
 )
-from gengate.errors import FieldViolation, InvalidArgument, Unimplemented
+from gengate.errors import FieldViolation, InvalidArgument, Unimplemented, echo
+from gengate.limits import LIMIT_REASON, RequestLimits, request_violations
 
 DEFAULT_MAX_TOKENS = 256
-MAX_STOP_SEQUENCES = 16
+DEFAULT_LIMITS = RequestLimits()
 
 # (field, lowest, highest, lowest inclusive) for the float sampling fields.
 _SAMPLING_RANGES: tuple[tuple[str, float, float, bool], ...] = (
@@ -46,12 +41,23 @@ _SAMPLING_RANGES: tuple[tuple[str, float, float, bool], ...] = (
 
 
 def prepare(
-    request: GenerationRequest, caps: ModelCapabilities, *, request_id: str | None = None
+    request: GenerationRequest,
+    caps: ModelCapabilities,
+    *,
+    request_id: str | None = None,
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> GenerationRequest:
     """Returns the request with defaults filled, or raises with every bad field listed.
 
+    Limits come first: a request over one is refused before anything reads its content.
     `request_id` is set when the request has none (one copy of the request instead of two).
+    Checks that read a constraint's content run in the sandbox (gengate.constraints.sandbox).
     """
+    over = request_violations(request, limits)
+    if over:
+        raise InvalidArgument(
+            "; ".join(f"{v.field}: {v.description}" for v in over), reason=LIMIT_REASON, violations=over
+        )
     violations: list[FieldViolation] = []
     violations += _input_violations(request, caps)
     violations += _sampling_violations(request.sampling)
@@ -73,7 +79,10 @@ def prepare(
         if key not in caps.backend_options:
             known = ", ".join(sorted(caps.backend_options)) or "none"
             violations.append(
-                FieldViolation(f"backend_options[{key}]", f"unknown option (this model takes: {known})")
+                FieldViolation(
+                    f"backend_options[{key[:64]}]",
+                    f"unknown option {echo(key, 64)} (this model takes: {known})",
+                )
             )
     if violations:
         raise InvalidArgument(
@@ -144,38 +153,10 @@ def _stopping_violations(stopping: StoppingCriteria, caps: ModelCapabilities) ->
             out.append(
                 FieldViolation("stopping.max_tokens", f"exceeds the context length {caps.context_length}")
             )
-    if len(stopping.stop) > MAX_STOP_SEQUENCES:
-        out.append(FieldViolation("stopping.stop", f"at most {MAX_STOP_SEQUENCES} stop sequences"))
     for i, stop in enumerate(stopping.stop):
         if not stop:
             out.append(FieldViolation(f"stopping.stop[{i}]", "must not be empty"))
     return out
-
-
-_VALID_SCHEMAS_MAX = 256
-_valid_schemas: OrderedDict[str, None] = OrderedDict()  # JSON text of schemas that passed
-_valid_schemas_lock = threading.Lock()
-
-
-def _check_schema(schema: dict[str, Any]) -> None:
-    """Checks a schema against its metaschema (raises jsonschema.SchemaError), remembering the
-    last schemas that passed: the check costs ~2 ms, and clients send the same schema again and
-    again. Failures are not remembered, so their error is always the one found for that schema."""
-    try:
-        key: str | None = json.dumps(schema)
-    except (TypeError, ValueError):
-        key = None
-    if key is not None:
-        with _valid_schemas_lock:
-            if key in _valid_schemas:
-                _valid_schemas.move_to_end(key)
-                return
-    jsonschema.validators.validator_for(schema).check_schema(schema)
-    if key is not None:
-        with _valid_schemas_lock:
-            _valid_schemas[key] = None
-            while len(_valid_schemas) > _VALID_SCHEMAS_MAX:
-                _valid_schemas.popitem(last=False)
 
 
 def _check_structured_output(request: GenerationRequest, caps: ModelCapabilities) -> None:
@@ -195,27 +176,17 @@ def _check_structured_output(request: GenerationRequest, caps: ModelCapabilities
             violations=[FieldViolation(f"structured_output.{kind.value}", "not supported by this model")],
             metadata={"constraint_kind": kind.value},
         )
-    if isinstance(constraint, JsonSchemaConstraint):
-        try:
-            _check_schema(constraint.schema)
-        except jsonschema.SchemaError as exc:
-            path = "/".join(str(p) for p in exc.path) or "<root>"
+    if isinstance(constraint, JsonObjectConstraint):
+        if request.structured_output.additional_properties is False:
             raise InvalidArgument.field(
-                "structured_output.json_schema.schema",
-                f"not a valid JSON Schema at {path}: {exc.message}",
-                reason="INVALID_SCHEMA",
-            ) from exc
+                "structured_output.options.additional_properties",
+                "must not be false for json_object (an object without properties could only be {})",
+                reason="INVALID_OPTIONS",
+            )
     elif isinstance(constraint, RegexConstraint):
         if not constraint.pattern:
             raise InvalidArgument.field(
                 "structured_output.regex.pattern", "must not be empty", reason="INVALID_REGEX"
-            )
-        problem = regex_syntax_error(constraint.pattern)
-        if problem is not None:
-            raise InvalidArgument.field(
-                "structured_output.regex.pattern",
-                f"invalid regular expression: {problem}",
-                reason="INVALID_REGEX",
             )
     elif isinstance(constraint, ChoiceConstraint):
         if not constraint.choices:

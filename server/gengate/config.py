@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gengate.errors import ConfigError
+from gengate.limits import RequestLimits
 from gengate.registry import backend_class
 
 # Keys every model entry may have, whatever its backend.
@@ -69,7 +70,8 @@ class ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=50051, ge=0, le=65535)
     max_batch_items: int = Field(default=4096, gt=0)
-    max_message_mb: int = Field(default=64, gt=0)
+    # gRPC's message size limit is a signed 32-bit byte count: at most 2047 MiB.
+    max_message_mb: int = Field(default=64, gt=0, le=2047)
     # Deadline applied to calls that arrive without one (seconds); None = no limit.
     request_timeout_s: float | None = Field(default=None, gt=0)
     # Close client connections after this long (with a grace period), so clients reconnect and
@@ -81,6 +83,8 @@ class ServerSettings(BaseModel):
     tls_client_ca_file: str | None = None
     # Caller authentication: bearer tokens, comma-separated, read from this environment variable.
     auth_tokens_env: str | None = None
+    # What one request may ask for, checked before any work (gengate.limits; README "Limits").
+    limits: RequestLimits = Field(default_factory=RequestLimits)
 
     @model_validator(mode="after")
     def _tls_pairs(self) -> ServerSettings:

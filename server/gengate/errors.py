@@ -121,5 +121,33 @@ class Internal(GengateError):
     default_reason = "INTERNAL"
 
 
+ECHO_CHARS = 200
+
+
+def echo(value: str, limit: int = ECHO_CHARS) -> str:
+    """A caller's value as shown in an error: quoted, and cut to `limit` characters."""
+    if len(value) <= limit:
+        return repr(value)
+    return repr(value[:limit]) + f"... ({len(value)} characters)"
+
+
+def brief(text: str, limit: int = ECHO_CHARS) -> str:
+    """A library's error message in one short line: its first line, plus the line that says
+    `error: ...` where the library adds one below an echo of the input. No internal state,
+    traceback or whole input reaches a caller."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return "unknown error"
+    head = _cut(lines[0], limit)
+    reason = next((line for line in lines[1:] if line.lower().startswith("error:")), None)
+    if reason is not None:
+        head = f"{_cut(lines[0], limit // 2)} {_cut(reason, limit // 2)}"
+    return head
+
+
+def _cut(line: str, limit: int) -> str:
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 class ConfigError(Exception):
     """The configuration file is wrong; raised at start-up with the file and key named."""

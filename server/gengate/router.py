@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from gengate.backend import Backend
 from gengate.config import ModelConfig, ServerConfig
 from gengate.domain import ModelInfo
-from gengate.errors import ConfigError, InvalidArgument, NotFound, ResourceExhausted
+from gengate.errors import ECHO_CHARS, ConfigError, InvalidArgument, NotFound, ResourceExhausted, echo
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,9 @@ class Router:
         if route is None:
             known = ", ".join(sorted(self._routes)) or "none"
             raise NotFound(
-                f"model {model!r} is not served here (served: {known})",
+                f"model {echo(model)} is not served here (served: {known})",
                 reason="MODEL_NOT_FOUND",
-                metadata={"model": model},
+                metadata={"model": model[:ECHO_CHARS]},
             )
         return route
 

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gengate.backend import aclose_stream
 from gengate.checks import prepare
+from gengate.constraints.sandbox import ConstraintSandbox
 from gengate.domain import (
+    ConstraintKind,
+    Enforcement,
     FinishReason,
     Generation,
     GenerationDelta,
@@ -30,38 +35,65 @@ from gengate.domain import (
     Timings,
 )
 from gengate.errors import Aborted, DeadlineExceeded, GengateError, Internal, InvalidArgument
+from gengate.limits import LIMIT_REASON, RequestLimits
 from gengate.router import Route, Router
 from gengate.telemetry import backend_span
+
+log = logging.getLogger(__name__)
+_JSON_KINDS = frozenset({ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT})
 
 # Outcome of one batch item: the result, or the error that ended it.
 BatchItem = tuple[int, GenerationResult | GengateError]
 
 
 class GenerationCore:
-    """What the gRPC servicer calls; owns nothing but the router."""
+    """What the gRPC servicer calls; owns the router, the request limits and the constraint sandbox."""
 
-    def __init__(self, router: Router, *, max_batch_items: int = 4096, batch_parallelism: int = 256) -> None:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        max_batch_items: int = 4096,
+        batch_parallelism: int = 256,
+        limits: RequestLimits | None = None,
+    ) -> None:
         self.router = router
         self.max_batch_items = max_batch_items
         self.batch_parallelism = batch_parallelism
+        self.limits = limits or RequestLimits()
+        self.sandbox = ConstraintSandbox(self.limits)
+        self.validator = OutputValidator(self.limits.validation_timeout_s)
 
     def list_models(self) -> list[ModelInfo]:
         return self.router.models()
 
-    def _prepare(self, request: GenerationRequest) -> tuple[Route, GenerationRequest]:
+    async def _prepare(self, request: GenerationRequest) -> tuple[Route, GenerationRequest]:
+        """Routes and checks the request: limits and capabilities here, the constraint's content in
+        the sandbox (off the event loop, a crash or a bomb costing this request only)."""
         route = self.router.route(request.model)
         request_id = None if request.request_id else uuid.uuid4().hex
-        return route, prepare(request, route.backend.capabilities, request_id=request_id)
+        caps = route.backend.capabilities
+        request = prepare(request, caps, request_id=request_id, limits=self.limits)
+        structured = request.structured_output
+        if structured is not None:
+            kind = structured.constraint.kind
+            native_json = caps.constraints.get(kind) is Enforcement.NATIVE and kind in _JSON_KINDS
+            await self.sandbox.check(structured, trial_compile=not native_json)
+        return route, request
+
+    async def aclose(self) -> None:
+        await self.sandbox.aclose()
+        self.validator.close()
 
     async def generate(self, request: GenerationRequest, *, queue_bounded: bool = True) -> GenerationResult:
         arrived = time.monotonic()
-        route, request = self._prepare(request)
+        route, request = await self._prepare(request)
         with backend_span(route, request) as span:
             async with route.slot(bounded=queue_bounded) as queued_s:
                 result = await _with_deadline(route.backend.generate(request), request)
             span.record_result(result)
         for generation in result.generations:
-            _check_structured(request.structured_output, generation, result.enforcement.value)
+            await self.validator.check(request.structured_output, generation, result.enforcement.value)
         total = time.monotonic() - arrived
         ttft = result.timings.time_to_first_token_s
         timings = Timings(
@@ -73,7 +105,7 @@ class GenerationCore:
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         arrived = time.monotonic()
-        route, request = self._prepare(request)
+        route, request = await self._prepare(request)
         with backend_span(route, request, current=False) as span:
             async with route.slot() as queued_s:
                 texts: dict[int, list[str]] = {}
@@ -94,7 +126,7 @@ class GenerationCore:
                                 text="".join(texts.pop(event.index, [])),
                                 finish_reason=event.finish_reason,
                             )
-                            _check_structured(request.structured_output, generation, enforcement)
+                            await self.validator.check(request.structured_output, generation, enforcement)
                             span.record_end(event)
                             event = dataclasses.replace(
                                 event, timings=_shift(event.timings, queued_s, time.monotonic() - arrived)
@@ -103,12 +135,19 @@ class GenerationCore:
                 finally:
                     await aclose_stream(stream)
 
+    def check_batch_size(self, count: int) -> None:
+        """Refuses a batch over max_batch_items, before any item is converted or checked."""
+        if count > self.max_batch_items:
+            raise InvalidArgument.field(
+                "requests",
+                f"the number of items is {count}, over the limit of {self.max_batch_items} "
+                "(server.max_batch_items)",
+                reason=LIMIT_REASON,
+            )
+
     async def batch(self, requests: Sequence[GenerationRequest]) -> AsyncIterator[BatchItem]:
         """Runs every item concurrently (bounded); yields (index, result or error) as each finishes."""
-        if len(requests) > self.max_batch_items:
-            raise InvalidArgument.field(
-                "requests", f"at most {self.max_batch_items} items per batch, got {len(requests)}"
-            )
+        self.check_batch_size(len(requests))
         if not requests:
             raise InvalidArgument.field("requests", "must contain at least one request")
         gate = asyncio.Semaphore(self.batch_parallelism)
@@ -130,7 +169,10 @@ class GenerationCore:
                 except GengateError as exc:
                     outcome = exc
                 except Exception as exc:  # one broken item never fails the batch
-                    outcome = Internal(f"item failed: {type(exc).__name__}: {exc}")
+                    log.exception("batch item %d failed", index)
+                    outcome = Internal(
+                        f"item failed: unexpected server error ({type(exc).__name__})", reason="UNEXPECTED"
+                    )
             await done.put((index, outcome))
 
         tasks = [asyncio.create_task(run(i, r)) for i, r in enumerate(requests)]
@@ -152,24 +194,48 @@ def _shift(timings: Timings, queued_s: float, total_s: float) -> Timings:
     )
 
 
-def _check_structured(structured: StructuredOutput | None, generation: Generation, enforcement: str) -> None:
-    """Validates a finished generation against the original constraint.
+class OutputValidator:
+    """Validates finished generations against the original constraint, off the event loop.
 
+    Matching is linear-time (RE2 / llguidance, never a backtracking `re`), and each check runs in
+    a small thread pool under a time budget, so no output can stall other callers.
     Generations cut by max_tokens or a stop string are incomplete and returned as such (their
     finish reason says so); a complete one that does not validate is an error, never a success.
     """
-    if structured is None or generation.finish_reason is not FinishReason.STOP:
-        return
-    from gengate.constraints import validate_output
 
-    problem = validate_output(structured, generation.text)
-    if problem is None:
-        return
-    kind = structured.constraint.kind.value
-    detail = f"generation {generation.index} does not satisfy the {kind} constraint: {problem}"
-    if enforcement in ("engine", "native"):
-        raise Internal(detail, reason="CONSTRAINT_VIOLATED", metadata={"enforcement": enforcement})
-    raise Aborted(detail, reason="VALIDATION_FAILED", metadata={"enforcement": enforcement})
+    def __init__(self, timeout_s: float, *, threads: int = 4) -> None:
+        self.timeout_s = timeout_s
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gengate-validate")
+
+    async def check(
+        self, structured: StructuredOutput | None, generation: Generation, enforcement: str
+    ) -> None:
+        """Raises INTERNAL (enforced) or ABORTED (validated) when a complete generation is invalid."""
+        if structured is None or generation.finish_reason is not FinishReason.STOP:
+            return
+        from gengate.constraints import validate_output
+
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._executor, validate_output, structured, generation.text)
+        kind = structured.constraint.kind.value
+        try:
+            problem = await asyncio.wait_for(work, self.timeout_s)
+        except TimeoutError:
+            raise Aborted(
+                f"generation {generation.index}: validating it against the {kind} constraint took over "
+                f"{self.timeout_s:g} s",
+                reason="VALIDATION_TIMEOUT",
+                metadata={"enforcement": enforcement},
+            ) from None
+        if problem is None:
+            return
+        detail = f"generation {generation.index} does not satisfy the {kind} constraint: {problem}"
+        if enforcement in ("engine", "native"):
+            raise Internal(detail, reason="CONSTRAINT_VIOLATED", metadata={"enforcement": enforcement})
+        raise Aborted(detail, reason="VALIDATION_FAILED", metadata={"enforcement": enforcement})
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 _DEADLINE_PASSED = "the request's deadline passed before the model finished"

@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2, struct_pb2
 from google.protobuf.json_format import MessageToDict
 
 from gengate import domain as d
-from gengate.errors import InvalidArgument
+from gengate.errors import InvalidArgument, brief
 
 _ROLE_FROM_PB = {
     pb.ROLE_SYSTEM: d.Role.SYSTEM,
@@ -164,6 +164,12 @@ def structured_from_pb(msg: pb.StructuredOutput, prefix: str = "") -> d.Structur
             f"{where}.kind", "set one of json_schema, regex, choice, grammar, json_object"
         )
     options = msg.options
+    if options.whitespace != pb.WHITESPACE_UNSPECIFIED and options.whitespace not in _WHITESPACE_FROM_PB:
+        raise InvalidArgument.field(
+            f"{where}.options.whitespace",
+            f"unknown value {options.whitespace}: use WHITESPACE_COMPACT or WHITESPACE_FLEXIBLE",
+            reason="INVALID_ENUM",
+        )
     return d.StructuredOutput(
         constraint=constraint,
         whitespace=_WHITESPACE_FROM_PB.get(options.whitespace),
@@ -186,8 +192,18 @@ def _schema_from_pb(msg: pb.JsonSchema, where: str) -> dict[str, Any]:
         schema = json.loads(msg.schema_json)
     except json.JSONDecodeError as exc:
         raise InvalidArgument.field(
-            f"{where}.schema_json", f"not valid JSON: {exc}", reason="INVALID_SCHEMA"
-        ) from exc
+            f"{where}.schema_json",
+            f"not valid JSON: {exc.msg} at character {exc.pos}",
+            reason="INVALID_SCHEMA",
+        ) from None
+    except RecursionError:
+        raise InvalidArgument.field(
+            f"{where}.schema_json", "nested too deeply", reason="LIMIT_EXCEEDED"
+        ) from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise InvalidArgument.field(
+            f"{where}.schema_json", f"cannot be read: {brief(str(exc))}", reason="INVALID_SCHEMA"
+        ) from None
     if not isinstance(schema, dict):
         raise InvalidArgument.field(f"{where}.schema_json", "must be a JSON object", reason="INVALID_SCHEMA")
     return schema

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 from gengate_client._proto.gengate.v1 import generation_pb2 as gpb
@@ -12,7 +13,7 @@ from gengate_client._proto.gengate.v1 import generation_pb2_grpc
 
 from gengate.api import convert
 from gengate.api.status import abort, to_rpc_status
-from gengate.errors import GengateError, Internal
+from gengate.errors import GengateError, Internal, brief
 from gengate.service import GenerationCore
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         self, request: gpb.BatchGenerateRequest, context: Context
     ) -> AsyncIterator[gpb.BatchGenerateResponse]:
         try:
+            self.core.check_batch_size(len(request.requests))
             deadline = _deadline(context, self.default_timeout_s)
             items = []
             failed: list[tuple[int, GengateError]] = []
@@ -88,7 +90,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
                 yield gpb.BatchGenerateResponse(index=i, error=to_rpc_status(item_error))
             if not items:
                 if not failed:
-                    await abort(context, _empty_batch())
+                    raise _empty_batch()
                 return
             positions = [i for i, _ in items]
             async for position, outcome in self.core.batch([r for _, r in items]):
@@ -105,6 +107,82 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
 
     async def ListModels(self, request: gpb.ListModelsRequest, context: Context) -> gpb.ListModelsResponse:
         return gpb.ListModelsResponse(models=[convert.model_info_to_pb(m) for m in self.core.list_models()])
+
+
+class MalformedRequest:
+    """What the safe deserializer returns for bytes that are not a valid request message."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+
+def _safe_deserializer(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # DecodeError, invalid UTF-8 in a string field, nesting too deep
+            return MalformedRequest(brief(str(exc)) or type(exc).__name__)
+
+    return deserialize
+
+
+def _malformed(request: MalformedRequest) -> GengateError:
+    from gengate.errors import InvalidArgument
+
+    return InvalidArgument(
+        f"the request is not a valid protobuf message of this method: {request.problem}",
+        reason="MALFORMED_REQUEST",
+    )
+
+
+def _guarded(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+    """The handler with a deserializer that never raises; malformed bytes end the call with
+    INVALID_ARGUMENT and ErrorInfo instead of grpc's bare UNKNOWN."""
+    assert handler.request_deserializer is not None
+    deserializer = _safe_deserializer(handler.request_deserializer)
+    if handler.unary_unary is not None:
+        unary = handler.unary_unary
+
+        async def call(request: Any, context: Context) -> Any:
+            if isinstance(request, MalformedRequest):
+                await abort(context, _malformed(request))
+            return await unary(request, context)  # type: ignore[arg-type]
+
+        return handler._replace(request_deserializer=deserializer, unary_unary=call)  # type: ignore[attr-defined,no-any-return]
+    assert handler.unary_stream is not None
+    stream = handler.unary_stream
+
+    async def call_stream(request: Any, context: Context) -> AsyncIterator[Any]:
+        if isinstance(request, MalformedRequest):
+            await abort(context, _malformed(request))
+        async for item in stream(request, context):  # type: ignore[arg-type,attr-defined]
+            yield item
+
+    return handler._replace(request_deserializer=deserializer, unary_stream=call_stream)  # type: ignore[attr-defined,no-any-return]
+
+
+class _HandlerCapture:
+    """Stands in for a server to collect the generated code's method handlers."""
+
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.handlers = handlers
+
+
+def add_to_server(servicer: GenerationServicer, server: grpc.aio.Server) -> None:
+    """Registers the service as the generated code does, every method behind a safe deserializer."""
+    capture = _HandlerCapture()
+    generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, capture)  # type: ignore[arg-type]
+    handlers = {name: _guarded(handler) for name, handler in capture.handlers.items()}
+    service = gpb.DESCRIPTOR.services_by_name["GenerationService"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
 
 
 def _empty_batch() -> GengateError:

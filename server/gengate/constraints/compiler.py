@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -12,18 +13,11 @@ from llguidance import LLMatcher, LLTokenizer
 
 from gengate import errors
 from gengate.constraints import lowering
-from gengate.constraints.lowering import FIELD_CHOICES, FIELD_GRAMMAR, FIELD_REGEX, FIELD_SCHEMA
+from gengate.constraints.lowering import field_of
 from gengate.constraints.matcher import ConstraintMatcher
+from gengate.constraints.validation import quiet_limits
 from gengate.domain import ConstraintKind, Enforcement, StructuredOutput
 from gengate.lru import LruCache
-
-_FIELD_BY_KIND = {
-    ConstraintKind.JSON_SCHEMA: FIELD_SCHEMA,
-    ConstraintKind.JSON_OBJECT: FIELD_SCHEMA,
-    ConstraintKind.REGEX: FIELD_REGEX,
-    ConstraintKind.CHOICE: FIELD_CHOICES,
-    ConstraintKind.GRAMMAR: FIELD_GRAMMAR,
-}
 
 
 @dataclass(frozen=True)
@@ -71,8 +65,10 @@ def constraint_key(structured: StructuredOutput) -> str:
 class ConstraintCompiler:
     """Compiles constraints for one tokenizer; cached by (tokenizer_key, constraint).
 
-    Compilation runs in a small thread pool with a timeout; a timed-out compile keeps running
-    in its thread (llguidance cannot be interrupted) but the caller gets its answer at once.
+    Compilation runs in a small thread pool with a timeout. Constraints reach it only after the
+    server's sandbox compiled them once (gengate.constraints.sandbox), so a compile here is
+    bounded; the timeout is the last guard. A compile that waited for a busy pool rather than
+    running long is RESOURCE_EXHAUSTED with RetryInfo, never blamed on the caller's input.
     """
 
     def __init__(
@@ -83,6 +79,7 @@ class ConstraintCompiler:
         timeout_s: float = 30.0,
         cache_size: int = 256,
         max_workers: int = 2,
+        max_queued: int = 32,
     ) -> None:
         self.ll_tokenizer = ll_tokenizer
         self.tokenizer_key = tokenizer_key
@@ -91,6 +88,8 @@ class ConstraintCompiler:
         self.stats = CompilerStats()
         self._cache: LruCache[tuple[str, str], CompiledConstraint] = LruCache(cache_size)
         self._inflight: dict[tuple[str, str], asyncio.Future[CompiledConstraint]] = {}
+        self._started: dict[tuple[str, str], float] = {}  # when each in-flight compile began running
+        self.max_queued = max_queued
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gengate-compile")
 
     async def compile(self, structured: StructuredOutput) -> CompiledConstraint:
@@ -102,43 +101,78 @@ class ConstraintCompiler:
             return hit
         work = self._inflight.get(key)
         if work is None:
+            if len(self._inflight) - len(self._started) >= self.max_queued:
+                raise self._busy()
             self.stats.misses += 1
-            work = asyncio.get_running_loop().run_in_executor(self._executor, self.compile_sync, structured)
+
+            def run() -> CompiledConstraint:
+                self._started[key] = time.monotonic()
+                return self.compile_sync(structured)
+
+            work = asyncio.get_running_loop().run_in_executor(self._executor, run)
             self._inflight[key] = work
             work.add_done_callback(lambda done: self._finished(key, done))
         try:
             return await asyncio.wait_for(asyncio.shield(work), timeout=self.timeout_s)
         except TimeoutError:
+            began = self._started.get(key)
+            if began is None or time.monotonic() - began < self.timeout_s / 2:
+                raise self._busy() from None
             raise errors.InvalidArgument.field(
-                _FIELD_BY_KIND[structured.constraint.kind],
-                f"the constraint did not compile within {self.timeout_s:g} s",
+                field_of(structured.constraint.kind),
+                f"the constraint is too complex: it did not compile within {self.timeout_s:g} s",
                 reason="CONSTRAINT_COMPILE_TIMEOUT",
             ) from None
+
+    def _busy(self) -> errors.ResourceExhausted:
+        return errors.ResourceExhausted(
+            "the constraint compilers of this model are busy; try again shortly",
+            reason="CONSTRAINT_COMPILERS_BUSY",
+            retry_after_s=1.0,
+        )
 
     def _finished(self, key: tuple[str, str], done: asyncio.Future[CompiledConstraint]) -> None:
         """Caches a successful compile; errors are not cached (they are cheap to find again)."""
         self._inflight.pop(key, None)
+        self._started.pop(key, None)
         if done.cancelled() or done.exception() is not None:
             return
         self._cache.put(key, done.result())
 
     def compile_sync(self, structured: StructuredOutput) -> CompiledConstraint:
-        """Lowers and compiles in the calling thread (no cache); raises InvalidArgument."""
+        """Lowers and compiles in the calling thread (no cache); raises InvalidArgument, whatever
+        the library raised on the caller's constraint."""
         self.stats.lowerings += 1
+        field_name = field_of(structured.constraint.kind)
+        try:
+            return self._compile(structured, field_name)
+        except errors.GengateError:
+            raise
+        except RecursionError:
+            raise errors.InvalidArgument.field(
+                field_name,
+                "the constraint is too complex: nested too deeply",
+                reason="CONSTRAINT_TOO_COMPLEX",
+            ) from None
+        except Exception as exc:
+            raise errors.InvalidArgument.field(
+                field_name, f"cannot be compiled: {errors.brief(str(exc))}", reason="INVALID_CONSTRAINT"
+            ) from None
+
+    def _compile(self, structured: StructuredOutput, field_name: str) -> CompiledConstraint:
         lowered = lowering.lower(structured)
-        field_name = _FIELD_BY_KIND[lowered.kind]
-        error = LLMatcher.validate_grammar(lowered.grammar, self.ll_tokenizer)
+        error = LLMatcher.validate_grammar(lowered.grammar, self.ll_tokenizer, limits=quiet_limits())
         if error:
             raise errors.InvalidArgument.field(
                 field_name,
-                f"not supported by the grammar engine: {error.strip()}",
+                f"not supported by the grammar engine: {errors.brief(error)}",
                 reason=_reason(lowered.kind),
             )
-        template = LLMatcher(self.ll_tokenizer, lowered.grammar, log_level=0)
+        template = LLMatcher(self.ll_tokenizer, lowered.grammar, log_level=0, limits=quiet_limits())
         if template.is_error():
             raise errors.InvalidArgument.field(
                 field_name,
-                f"not supported by the grammar engine: {template.get_error().strip()}",
+                f"not supported by the grammar engine: {errors.brief(template.get_error())}",
                 reason=_reason(lowered.kind),
             )
         return CompiledConstraint(structured, lowered, template, self.ll_tokenizer.vocab_size)

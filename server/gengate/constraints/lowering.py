@@ -42,6 +42,18 @@ FIELD_SCHEMA = "structured_output.json_schema.schema"
 FIELD_REGEX = "structured_output.regex.pattern"
 FIELD_CHOICES = "structured_output.choice.choices"
 FIELD_GRAMMAR = "structured_output.grammar.definition"
+_FIELD_BY_KIND = {
+    ConstraintKind.JSON_SCHEMA: FIELD_SCHEMA,
+    ConstraintKind.JSON_OBJECT: FIELD_SCHEMA,
+    ConstraintKind.REGEX: FIELD_REGEX,
+    ConstraintKind.CHOICE: FIELD_CHOICES,
+    ConstraintKind.GRAMMAR: FIELD_GRAMMAR,
+}
+
+
+def field_of(kind: ConstraintKind) -> str:
+    """The request field (relative to the request) that holds a constraint of this kind."""
+    return _FIELD_BY_KIND[kind]
 
 # Keywords whose value is one subschema, a list of subschemas, or a map name -> subschema.
 _SCHEMA_VALUED = (
@@ -126,7 +138,9 @@ def grammar_to_lark(syntax: GrammarSyntax, definition: str) -> str:
         return any_to_lark(definition)
     except Exception as exc:  # the converter raises plain exceptions of several types
         raise errors.InvalidArgument.field(
-            FIELD_GRAMMAR, f"invalid {syntax.value.upper()} grammar: {exc}", reason="INVALID_GRAMMAR"
+            FIELD_GRAMMAR,
+            f"invalid {syntax.value.upper()} grammar: {errors.brief(str(exc))}",
+            reason="INVALID_GRAMMAR",
         ) from exc
 
 
@@ -149,7 +163,7 @@ def _lower_grammar(c: GrammarConstraint) -> LoweredConstraint:
 def _check(grammar: str, field: str, reason: str, *, what: str = "not supported") -> None:
     error = LLMatcher.validate_grammar(grammar)
     if error:
-        raise errors.InvalidArgument.field(field, f"{what}: {error.strip()}", reason=reason)
+        raise errors.InvalidArgument.field(field, f"{what}: {errors.brief(error)}", reason=reason)
 
 
 def _json_options(structured: StructuredOutput) -> JsonCompileOptions:
@@ -220,12 +234,14 @@ def _enforce_json_schema(
         if c.strict:
             raise errors.InvalidArgument.field(
                 FIELD_SCHEMA,
-                f"unsupported by the grammar engine and strict is set: {error.strip()}",
+                f"unsupported by the grammar engine and strict is set: {errors.brief(error)}",
                 reason="UNSUPPORTED_SCHEMA",
             )
         relaxations.extend(found)
     raise errors.InvalidArgument.field(
-        FIELD_SCHEMA, f"unsupported by the grammar engine: {error.strip()}", reason="UNSUPPORTED_SCHEMA"
+        FIELD_SCHEMA,
+        f"unsupported by the grammar engine: {errors.brief(error)}",
+        reason="UNSUPPORTED_SCHEMA",
     )
 
 
@@ -237,7 +253,9 @@ def check_schema(schema: dict[str, Any]) -> None:
     except jsonschema.SchemaError as exc:
         where = "/" + "/".join(str(p) for p in exc.path)
         raise errors.InvalidArgument.field(
-            FIELD_SCHEMA, f"not a valid JSON Schema at {where}: {exc.message}", reason="INVALID_SCHEMA"
+            FIELD_SCHEMA,
+            f"not a valid JSON Schema at {where}: {errors.brief(exc.message)}",
+            reason="INVALID_SCHEMA",
         ) from exc
 
 

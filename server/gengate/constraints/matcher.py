@@ -22,7 +22,7 @@ class ConstraintMatcher:
         self._words = (vocab_size + 31) // 32
         self._bitmask = np.zeros(self._words, dtype=np.int32)
         if matcher.is_error():
-            raise errors.Internal(f"constraint matcher failed to start: {matcher.get_error()}")
+            raise matcher_error(matcher.get_error(), "constraint matcher failed to start")
 
     def fill_mask(self, bitmask_row: npt.NDArray[np.int32]) -> None:
         """Writes the allowed-token bitmask (bit i of word i//32 = token i) into a contiguous int32 row."""
@@ -42,10 +42,7 @@ class ConstraintMatcher:
     def consume(self, token_id: int) -> None:
         """Advances past `token_id`; raises Internal if the grammar does not allow it."""
         if not self._matcher.consume_token(token_id):
-            raise errors.Internal(
-                f"constraint rejected token {token_id}: {self._matcher.get_error()}",
-                reason="CONSTRAINT_REJECTED_TOKEN",
-            )
+            raise matcher_error(self._matcher.get_error(), f"constraint rejected token {token_id}")
 
     def is_accepting(self) -> bool:
         """True when the output so far is complete (EOS may end the generation here)."""
@@ -64,6 +61,21 @@ class ConstraintMatcher:
 
     def _raise_if_error(self) -> None:
         if self._matcher.is_error():
-            raise errors.Internal(
-                f"constraint matcher error: {self._matcher.get_error()}", reason="CONSTRAINT_ERROR"
-            )
+            raise matcher_error(self._matcher.get_error(), "constraint matcher error")
+
+
+# llguidance's words when a constraint outgrows its resource limits (lexer fuel, lexer states,
+# Earley items, grammar size): the caller's constraint is too complex, not a server fault.
+_RESOURCE_WORDS = ("too many", "fuel", "limit", "too large", "too big", "max_")
+
+
+def matcher_error(message: str, what: str) -> errors.GengateError:
+    """INVALID_ARGUMENT when the grammar engine ran out of a resource limit on the constraint,
+    INTERNAL (a bug of ours: a token outside the mask was sampled) otherwise."""
+    text = errors.brief(message)
+    if any(word in message.lower() for word in _RESOURCE_WORDS):
+        return errors.InvalidArgument(
+            f"the constraint is too complex for the grammar engine's limits: {text}",
+            reason="CONSTRAINT_TOO_COMPLEX",
+        )
+    return errors.Internal(f"{what}: {text}", reason="CONSTRAINT_REJECTED_TOKEN")

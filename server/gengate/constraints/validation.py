@@ -1,9 +1,11 @@
 """Checks a finished output against the ORIGINAL constraint, independently of the grammar engine.
 
+No backtracking matcher runs anywhere: regexes (constraints, and `pattern` / `patternProperties`
+in schemas) are matched by RE2, linear in the text, whose syntax is closest to llguidance's Rust
+regex dialect (Unicode classes `\\p{L}`, POSIX classes `[[:alpha:]]`); a pattern RE2 cannot read
+is checked by walking llguidance (also linear) over the bytes.
 JSON Schema: jsonschema with the schema's own draft ($schema, else Draft 2020-12) and format
-checking for the formats jsonschema knows. Regex: full match with the `regex` module, whose
-syntax is closest to llguidance's Rust regex dialect (Unicode classes `\\p{L}`, POSIX classes
-`[[:alpha:]]`); a pattern Python cannot read is checked by walking llguidance over the bytes.
+checking for the formats jsonschema knows, its regex keywords answered by RE2.
 Lark grammars: parsed by the `lark` package (Earley); GBNF/EBNF and Lark text using llguidance
 extensions lark cannot read are checked with an llguidance byte walk.
 """
@@ -12,13 +14,15 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
 import lark
-import regex
+import re2
+from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
-from llguidance import LLMatcher, LLTokenizer
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
 from gengate.constraints.lowering import choice_lark, effective_schema, grammar_to_lark
 from gengate.constraints.regex_dialect import ascii_shorthands
@@ -53,9 +57,62 @@ def validate_output(structured: StructuredOutput, text: str) -> str | None:
 
 
 def _build_validator(schema: dict[str, Any]) -> Validator:
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    draft = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = _linear_validator_class(draft)
     validator: Validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
     return validator
+
+
+@functools.lru_cache(maxsize=16)
+def _linear_validator_class(cls: Any) -> Any:
+    """`cls` with its regex keywords matched by RE2 instead of Python's backtracking `re`."""
+    return jsonschema.validators.extend(  # type: ignore[no-untyped-call]
+        cls,
+        {
+            "pattern": _pattern_keyword,
+            "patternProperties": _pattern_properties_keyword,
+            "additionalProperties": _additional_properties_keyword,
+        },
+    )
+
+
+def _search(pattern: str, text: str) -> bool:
+    compiled = _compile_regex(pattern)
+    if compiled is None:  # refused before generation (syntax checks); never matches here
+        return False
+    return compiled.search(text) is not None
+
+
+def _pattern_keyword(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not _search(pattern, instance):
+        yield ValidationError(f"{_short(instance)} does not match {_short(pattern)}")
+
+
+def _pattern_properties_keyword(
+    validator: Any, properties: Any, instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in properties.items():
+        for key, value in instance.items():
+            if _search(pattern, key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties_keyword(
+    validator: Any, allowed: Any, instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    listed = schema.get("properties", {})
+    patterns = list(schema.get("patternProperties", {}))
+    extras = [k for k in instance if k not in listed and not any(_search(p, k) for p in patterns)]
+    if validator.is_type(allowed, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], allowed, path=extra)
+    elif not allowed and extras:
+        names = ", ".join(_short(k, 40) for k in extras[:5]) + (", ..." if len(extras) > 5 else "")
+        yield ValidationError(f"Additional properties are not allowed ({names} unexpected)")
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,23 +149,35 @@ def _validate_json(text: str, validator: Validator) -> str | None:
     return _clip(f"does not match the schema at {where}: {error.message}")
 
 
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.max_mem = 64 << 20  # a pattern whose automaton needs more is refused, not built
+_RE2_OPTIONS.log_errors = False
+
+
+@functools.lru_cache(maxsize=1)
+def quiet_limits() -> LLParserLimits:
+    """llguidance's default resource limits, with errors that do not echo parser state or grammar."""
+    return LLParserLimits(verbose_errors=False)
+
+
 @functools.lru_cache(maxsize=256)
-def _compile_regex(pattern: str) -> regex.Pattern[str] | None:
+def _compile_regex(pattern: str) -> Any:
+    """The RE2 program for a pattern (ASCII `\\d \\w`, as everywhere), or None if RE2 cannot read it."""
     try:
-        return regex.compile(ascii_shorthands(pattern), regex.VERSION1)
-    except regex.error:
+        return re2.compile(ascii_shorthands(pattern), _RE2_OPTIONS)
+    except re2.error:
         return None
 
 
-def regex_syntax_error(pattern: str) -> str | None:
-    """None when the pattern is a regex this server can enforce and validate, else why not.
-
-    The same dialect as validation: the `regex` module, else llguidance's own regex reader.
-    """
-    if _compile_regex(pattern) is not None:
-        return None
-    error = LLMatcher.validate_grammar(LLMatcher.grammar_from_regex(ascii_shorthands(pattern)))
-    return error.strip() or None
+def linear_regex_error(pattern: str) -> str | None:
+    """None when RE2 (linear-time) reads the pattern, else RE2's reason, one short line."""
+    try:
+        re2.compile(ascii_shorthands(pattern), _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else "not a regular expression"
+        text = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+        return _clip(text.splitlines()[0] if text else "not a regular expression", 200)
+    return None
 
 
 def _validate_regex(pattern: str, text: str) -> str | None:
@@ -164,15 +233,15 @@ def byte_tokenizer() -> LLTokenizer:
 def _llguidance_accepts(grammar: str, text: str) -> bool:
     """Walks an llguidance matcher over the text's bytes; True when it ends in an accepting state."""
     tokenizer = byte_tokenizer()
-    matcher = LLMatcher(tokenizer, grammar, log_level=0)
+    matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=quiet_limits())
     if matcher.is_error():
         return False
     tokens = tokenizer.tokenize_bytes(text.encode("utf-8"))
     return matcher.consume_tokens(tokens) and matcher.is_accepting()
 
 
-def _clip(message: str) -> str:
-    return message if len(message) <= _MAX_REASON else message[: _MAX_REASON - 3] + "..."
+def _clip(message: str, limit: int = _MAX_REASON) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def _short(text: str, limit: int = 80) -> str:

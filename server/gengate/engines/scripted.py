@@ -15,11 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gengate.backend import collect_stream
 from gengate.domain import (
+    ConstraintKind,
+    Enforcement,
     FinishReason,
     GenerationDelta,
     GenerationEnd,
     GenerationRequest,
     GenerationResult,
+    GrammarSyntax,
     ModelCapabilities,
     StreamEvent,
     StreamStart,
@@ -39,6 +42,14 @@ class ScriptedOptions(BaseModel):
     latency_s: float = Field(default=0.0, ge=0, description="Delay before the first token.")
     tokens_per_s: float | None = Field(default=None, gt=0, description="Token rate; unset = instant.")
     max_n: int = Field(default=16, ge=1)
+    constraints: dict[ConstraintKind, Enforcement] = Field(
+        default_factory=dict,
+        description=(
+            "Constraint kinds to declare, with the enforcement to claim (e.g. {regex: validated}). "
+            "The text is answered as is: the service's validation of every structured result is "
+            "what then holds, which is how tests check that it does."
+        ),
+    )
 
 
 def split_tokens(text: str) -> list[str]:
@@ -55,7 +66,10 @@ class ScriptedBackend:
     def __init__(self, name: str, options: ScriptedOptions) -> None:
         self.name = name
         self.options = options
-        self.capabilities = ModelCapabilities(max_n=options.max_n, chat=True)
+        syntaxes = frozenset(GrammarSyntax) if ConstraintKind.GRAMMAR in options.constraints else frozenset()
+        self.capabilities = ModelCapabilities(
+            max_n=options.max_n, chat=True, constraints=dict(options.constraints), grammar_syntaxes=syntaxes
+        )
 
     async def start(self) -> None:
         return None
@@ -78,6 +92,11 @@ class ScriptedBackend:
             return len(split_tokens(request.prompt))
         return sum(len(split_tokens(m.text)) for m in request.messages or ())
 
+    def _enforcement(self, request: GenerationRequest) -> Enforcement:
+        if request.structured_output is None:
+            return Enforcement.NONE
+        return self.options.constraints.get(request.structured_output.constraint.kind, Enforcement.NONE)
+
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         arrived = time.monotonic()
         input_tokens = self._prompt_tokens(request)
@@ -85,6 +104,7 @@ class ScriptedBackend:
             request_id=request.request_id or uuid.uuid4().hex,
             model=self.name,
             input_tokens=input_tokens,
+            enforcement=self._enforcement(request),
             effective_sampling=request.sampling,
             effective_stopping=request.stopping,
         )

@@ -1,0 +1,275 @@
+"""Constraint checks in sandbox processes: a hostile constraint costs its own request only.
+
+Everything that scales with a constraint and runs library code on it — the JSON Schema metaschema
+check, lowering to an llguidance grammar, a trial compile and first token mask over a byte
+vocabulary — runs here, in a small pool of child processes with a memory limit (RLIMIT_AS) and
+a time budget. A check over its budget is killed (it stops consuming CPU at once); a check that
+crashes its process (a stack overflow in the grammar engine) or runs out of memory is refused
+with INVALID_ARGUMENT for that caller; the server, the engines and other callers carry on.
+Verdicts are cached by the constraint's canonical text, so repeated constraints cost nothing.
+A full pool queues up to `max_pending_constraint_checks` checks, then answers
+RESOURCE_EXHAUSTED with RetryInfo: a busy server never blames the caller's input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import resource
+import struct
+import sys
+from dataclasses import dataclass
+
+from gengate import errors
+from gengate.constraints.lowering import field_of
+from gengate.domain import StructuredOutput
+from gengate.limits import RequestLimits
+from gengate.lru import LruCache
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("!I")
+TOO_COMPLEX = "CONSTRAINT_TOO_COMPLEX"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A check's answer: None when the constraint is fine, else the error to give the caller."""
+
+    error: tuple[str, str, str, str] | None = None  # (code, reason, field, description)
+
+    def raise_if_refused(self) -> None:
+        if self.error is None:
+            return
+        code, reason, field, description = self.error
+        cls = errors.Unimplemented if code == "UNIMPLEMENTED" else errors.InvalidArgument
+        raise cls(
+            f"{field}: {description}", reason=reason, violations=[errors.FieldViolation(field, description)]
+        )
+
+
+class _Checker:
+    """One sandbox child process and its pipes."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        assert process.stdin is not None and process.stdout is not None
+        self.stdin = process.stdin
+        self.stdout = process.stdout
+
+    async def ask(self, payload: bytes, timeout_s: float) -> bytes:
+        self.stdin.write(_HEADER.pack(len(payload)) + payload)
+        await self.stdin.drain()
+        async with asyncio.timeout(timeout_s):
+            size = _HEADER.unpack(await self.stdout.readexactly(_HEADER.size))[0]
+            return await self.stdout.readexactly(size)
+
+    async def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+        with contextlib.suppress(Exception):
+            await self.process.wait()
+
+
+class ConstraintSandbox:
+    """A pool of sandbox processes that judge constraints (started lazily, replaced when killed)."""
+
+    def __init__(self, limits: RequestLimits, *, cache_size: int = 1024) -> None:
+        self.limits = limits
+        self._idle: list[_Checker] = []
+        self._started = 0
+        self._free = asyncio.Condition()
+        self._pending = 0
+        self._verdicts: LruCache[str, Verdict] = LruCache(cache_size)
+        self.checks_run = 0
+        self.killed = 0
+
+    async def check(self, structured: StructuredOutput, *, trial_compile: bool) -> None:
+        """Raises the caller's error (InvalidArgument/Unimplemented) when the constraint is refused,
+        ResourceExhausted when every checker is busy and the queue is full."""
+        from gengate.constraints.compiler import constraint_key
+
+        key = f"{int(trial_compile)}:{constraint_key(structured)}"
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = await self._run(structured, trial_compile)
+            self._verdicts.put(key, verdict)
+        verdict.raise_if_refused()
+
+    async def _run(self, structured: StructuredOutput, trial_compile: bool) -> Verdict:
+        if self._pending >= self.limits.max_pending_constraint_checks + self.limits.constraint_checkers:
+            raise errors.ResourceExhausted(
+                "every constraint checker is busy and the queue is full; try again shortly",
+                reason="CONSTRAINT_CHECKERS_BUSY",
+                retry_after_s=1.0,
+            )
+        self._pending += 1
+        try:
+            checker = await self._acquire()
+            self.checks_run += 1
+            payload = pickle.dumps((structured, trial_compile))
+            field = field_of(structured.constraint.kind)
+            budget = self.limits.constraint_check_timeout_s
+            try:
+                answer = await checker.ask(payload, budget)
+            except TimeoutError:
+                self.killed += 1
+                await self._discard(checker)
+                return Verdict(
+                    (
+                        "INVALID_ARGUMENT",
+                        TOO_COMPLEX,
+                        field,
+                        f"the constraint is too complex: checking it took over {budget:g} s",
+                    )
+                )
+            except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError):
+                self.killed += 1
+                returncode = await _exit_code(checker)
+                await self._discard(checker)
+                log.warning("a constraint check ended its sandbox process (exit %s)", returncode)
+                return Verdict(
+                    (
+                        "INVALID_ARGUMENT",
+                        TOO_COMPLEX,
+                        field,
+                        "the constraint is too complex: the grammar engine ran out of stack or memory "
+                        f"({self.limits.constraint_check_memory_mb} MB) on it",
+                    )
+                )
+            except BaseException:
+                await self._discard(checker)  # a cancelled caller: its check may be half read
+                raise
+            await self._release(checker)
+            result: Verdict = pickle.loads(answer)
+            return result
+        finally:
+            self._pending -= 1
+
+    async def _acquire(self) -> _Checker:
+        async with self._free:
+            while not self._idle and self._started >= self.limits.constraint_checkers:
+                await self._free.wait()
+            if self._idle:
+                return self._idle.pop()
+            self._started += 1
+        try:
+            return await self._spawn()
+        except BaseException:
+            async with self._free:
+                self._started -= 1
+                self._free.notify()
+            raise
+
+    async def _release(self, checker: _Checker) -> None:
+        async with self._free:
+            self._idle.append(checker)
+            self._free.notify()
+
+    async def _discard(self, checker: _Checker) -> None:
+        await checker.kill()
+        async with self._free:
+            self._started -= 1
+            self._free.notify()
+
+    async def _spawn(self) -> _Checker:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            # Imported by name, not run as __main__: the answers it pickles must name this module.
+            f"from gengate.constraints.sandbox import serve; serve({self.limits.constraint_check_memory_mb})",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+            limit=2**26,
+        )
+        return _Checker(process)
+
+    async def aclose(self) -> None:
+        async with self._free:
+            idle, self._idle = self._idle, []
+        for checker in idle:
+            await checker.kill()
+
+
+async def _exit_code(checker: _Checker) -> int | None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(1.0):
+            return await checker.process.wait()
+    return None
+
+
+# ---- the child process -----------------------------------------------------------------------
+
+
+def judge(structured: StructuredOutput, trial_compile: bool) -> Verdict:
+    """The whole check, in this process: syntax and metaschema, lowering, optionally a trial
+    compile over a byte vocabulary. Any exception is the caller's input problem, said briefly."""
+    from gengate.constraints.syntax import check_constraint_syntax
+
+    field = field_of(structured.constraint.kind)
+    try:
+        check_constraint_syntax(structured)
+        if trial_compile:
+            _trial_compile(structured)
+    except errors.GengateError as exc:
+        violation = exc.violations[0] if exc.violations else errors.FieldViolation(field, exc.message)
+        return Verdict((exc.code.value, exc.reason, violation.field, violation.description))
+    except RecursionError:
+        return Verdict(("INVALID_ARGUMENT", TOO_COMPLEX, field, "the constraint is nested too deeply"))
+    except MemoryError:
+        return Verdict(
+            ("INVALID_ARGUMENT", TOO_COMPLEX, field, "the constraint needs too much memory to compile")
+        )
+    except Exception as exc:  # library errors on hostile input: say what, not the library's state
+        return Verdict(
+            (
+                "INVALID_ARGUMENT",
+                "INVALID_CONSTRAINT",
+                field,
+                f"cannot be read: {errors.brief(str(exc))}",
+            )
+        )
+    return Verdict()
+
+
+def _trial_compile(structured: StructuredOutput) -> None:
+    from llguidance import LLMatcher
+
+    from gengate.constraints import lowering
+    from gengate.constraints.validation import byte_tokenizer, quiet_limits
+
+    lowered = lowering.lower(structured)
+    matcher = LLMatcher(byte_tokenizer(), lowered.grammar, log_level=0, limits=quiet_limits())
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    if matcher.is_error():
+        raise errors.InvalidArgument.field(
+            field_of(lowered.kind),
+            f"not supported by the grammar engine: {errors.brief(matcher.get_error())}",
+            reason="INVALID_CONSTRAINT",
+        )
+
+
+def serve(memory_mb: int) -> None:
+    """Answers checks from stdin on stdout until stdin closes."""
+    limit = memory_mb * 1024 * 1024
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    stdin = sys.stdin.buffer
+    stdout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    sys.stdout = sys.stderr  # nothing else may write into the answer pipe
+    from gengate.constraints import syntax  # noqa: F401  (import once, before the first check)
+
+    while True:
+        header = stdin.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return
+        structured, trial_compile = pickle.loads(stdin.read(_HEADER.unpack(header)[0]))
+        answer = pickle.dumps(judge(structured, trial_compile))
+        stdout.write(_HEADER.pack(len(answer)) + answer)
+        stdout.flush()

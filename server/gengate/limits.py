@@ -1,0 +1,493 @@
+"""Request limits checked before any work: sizes, counts, nesting and expansion of what a caller sends.
+
+Every check here is linear in the request's size and uses no regex engine and no recursion, so
+it is safe to run on the event loop for any input the gRPC message limit lets through. A request
+over a limit is refused with INVALID_ARGUMENT naming the field, the limit and its value
+(`server.limits.<name>` in the configuration), before tokenizing, compiling or validating.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gengate.domain import (
+    ChoiceConstraint,
+    GenerationRequest,
+    GrammarConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    TextPart,
+)
+from gengate.errors import FieldViolation
+
+LIMIT_REASON = "LIMIT_EXCEEDED"
+
+
+class RequestLimits(BaseModel):
+    """The `server.limits` section. Defaults are safe for a public endpoint and roomy for real use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Input text: the prompt, or all text parts of all messages together (UTF-8 bytes).
+    max_prompt_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_messages: int = Field(default=4096, gt=0)
+    max_stop_sequences: int = Field(default=16, gt=0)
+    max_stop_bytes: int = Field(default=1024, gt=0)
+    # A constraint's own text: schema as JSON, regex, grammar definition, all choices together.
+    max_constraint_bytes: int = Field(default=512 * 1024, gt=0)
+    max_schema_depth: int = Field(default=64, gt=0)
+    # $ref occurrences in a schema: reference chains are how a flat schema nests deeply
+    # (llguidance overflows its stack on a chain of ~5,000).
+    max_schema_refs: int = Field(default=1000, gt=0)
+    # Lark/GBNF rules: a chain of ~3,000 rules overflows llguidance's stack.
+    max_grammar_rules: int = Field(default=1000, gt=0)
+    max_choices: int = Field(default=10_000, gt=0)
+    max_regex_depth: int = Field(default=64, gt=0)
+    # States a regex needs once its counted repetitions are expanded: `a{1000}` is 1,000,
+    # `(a{100}){100}` is 10,000. Also applies to `pattern` and `patternProperties` in schemas.
+    max_regex_expansion: int = Field(default=100_000, gt=0)
+    # Constraint checking (metaschema, lowering, a trial compile) runs in sandbox processes.
+    constraint_checkers: int = Field(default=2, gt=0, le=64)
+    constraint_check_timeout_s: float = Field(default=10.0, gt=0)
+    constraint_check_memory_mb: int = Field(default=2048, ge=256)
+    # Constraint checks waiting for a free checker beyond this count: RESOURCE_EXHAUSTED.
+    max_pending_constraint_checks: int = Field(default=64, ge=0)
+    # Validation of a finished output against its constraint (off the event loop).
+    validation_timeout_s: float = Field(default=10.0, gt=0)
+
+
+def over_limit(field: str, what: str, value: int, name: str, limit: int) -> FieldViolation:
+    """The violation for `what` (measured as `value`) over `server.limits.<name>`."""
+    return FieldViolation(field, f"{what} is {value}, over the limit of {limit} (server.limits.{name})")
+
+
+def request_violations(
+    request: GenerationRequest, limits: RequestLimits, prefix: str = ""
+) -> list[FieldViolation]:
+    """Every limit the request exceeds (empty when none); cheap and linear in the request size."""
+    out: list[FieldViolation] = []
+    if request.prompt is not None:
+        size = len(request.prompt.encode("utf-8", "surrogatepass"))
+        if size > limits.max_prompt_bytes:
+            out.append(
+                over_limit(
+                    "prompt", "the prompt's size in bytes", size, "max_prompt_bytes", limits.max_prompt_bytes
+                )
+            )
+    if request.messages is not None:
+        if len(request.messages) > limits.max_messages:
+            out.append(
+                over_limit(
+                    "messages.messages",
+                    "the number of messages",
+                    len(request.messages),
+                    "max_messages",
+                    limits.max_messages,
+                )
+            )
+        size = sum(
+            len(part.text.encode("utf-8", "surrogatepass"))
+            for message in request.messages
+            for part in message.content
+            if isinstance(part, TextPart)
+        )
+        if size > limits.max_prompt_bytes:
+            out.append(
+                over_limit(
+                    "messages",
+                    "the messages' text size in bytes",
+                    size,
+                    "max_prompt_bytes",
+                    limits.max_prompt_bytes,
+                )
+            )
+    stops = request.stopping.stop
+    if len(stops) > limits.max_stop_sequences:
+        out.append(
+            over_limit(
+                "stopping.stop",
+                "the number of stop sequences",
+                len(stops),
+                "max_stop_sequences",
+                limits.max_stop_sequences,
+            )
+        )
+    for i, stop in enumerate(stops[: limits.max_stop_sequences]):
+        size = len(stop.encode("utf-8", "surrogatepass"))
+        if size > limits.max_stop_bytes:
+            out.append(
+                over_limit(
+                    f"stopping.stop[{i}]",
+                    "the stop sequence's size in bytes",
+                    size,
+                    "max_stop_bytes",
+                    limits.max_stop_bytes,
+                )
+            )
+    if request.structured_output is not None:
+        out += constraint_violations(request.structured_output.constraint, limits)
+    return [FieldViolation(prefix + v.field, v.description) for v in out] if prefix else out
+
+
+def constraint_violations(constraint: object, limits: RequestLimits) -> list[FieldViolation]:
+    """Size, count, nesting and expansion limits of one constraint."""
+    if isinstance(constraint, JsonSchemaConstraint):
+        return _schema_violations(constraint.schema, limits)
+    if isinstance(constraint, RegexConstraint):
+        return _regex_violations(
+            "structured_output.regex.pattern", constraint.pattern, limits, check_bytes=True
+        )
+    if isinstance(constraint, ChoiceConstraint):
+        field = "structured_output.choice.choices"
+        count = len(constraint.choices)
+        if count > limits.max_choices:
+            return [over_limit(field, "the number of choices", count, "max_choices", limits.max_choices)]
+        size = sum(len(c.encode("utf-8", "surrogatepass")) for c in constraint.choices)
+        if size > limits.max_constraint_bytes:
+            return [
+                over_limit(
+                    field,
+                    "the choices' total size in bytes",
+                    size,
+                    "max_constraint_bytes",
+                    limits.max_constraint_bytes,
+                )
+            ]
+        return []
+    if isinstance(constraint, GrammarConstraint):
+        field = "structured_output.grammar.definition"
+        size = len(constraint.definition.encode("utf-8", "surrogatepass"))
+        if size > limits.max_constraint_bytes:
+            return [
+                over_limit(
+                    field,
+                    "the grammar's size in bytes",
+                    size,
+                    "max_constraint_bytes",
+                    limits.max_constraint_bytes,
+                )
+            ]
+        body, regexes = grammar_parts(constraint.definition)
+        for pattern in regexes:
+            found = _regex_violations(field, pattern, limits, check_bytes=False)
+            if found:
+                return found
+        shape = regex_shape(body, cap=limits.max_regex_expansion + 1)
+        if shape.expansion > limits.max_regex_expansion:
+            return [
+                over_limit(
+                    field,
+                    "the grammar's size with counted repetitions expanded",
+                    shape.expansion,
+                    "max_regex_expansion",
+                    limits.max_regex_expansion,
+                )
+            ]
+        rules = grammar_rule_count(constraint.definition)
+        if rules > limits.max_grammar_rules:
+            return [
+                over_limit(
+                    field, "the number of grammar rules", rules, "max_grammar_rules", limits.max_grammar_rules
+                )
+            ]
+        return []
+    return []
+
+
+_RULE_START = re.compile(
+    r"^[ \t]*[?!]?[A-Za-z_][A-Za-z0-9_.]*[ \t]*(?:\{[^}\n]*\}[ \t]*)?(?:\.-?[0-9]+[ \t]*)?(?::|::=)", re.M
+)
+
+
+_LARK_REPEAT = re.compile(r"~[ \t]*([0-9]{1,9})(?:[ \t]*\.\.[ \t]*([0-9]{1,9}))?")
+
+
+def grammar_parts(definition: str) -> tuple[str, list[str]]:
+    """The grammar's rule text (each string literal and regex terminal as one `x`; Lark's `~ m..n`
+    as `{m,n}`) and its regex terminals (`/.../` in Lark), in one pass, for the expansion limit."""
+    body: list[str] = []
+    regexes: list[str] = []
+    i, n = 0, len(definition)
+    while i < n:
+        ch = definition[i]
+        if ch in "\"'":
+            j = i + 1
+            while j < n and definition[j] != ch and definition[j] != "\n":
+                j += 2 if definition[j] == "\\" else 1
+            body.append("x")
+            i = j + 1
+        elif definition.startswith("//", i):
+            end = definition.find("\n", i)
+            i = n if end == -1 else end
+        elif ch == "/":
+            j = i + 1
+            while j < n and definition[j] not in "/\n":
+                j += 2 if definition[j] == "\\" else 1
+            if j < n and definition[j] == "/":
+                regexes.append(definition[i + 1 : j])
+                body.append("x")
+                i = j + 1
+            else:
+                i += 1
+        else:
+            body.append(ch)
+            i += 1
+    text = _LARK_REPEAT.sub(
+        lambda m: "{" + m.group(1) + ("," + m.group(2) if m.group(2) else "") + "}", "".join(body)
+    )
+    return text, regexes
+
+
+def grammar_rule_count(definition: str) -> int:
+    """Rules and terminals defined (`name:` in Lark, `name ::=` in GBNF/EBNF), one per line start."""
+    return sum(1 for _ in _RULE_START.finditer(definition))
+
+
+def _schema_violations(schema: Any, limits: RequestLimits) -> list[FieldViolation]:
+    field = "structured_output.json_schema.schema"
+    try:
+        text = json.dumps(schema, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return [FieldViolation(field, "cannot be read as JSON (too deep, or numbers too long)")]
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_constraint_bytes:
+        return [
+            over_limit(
+                field,
+                "the schema's size in bytes (as JSON)",
+                size,
+                "max_constraint_bytes",
+                limits.max_constraint_bytes,
+            )
+        ]
+    depth = json_depth(schema)
+    if depth > limits.max_schema_depth:
+        return [
+            over_limit(
+                field, "the schema's nesting depth", depth, "max_schema_depth", limits.max_schema_depth
+            )
+        ]
+    refs = text.count('"$ref"')
+    if refs > limits.max_schema_refs:
+        return [
+            over_limit(
+                field, "the number of $ref in the schema", refs, "max_schema_refs", limits.max_schema_refs
+            )
+        ]
+    out: list[FieldViolation] = []
+    for where, pattern in schema_patterns(schema):
+        out += _regex_violations(f"{field}{where}", pattern, limits, check_bytes=False)
+        if out:
+            break
+    return out
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a JSON value (a scalar is 0), without recursion."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        node, depth = pending.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        pending.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def schema_patterns(schema: Any) -> Iterator[tuple[str, str]]:
+    """(JSON pointer, regex) for every `pattern` value and `patternProperties` key, anywhere."""
+    pending: list[tuple[Any, str]] = [(schema, "")]
+    while pending:
+        node, path = pending.pop()
+        if isinstance(node, dict):
+            pattern = node.get("pattern")
+            if isinstance(pattern, str):
+                yield f"{path}/pattern", pattern
+            props = node.get("patternProperties")
+            if isinstance(props, dict):
+                for key in props:
+                    yield f"{path}/patternProperties", key
+            pending.extend((v, f"{path}/{k}") for k, v in node.items())
+        elif isinstance(node, list):
+            pending.extend((v, f"{path}/{i}") for i, v in enumerate(node))
+
+
+def _regex_violations(
+    field: str, pattern: str, limits: RequestLimits, *, check_bytes: bool
+) -> list[FieldViolation]:
+    if check_bytes:
+        size = len(pattern.encode("utf-8", "surrogatepass"))
+        if size > limits.max_constraint_bytes:
+            return [
+                over_limit(
+                    field,
+                    "the regex's size in bytes",
+                    size,
+                    "max_constraint_bytes",
+                    limits.max_constraint_bytes,
+                )
+            ]
+    shape = regex_shape(pattern, cap=max(limits.max_regex_expansion, limits.max_regex_depth) + 1)
+    if shape.depth > limits.max_regex_depth:
+        return [
+            over_limit(
+                field,
+                "the regex's group nesting depth",
+                shape.depth,
+                "max_regex_depth",
+                limits.max_regex_depth,
+            )
+        ]
+    if shape.expansion > limits.max_regex_expansion:
+        return [
+            over_limit(
+                field,
+                "the regex's size with counted repetitions expanded",
+                shape.expansion,
+                "max_regex_expansion",
+                limits.max_regex_expansion,
+            )
+        ]
+    return []
+
+
+class RegexShape:
+    """Group nesting depth and expanded size (states once `{m,n}` repetitions are unrolled)."""
+
+    __slots__ = ("depth", "expansion")
+
+    def __init__(self, depth: int, expansion: int) -> None:
+        self.depth = depth
+        self.expansion = expansion
+
+
+_COUNTED = re.compile(r"\{([0-9]{1,9})(?:(,)([0-9]{0,9}))?\}")
+
+
+def regex_shape(pattern: str, *, cap: int) -> RegexShape:
+    """Measures a regex in one pass, without compiling it; sizes saturate at `cap`.
+
+    Reads the syntax shared by Rust's regex (llguidance), RE2 and Python: escapes, classes
+    (nested, POSIX `[:name:]`), groups and the quantifiers `* + ? {m} {m,} {m,n}`. A literal is
+    one state; a group is the sum of its parts (alternatives added); a counted repetition
+    multiplies its atom by its largest finite bound.
+    """
+    # Each frame: [total so far, size of the last atom (for a following quantifier)].
+    frames: list[list[int]] = [[0, 0]]
+    depth = 0
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        frame = frames[-1]
+        if ch == "\\":
+            i = _skip_escape(pattern, i)
+            _atom(frame, 1, cap)
+            continue
+        if ch == "[":
+            i = _skip_class(pattern, i)
+            _atom(frame, 1, cap)
+            continue
+        if ch == "(":
+            frames.append([0, 0])
+            depth = max(depth, len(frames) - 1)
+            i += 1
+            if pattern.startswith("?", i):  # (?:, (?P<name>, (?i) and friends: skip the prefix
+                close = pattern.find(":", i)
+                paren = pattern.find(")", i)
+                if paren != -1 and (close == -1 or paren < close):
+                    frames.pop()  # a flag group such as (?i) holds no atoms
+                    i = paren + 1
+                elif close != -1:
+                    i = close + 1
+            continue
+        if ch == ")":
+            if len(frames) > 1:
+                group = frames.pop()[0]
+                _atom(frames[-1], max(group, 1), cap)
+            i += 1
+            continue
+        if ch == "|":
+            frame[1] = 0
+            i += 1
+            continue
+        if ch in "*+?":
+            i += 1
+            continue
+        if ch == "{":
+            match = _COUNTED.match(pattern, i)
+            if match is not None:
+                low = int(match.group(1))
+                high = match.group(3)
+                times = max(low, int(high)) if high else low
+                last = frame[1]
+                if times == 0:
+                    frame[0] -= last
+                    frame[1] = 0
+                elif last:
+                    grown = min(last * times, cap)
+                    frame[0] = min(frame[0] - last + grown, cap)
+                    frame[1] = grown
+                i = match.end()
+                continue
+        _atom(frame, 1, cap)
+        i += 1
+    total = 0
+    for frame in frames:
+        total = min(total + frame[0], cap)
+    return RegexShape(depth, total)
+
+
+def _atom(frame: list[int], size: int, cap: int) -> None:
+    frame[0] = min(frame[0] + size, cap)
+    frame[1] = size
+
+
+def _skip_escape(pattern: str, i: int) -> int:
+    """Index after the escape starting at `i` (`\\x`, `\\p{..}`, `\\x{..}`, `\\u{..}`)."""
+    i += 2
+    if i <= len(pattern) and pattern[i - 1 : i] in ("p", "P", "x", "u") and pattern.startswith("{", i):
+        close = pattern.find("}", i)
+        return len(pattern) if close == -1 else close + 1
+    return i
+
+
+def _skip_class(pattern: str, i: int) -> int:
+    """Index after the bracket class starting at `i`; nested classes and `[:name:]` are skipped."""
+    nesting = 0
+    n = len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            i = _skip_escape(pattern, i)
+            continue
+        if ch == "[":
+            if pattern.startswith("[:", i):
+                close = pattern.find(":]", i + 2)
+                if close != -1:
+                    i = close + 2
+                    continue
+            nesting += 1
+            i += 1
+            if pattern.startswith("^", i):
+                i += 1
+            if pattern.startswith("]", i):  # a leading ] is a literal
+                i += 1
+            continue
+        if ch == "]":
+            nesting -= 1
+            i += 1
+            if nesting == 0:
+                return i
+            continue
+        i += 1
+    return n
