@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import logging
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -246,12 +247,68 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        print(f"gengate: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     from gengate.api.server import serve
 
-    serve(config, args.host, args.port)
+    try:
+        _check_can_serve(config.server, args.host, args.port)
+        serve(config, args.host, args.port)
+    except (CliError, ConfigError, OSError, RuntimeError, OverflowError, ValueError) as exc:
+        # Start-up failures (a token variable not set, unreadable or mismatched TLS files, a
+        # port in use, a host that does not resolve, an option grpc refuses): one line, exit 2,
+        # no traceback. grpc's own messages can span lines; the first says what failed.
+        print(f"gengate: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line of text: its first non-empty line, else its type's name."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _check_can_serve(settings: Any, host: str | None, port: int | None) -> None:
+    """Fails fast, before any model loads and with the reason, where grpc would fail at bind
+    with "Failed to bind" (and its own log lines): TLS files that are not a certificate chain
+    and its key, a host that does not resolve, a port another process listens on."""
+    cert, key = settings.tls_cert_file, settings.tls_key_file
+    if cert and key and Path(cert).expanduser().is_file() and Path(key).expanduser().is_file():
+        _check_tls_pair(str(Path(cert).expanduser()), str(Path(key).expanduser()))
+    host = host or settings.host
+    port = settings.port if port is None else port
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise CliError(f"cannot serve on {host}:{port}: the host does not resolve ({reason})") from exc
+    if port == 0:
+        return
+    failures = []
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc does
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                failures.append(exc.strerror or str(exc))
+    if len(failures) == len(addresses):  # grpc serves when any resolved address binds
+        raise CliError(f"cannot serve on {host}:{port}: {failures[0]}")
+
+
+def _check_tls_pair(cert: str, key: str) -> None:
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        # A password callback, so that an encrypted key fails here instead of prompting.
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except ssl.SSLError as exc:
+        raise CliError(
+            f"server.tls_cert_file {cert} and server.tls_key_file {key} are not a PEM certificate "
+            f"chain and its private key ({exc.reason or exc})"
+        ) from exc
 
 
 class City(BaseModel):

@@ -3,7 +3,8 @@
 The RPC span comes from opentelemetry-instrumentation-grpc's server interceptor (api/server.py),
 which continues the caller's trace from the `traceparent` metadata. Prompts and outputs are
 recorded only when GENGATE_TRACE_CONTENT=1. `configure_tracing` installs an exporter from the
-environment (GENGATE_TRACES_FILE, OTEL_EXPORTER_OTLP_ENDPOINT) unless the application already did.
+environment (GENGATE_TRACES_FILE, OTEL_EXPORTER_OTLP_ENDPOINT) unless the application already did;
+its exporters get every span redacted (gengate.redaction), status messages and exceptions included.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     SimpleSpanProcessor,
@@ -26,9 +28,11 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.util.types import Attributes
 
 from gengate.domain import GenerationEnd, GenerationRequest, GenerationResult
 from gengate.errors import GengateError
+from gengate.redaction import redact
 
 if TYPE_CHECKING:
     from gengate.router import Route
@@ -96,6 +100,61 @@ def span_record(span: ReadableSpan) -> dict[str, Any]:
     }
 
 
+def _redacted_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, tuple | list):
+        return tuple(redact(v) if isinstance(v, str) else v for v in value)
+    return value
+
+
+def _redacted_attributes(attributes: Attributes) -> dict[str, Any]:
+    return {k: _redacted_value(v) for k, v in (attributes or {}).items()}
+
+
+def redacted_span(span: ReadableSpan) -> ReadableSpan:
+    """`span` with every string attribute (its events' too, e.g. exception.message and
+    exception.stacktrace) and its status description redacted: what the exporters see."""
+    status = span.status
+    if status.description:
+        status = Status(status.status_code, redact(status.description))
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=_redacted_attributes(span.attributes),
+        events=[Event(e.name, _redacted_attributes(e.attributes), e.timestamp) for e in span.events],
+        links=span.links,
+        kind=span.kind,
+        status=status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
+class RedactingSpanProcessor(SpanProcessor):
+    """Hands `inner` each ended span redacted (gengate.redaction): gRPC's instrumentation puts
+    the RPC's status message in the span status and exceptions in events, and no secret may
+    leave the process through a trace."""
+
+    def __init__(self, inner: SpanProcessor) -> None:
+        self._inner = inner
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self._inner.on_start(span, parent_context)  # type: ignore[arg-type]
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._inner.on_end(redacted_span(span))
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
 def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter | None:
     """The OTLP span exporter the OTEL_EXPORTER_OTLP_* variables ask for, if the extra `otel` is installed."""
     protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
@@ -144,10 +203,11 @@ def configure_tracing(env: Mapping[str, str] | None = None) -> TracerProvider | 
         resource_attrs = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "gengate"}
         provider = TracerProvider(resource=Resource.create(resource_attrs))
         if traces_file:
-            provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(traces_file)))
+            processor: SpanProcessor = SimpleSpanProcessor(JsonLinesSpanExporter(traces_file))
+            provider.add_span_processor(RedactingSpanProcessor(processor))
         exporter = _otlp_exporter(env) if otlp else None
         if exporter is not None:
-            provider.add_span_processor(BatchSpanProcessor(exporter))
+            provider.add_span_processor(RedactingSpanProcessor(BatchSpanProcessor(exporter)))
         trace.set_tracer_provider(provider)
         _provider = provider
         targets = ([f"file {traces_file}"] if traces_file else []) + ([f"OTLP {otlp}"] if exporter else [])
@@ -185,7 +245,7 @@ class BackendSpan:
         self.span.set_attribute("gen_ai.response.id", result.request_id)
         self.span.set_attribute("gengate.enforcement", result.enforcement.value)
         if trace_content():
-            self.span.set_attribute("gen_ai.output.messages", [g.text for g in result.generations])
+            self.span.set_attribute("gen_ai.output.messages", [redact(g.text) for g in result.generations])
 
     def record_end(self, end: GenerationEnd) -> None:
         if not self.span.is_recording():
@@ -251,7 +311,7 @@ def backend_span(route: Route, request: GenerationRequest, *, current: bool = Tr
     if request.structured_output is not None:
         attributes["gengate.constraint.kind"] = request.structured_output.constraint.kind.value
     if trace_content() and request.prompt is not None:
-        attributes["gen_ai.input.messages"] = request.prompt
+        attributes["gen_ai.input.messages"] = redact(request.prompt)
     span = tracer.start_span(f"{operation} {route.name}", kind=trace.SpanKind.CLIENT, attributes=attributes)
     scope = (
         trace.use_span(span, record_exception=False, set_status_on_exception=False)
@@ -262,7 +322,7 @@ def backend_span(route: Route, request: GenerationRequest, *, current: bool = Tr
         with scope:
             yield BackendSpan(span)
     except GengateError as exc:
-        span.set_attribute("error.type", exc.reason)
+        span.set_attribute("error.type", redact(exc.reason))
         span.set_status(Status(StatusCode.ERROR, exc.code.value))
         raise
     except BaseException as exc:

@@ -13,6 +13,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from gengate.api.auth import BearerTokenInterceptor
 from gengate.errors import ConfigError
 from gengate_client._proto.gengate.v1 import generation_pb2 as g
 from gengate_client._proto.gengate.v1 import generation_pb2_grpc
@@ -212,3 +213,103 @@ async def test_max_connection_age_closes_idle_connections_so_clients_rebalance(m
                 break
         assert state != grpc.ChannelConnectivity.READY
         assert (await _echo(channel)).generations[0].text == "hello"
+
+
+async def _auth_server(make_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("GENGATE_TEST_TOKENS", TOKEN)
+    return await make_server({"models": SCRIPTED, "server": {"auth_tokens_env": "GENGATE_TEST_TOKENS"}})
+
+
+async def _health(channel: grpc.aio.Channel, service: str, **kw: Any) -> int:
+    reply = await health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(service=service), **kw
+    )
+    status: int = reply.status
+    return status
+
+
+async def test_model_health_needs_a_token_but_overall_health_stays_open(
+    make_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = await _auth_server(make_server, monkeypatch)
+    serving = health_pb2.HealthCheckResponse.SERVING
+    with_token = {"metadata": (("authorization", f"Bearer {TOKEN}"),)}
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        assert await _health(channel, "") == serving
+        assert await _health(channel, "gengate.v1.GenerationService") == serving
+        assert await _health(channel, "gengate.v1.GenerationService/echo", **with_token) == serving
+        # Without a token a model's health, or whether a model exists at all, is not told.
+        for name in ("gengate.v1.GenerationService/echo", "gengate.v1.GenerationService/ghost"):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await _health(channel, name)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert _reason(caught.value) == "MISSING_CREDENTIALS"
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _health(
+                channel, "gengate.v1.GenerationService/echo", metadata=(("authorization", "Bearer no"),)
+            )
+        assert _reason(caught.value) == "INVALID_CREDENTIALS"
+
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service="gengate.v1.GenerationService/echo")
+        watch = stub.Watch(request, timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await watch.read()
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        watch = stub.Watch(request, timeout=5, **with_token)
+        assert (await watch.read()).status == serving
+        watch.cancel()
+        overall = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert (await overall.read()).status == serving
+        overall.cancel()
+
+
+async def test_rejected_call_body_is_never_parsed(make_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = await _auth_server(make_server, monkeypatch)
+    garbage = b"\xff\xff\xff\xff not a protobuf message"
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        # No serializers: the bytes go on the wire exactly as given.
+        generate: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/gengate.v1.GenerationService/Generate"
+        )
+        stream: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(
+            "/gengate.v1.GenerationService/GenerateStream"
+        )
+        for call in (generate(garbage, timeout=5), stream(garbage, timeout=5).read()):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert _reason(caught.value) == "MISSING_CREDENTIALS"
+        # The same bytes with a valid token do reach the parser, and fail there: they are garbage.
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await generate(garbage, timeout=5, metadata=(("authorization", f"Bearer {TOKEN}"),))
+        assert caught.value.code() != grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_interceptor_never_deserializes_a_rejected_call() -> None:
+    """On a bare server with a service of its own: the rejected call's deserializer never runs."""
+    parsed: list[bytes] = []
+
+    def parse(data: bytes) -> bytes:
+        parsed.append(data)
+        return data
+
+    async def echo(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        return request
+
+    handler = grpc.unary_unary_rpc_method_handler(echo, request_deserializer=parse, response_serializer=bytes)
+    server = grpc.aio.server(interceptors=[BearerTokenInterceptor(frozenset({TOKEN}))])
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Echo", {"Call": handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/test.Echo/Call")
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call(b"unauthenticated bytes", timeout=5)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED and parsed == []
+            metadata = (("authorization", f"Bearer {TOKEN}"),)
+            assert await call(b"hello", timeout=5, metadata=metadata) == b"hello"
+            assert parsed == [b"hello"]
+    finally:
+        await server.stop(0)

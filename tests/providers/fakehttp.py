@@ -3,8 +3,9 @@ its provider's wire protocol; this harness adds the faults every provider must s
 
 The server runs aiohttp on 127.0.0.1:0 in its own thread and event loop, so a blocking SDK
 cannot stall it and the test's loop stays free. Faults are queued and consumed one request at
-a time: an HTTP status with headers and body, a slow answer, a malformed body, a stream that
-breaks after k events. Every request and every client disconnect mid-stream is recorded.
+a time: an HTTP status with headers, body and content type, a slow answer, a malformed body, a
+stream that breaks (connection dropped) or ends (clean EOF) after k events. Every request and
+every client disconnect mid-stream is recorded.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class Fault:
     delay_s: float = 0.0
     malformed: bool = False
     break_after: int | None = None
+    # With `status`: the Content-Type of that reply (a proxy's HTML page, a JSON document).
+    content_type: str = "application/json"
+    # An event stream that ends cleanly (EOF, no error) after this many events, finish or not.
+    end_after: int | None = None
 
 
 @dataclass
@@ -163,7 +168,7 @@ class FakeServer:
             if fault and fault.status is not None:
                 text = fault.body if isinstance(fault.body, str) else json.dumps(fault.body or {})
                 return web.Response(
-                    status=fault.status, text=text, headers=fault.headers, content_type="application/json"
+                    status=fault.status, text=text, headers=fault.headers, content_type=fault.content_type
                 )
             if fault and fault.malformed:
                 return web.Response(
@@ -173,6 +178,8 @@ class FakeServer:
             reply = await result if asyncio.iscoroutine(result) else result
             if isinstance(reply, Json):
                 return web.json_response(reply.body, status=reply.status)
+            if fault and fault.end_after is not None:
+                reply = Sse(reply.events[: fault.end_after])
             return await self._stream(request, reply, fault.break_after if fault else None)
 
         return serve

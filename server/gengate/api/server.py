@@ -9,15 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from gengate_client._proto.gengate.v1 import generation_pb2, generation_pb2_grpc
+from gengate_client._proto.gengate.v1 import generation_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gengate.api.auth import BearerTokenInterceptor, tokens_from_env
-from gengate.api.servicer import GenerationServicer
+from gengate.api.auth import BearerTokenInterceptor, TokenCheck, tokens_from_env
+from gengate.api.health import GuardedHealthServicer
+from gengate.api.servicer import GenerationServicer, add_to_server
 from gengate.api.tracing import tracing_interceptor
 from gengate.config import ServerConfig, ServerSettings
 from gengate.errors import ConfigError
+from gengate.redaction import install_log_redaction
 from gengate.router import Router
 from gengate.service import GenerationCore
 from gengate.telemetry import configure_tracing
@@ -41,6 +43,7 @@ class RunningServer:
     health: health.aio.HealthServicer
     host: str
     port: int
+    core: GenerationCore | None = None
 
     @property
     def address(self) -> str:
@@ -51,19 +54,28 @@ class RunningServer:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         await self.router.close_all()
+        if self.core is not None:
+            await self.core.aclose()
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()
 
 
-def _interceptors(settings: ServerSettings) -> list[grpc.aio.ServerInterceptor]:
+def _token_check(settings: ServerSettings) -> TokenCheck | None:
+    """The caller-token check, or None when authentication is off."""
+    if not settings.auth_tokens_env:
+        return None
+    return TokenCheck(tokens_from_env(settings.auth_tokens_env))
+
+
+def _interceptors(tokens: TokenCheck | None) -> list[grpc.aio.ServerInterceptor]:
     """Tracing first (so refused calls are traced too), then caller authentication."""
     chain: list[grpc.aio.ServerInterceptor] = []
     tracing = tracing_interceptor()
     if tracing is not None:
         chain.append(tracing)
-    if settings.auth_tokens_env:
-        chain.append(BearerTokenInterceptor(tokens_from_env(settings.auth_tokens_env)))
+    if tokens is not None:
+        chain.append(BearerTokenInterceptor(tokens))
     return chain
 
 
@@ -100,10 +112,12 @@ async def start_server(
 ) -> RunningServer:
     """Loads every configured model, then binds and starts serving. Port 0 picks a free port."""
     configure_tracing()
+    install_log_redaction()  # on the handlers logging has by now (`gengate serve`: basicConfig's)
     settings = config.server
     host = host or settings.host
     port = settings.port if port is None else port
-    interceptors = _interceptors(settings)  # configuration errors surface before models load
+    tokens = _token_check(settings)  # configuration errors surface before models load
+    interceptors = _interceptors(tokens)
     credentials = _server_credentials(settings)
     from gengate.workers.factory import with_cpu_thread_shares
 
@@ -123,23 +137,28 @@ async def start_server(
             *_connection_age_options(settings),
         ],
     )
-    core = GenerationCore(router, max_batch_items=settings.max_batch_items)
+    core = GenerationCore(router, max_batch_items=settings.max_batch_items, limits=settings.limits)
     servicer = GenerationServicer(core, default_timeout_s=settings.request_timeout_s)
-    generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server)
-    health_servicer = health.aio.HealthServicer()
+    add_to_server(servicer, server)
+    # Overall and service health stay open for probes; a single model's needs the caller token.
+    health_servicer = GuardedHealthServicer(tokens, open_names=("", SERVICE_NAME))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
-    address = f"{host}:{port}"
-    bound = (
-        server.add_insecure_port(address)
-        if credentials is None
-        else server.add_secure_port(address, credentials)
-    )
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    try:
+        bound = (
+            server.add_insecure_port(address)
+            if credentials is None
+            else server.add_secure_port(address, credentials)
+        )
+    except RuntimeError:  # grpc raises instead of returning 0 for some bind failures
+        bound = 0
     if bound == 0:
         await router.close_all()
+        await core.aclose()
         raise OSError(f"cannot bind {host}:{port}")
     await server.start()
     serving = health_pb2.HealthCheckResponse.SERVING
@@ -148,7 +167,9 @@ async def start_server(
     for route in router.routes:
         await health_servicer.set(model_health_name(route.name), serving)
         _watch_model_health(route.backend, route.name, health_servicer)
-    return RunningServer(server=server, router=router, health=health_servicer, host=host, port=bound)
+    return RunningServer(
+        server=server, router=router, health=health_servicer, host=host, port=bound, core=core
+    )
 
 
 def _watch_model_health(backend: object, name: str, servicer: health.aio.HealthServicer) -> None:
@@ -173,14 +194,14 @@ def serve(config: ServerConfig, host: str | None = None, port: int | None = None
     """Runs the server until SIGINT/SIGTERM (the `gengate serve` command)."""
 
     async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # before "serving" is printed: no gap for SIGTERM
+            loop.add_signal_handler(sig, stop.set)
         running = await start_server(config, host=host, port=port)
         names = ", ".join(r.name for r in running.router.routes)
         log.info("gengate serving on %s (models: %s)", running.address, names)
         print(f"gengate serving on {running.address} (models: {names})", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("shutting down")
         await running.stop()

@@ -9,8 +9,8 @@ How to write a provider (see openai.py for a complete one):
    name), `Options`, `label` (human name for errors/logs), `structured_support`
    ({ConstraintKind: Enforcement.NATIVE | VALIDATED}; kinds absent are refused up front),
    `grammar_syntaxes`, `native_n`, `logprobs_supported`, `max_top_logprobs`, `image_input`,
-   `seed_supported`, `requires_api_key`. `self.api_key` is resolved and registered with the
-   secret scrubber in `__init__`; build your SDK client in `start()` (call `super().start()`
+   `seed_supported`, `requires_api_key`. `self.api_key` is resolved and registered for
+   redaction (gengate.redaction) in `__init__`; build your SDK client in `start()` (call `super().start()`
    first) with the SDK's own retries OFF (max_retries=0) and `timeout=self.options.timeout`.
 3. Write only the wire translation:
    - `async _complete(call) -> Completion`: ONE upstream call for `call.n` choices of
@@ -19,7 +19,9 @@ How to write a provider (see openai.py for a complete one):
      finish reason via `base.map_finish_reason`, logprobs) and `Usage` or None if absent.
    - `_stream(call) -> AsyncIterator[Chunk]`: an async generator yielding `ChunkText`,
      `ChunkEnd` and (once) `ChunkUsage` (totals); close the SDK stream in `finally` so a
-     cancelled consumer closes the HTTP response. Structured requests never reach it.
+     cancelled consumer closes the HTTP response. Structured requests never reach it. A stream
+     that ends without any chunk, or without a `ChunkEnd` (its finish marker), is a broken
+     upstream: the base raises Unavailable UPSTREAM_PROTOCOL.
    - If `call.plan` is native (`call.plan.native`), send `call.plan.native_schema` (a JSON
      Schema; choices arrive as {"type":"string","enum":[...]}) or, for regex/grammar/choice on
      engines that take them, `call.plan.structured.constraint`. Override `plan_structured` to

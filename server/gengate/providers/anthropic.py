@@ -36,6 +36,7 @@ from gengate.providers.base import (
     ProviderBackend,
     ProviderCall,
     ProviderOptions,
+    check_event_stream,
     map_finish_reason,
 )
 
@@ -210,6 +211,7 @@ class AnthropicBackend(ProviderBackend):
         stream = await self.client.messages.create(**self._params(call), stream=True)
         input_tokens = 0
         try:
+            check_event_stream(self.label, stream.response.headers.get("content-type"))
             async for event in stream:
                 if event.type == "message_start":
                     input_tokens = event.message.usage.input_tokens

@@ -22,6 +22,7 @@ from typing import ClassVar, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from gengate import errors
+from gengate.backend import aclose_stream
 from gengate.constraints import validate_output
 from gengate.domain import (
     ChatMessage,
@@ -46,8 +47,15 @@ from gengate.domain import (
     Usage,
 )
 from gengate.providers import structured as so
-from gengate.providers.errors import VALIDATION_FAILED, normalize_exception, register_secret
+from gengate.providers.errors import (
+    UPSTREAM_BAD_RESPONSE,
+    UPSTREAM_PROTOCOL,
+    VALIDATION_FAILED,
+    normalize_exception,
+    scrub,
+)
 from gengate.providers.retry import RetryPolicy, call_with_retries, stream_with_retries
+from gengate.redaction import register_secret
 
 log = logging.getLogger("gengate.providers")
 
@@ -75,13 +83,30 @@ class ProviderOptions(BaseModel):
         return self
 
     def resolve_api_key(self, env: Mapping[str, str] | None = None) -> str | None:
-        """The key from `api_key` or the `api_key_env` variable; registered with the scrubber."""
+        """The key from `api_key` or the `api_key_env` variable; registered for redaction."""
         env = os.environ if env is None else env
         key = self.api_key.get_secret_value() if self.api_key is not None else None
         if key is None and self.api_key_env:
             key = env.get(self.api_key_env)
         register_secret(key)
         return key
+
+
+def not_an_event_stream(label: str, why: str) -> errors.Unavailable:
+    """The error for an upstream that answered a streaming request with something else."""
+    return errors.Unavailable(
+        f"{label} did not answer with a server-sent-event stream ({why})", reason=UPSTREAM_PROTOCOL
+    )
+
+
+def check_event_stream(label: str, content_type: str | None) -> None:
+    """Raises Unavailable UPSTREAM_PROTOCOL when a streamed response's Content-Type says it is not
+    `text/event-stream`: checked before reading, so a huge non-SSE body is never buffered whole."""
+    if content_type is None:
+        return
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media and media != "text/event-stream":
+        raise not_an_event_stream(label, f"Content-Type {media}")
 
 
 # --- what a provider module returns ------------------------------------------------------------
@@ -475,12 +500,43 @@ class ProviderBackend(abc.ABC):
 
     def _open(self, call: ProviderCall) -> AsyncGenerator[Chunk, None]:
         return stream_with_retries(
-            lambda: self._stream(call),
+            lambda: self._checked_stream(call),
             policy=self.retry_policy,
             deadline=call.request.deadline,
             provider=self.label,
             normalize=self.normalize_error,
         )
+
+    async def _checked_stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
+        """`_stream(call)`, but an upstream stream that ends without any chunk, or without any
+        finish marker, raises Unavailable UPSTREAM_PROTOCOL: an upstream answering 200 with a
+        body that is no event stream (a proxy's page, a JSON document) must not read as an empty
+        success; nor must a first event the SDK cannot read. Before the first chunk the retry
+        policy may try again."""
+        stream = self._stream(call)
+        seen = finished = False
+        try:
+            async for chunk in stream:
+                seen = True
+                finished = finished or isinstance(chunk, ChunkEnd)
+                yield chunk
+        except Exception as exc:
+            if seen:
+                raise
+            error = self.normalize_error(exc)
+            if error.reason == UPSTREAM_BAD_RESPONSE:  # the SDK could not read the first event
+                raise not_an_event_stream(self.label, scrub(str(exc)) or type(exc).__name__) from exc
+            raise error from exc
+        finally:
+            await aclose_stream(stream)
+        if not seen:
+            raise not_an_event_stream(self.label, "the response held no event")
+        if not finished:
+            raise errors.Unavailable(
+                f"{self.label}'s stream ended without a finish reason: the upstream did not answer "
+                "with a complete server-sent-event stream",
+                reason=UPSTREAM_PROTOCOL,
+            )
 
     async def _frame_stream(
         self, call: ProviderCall, offset: int, started: float, first_token: list[float]

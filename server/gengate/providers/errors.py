@@ -2,7 +2,8 @@
 
 Mapping is by meaning (status code *and* error type/body text), because providers in the wild
 misuse codes: a 400 whose body says "rate limit" is a 429, a 500 whose body says "invalid
-api key" is our bad credential. Every message passes through the secret scrubber first.
+api key" is our bad credential. Every message is redacted (gengate.redaction) before it is cut
+to length.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import asyncio
 import email.utils
 import json
 import re
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from gengate import errors
+from gengate.redaction import redact_and_cut
+from gengate.redaction import register_secret as register_secret  # where providers used to find it
 
 UPSTREAM_AUTH_FAILED = "UPSTREAM_AUTH_FAILED"
 UPSTREAM_RATE_LIMITED = "UPSTREAM_RATE_LIMITED"
@@ -24,55 +26,16 @@ UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
 UPSTREAM_TIMEOUT = "UPSTREAM_TIMEOUT"
 UPSTREAM_BAD_REQUEST = "UPSTREAM_BAD_REQUEST"
 UPSTREAM_BAD_RESPONSE = "UPSTREAM_BAD_RESPONSE"
+UPSTREAM_PROTOCOL = "UPSTREAM_PROTOCOL"  # a streaming request answered with no event stream
 VALIDATION_FAILED = "VALIDATION_FAILED"
 
-# Token shapes that look like credentials even when we were never told the value.
-_TOKEN_PATTERNS = (
-    re.compile(r"\b(?:sk|pk|rk|ak)-[A-Za-z0-9_\-]{8,}"),
-    re.compile(r"\bhf_[A-Za-z0-9]{8,}"),
-    re.compile(r"\bAIza[0-9A-Za-z_\-]{20,}"),
-    re.compile(r"(?i)\b(bearer|api[-_ ]?key[\"']?\s*[:=]\s*[\"']?)\s*[A-Za-z0-9._\-]{8,}"),
-)
-_REDACTED = "[REDACTED]"
 _MAX_MESSAGE = 1000
 
 
-class SecretScrubber:
-    """Removes every registered secret value, and credential-shaped tokens, from text."""
-
-    def __init__(self) -> None:
-        self._secrets: set[str] = set()
-        self._lock = threading.Lock()
-
-    def register(self, secret: str | None) -> None:
-        """Remembers a secret value so that it never appears in a message we produce."""
-        if secret and len(secret) >= 4:
-            with self._lock:
-                self._secrets.add(secret)
-
-    def scrub(self, text: str) -> str:
-        for secret in sorted(self._secrets, key=len, reverse=True):
-            text = text.replace(secret, _REDACTED)
-        for pattern in _TOKEN_PATTERNS:
-            if pattern.groups:
-                text = pattern.sub(lambda m: f"{m.group(1)}{_REDACTED}", text)
-            else:
-                text = pattern.sub(_REDACTED, text)
-        return text
-
-
-SCRUBBER = SecretScrubber()
-
-
-def register_secret(secret: str | None) -> None:
-    """Registers a configured secret value with the process-wide scrubber."""
-    SCRUBBER.register(secret)
-
-
 def scrub(text: str) -> str:
-    """`text` without any configured secret or credential-shaped token, cut to a sane length."""
-    cleaned = SCRUBBER.scrub(text)
-    return cleaned if len(cleaned) <= _MAX_MESSAGE else cleaned[:_MAX_MESSAGE] + "…"
+    """`text` without any registered secret or credential-shaped token, then cut to a sane length
+    (redacted first: a key straddling the cut must not leave its first half in the message)."""
+    return redact_and_cut(text, _MAX_MESSAGE)
 
 
 def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
@@ -126,7 +89,7 @@ def _body_text(body: Any) -> str:
             if isinstance(value, str) and value:
                 return value
     try:
-        return json.dumps(body)[:_MAX_MESSAGE]
+        return json.dumps(body)  # cut by `scrub`, after redaction
     except (TypeError, ValueError):
         return str(body)
 
@@ -244,6 +207,11 @@ def normalize_exception(exc: BaseException, *, provider: str = "provider") -> er
         )
     if _is_timeout(exc):
         return errors.DeadlineExceeded(f"{provider} did not answer in time", reason=UPSTREAM_TIMEOUT)
+    if any(cls.__name__ == "SSEError" for cls in type(exc).__mro__):  # httpx-sse: not an event stream
+        return errors.Unavailable(
+            f"{provider} did not answer with a server-sent-event stream ({scrub(str(exc))})",
+            reason=UPSTREAM_PROTOCOL,
+        )
     if _is_connection_error(exc):
         return errors.Unavailable(
             f"cannot reach {provider}: {scrub(str(exc)) or type(exc).__name__}", reason=UPSTREAM_UNAVAILABLE

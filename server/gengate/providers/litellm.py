@@ -44,6 +44,7 @@ from gengate.providers.base import (
     map_finish_reason,
 )
 from gengate.providers.errors import from_status
+from gengate.redaction import register_secret
 
 
 class LiteLLMOptions(ProviderOptions):
@@ -89,6 +90,9 @@ def _content(parts: tuple[TextPart | ImagePart, ...]) -> str | list[dict[str, An
     ]
 
 
+_CREDENTIAL_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
+
+
 class LiteLLMBackend(ProviderBackend):
     """Any model LiteLLM can reach, through litellm.acompletion."""
 
@@ -102,6 +106,10 @@ class LiteLLMBackend(ProviderBackend):
         assert isinstance(options, LiteLLMOptions)
         self._schema_native, self._params = _model_facts(options)
         super().__init__(name, options)
+        # LiteLLM reads each provider's key from its own variable: keep all of them out of messages.
+        for variable, value in os.environ.items():
+            if variable.upper().endswith(_CREDENTIAL_SUFFIXES):
+                register_secret(value)
 
     @property
     def native_n(self) -> bool:  # type: ignore[override]

@@ -46,9 +46,11 @@ from gengate.providers.base import (
     ProviderBackend,
     ProviderCall,
     ProviderOptions,
+    check_event_stream,
     image_url,
     map_finish_reason,
 )
+from gengate.redaction import register_secret
 
 log = logging.getLogger("gengate.providers")
 
@@ -70,6 +72,9 @@ CONTRACT_FIELDS = frozenset(SAMPLING_FIELDS) | {
     "stream_options",
     "response_format",
 }
+
+
+_CREDENTIAL_HEADER = re.compile(r"(?i)auth|key|token|secret")
 
 
 class OpenAIOptions(ProviderOptions):
@@ -129,6 +134,10 @@ class OpenAIBackend(ProviderBackend):
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)
         self._client: Any = None
+        for header, value in self.options.extra_headers.items():
+            if _CREDENTIAL_HEADER.search(header):  # a proxy's key sent as a custom header
+                register_secret(value)
+                register_secret(value.partition(" ")[2])  # the token after a scheme ("Bearer x")
 
     # --- client --------------------------------------------------------------------------------
 
@@ -247,6 +256,7 @@ class OpenAIBackend(ProviderBackend):
         stream = await self._client.chat.completions.create(**self._params(call, stream=True))
         stops = call.request.stopping.stop
         try:
+            check_event_stream(self.label, stream.response.headers.get("content-type"))
             async for chunk in stream:
                 for choice in chunk.choices or ():
                     delta = choice.delta
