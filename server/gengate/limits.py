@@ -8,9 +8,9 @@ over a limit is refused with INVALID_ARGUMENT naming the field, the limit and it
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -72,7 +72,7 @@ def request_violations(
     """Every limit the request exceeds (empty when none); cheap and linear in the request size."""
     out: list[FieldViolation] = []
     if request.prompt is not None:
-        size = len(request.prompt.encode("utf-8", "surrogatepass"))
+        size = text_bytes(request.prompt, limits.max_prompt_bytes)
         if size > limits.max_prompt_bytes:
             out.append(
                 over_limit(
@@ -91,7 +91,7 @@ def request_violations(
                 )
             )
         size = sum(
-            len(part.text.encode("utf-8", "surrogatepass"))
+            text_bytes(part.text, limits.max_prompt_bytes)
             for message in request.messages
             for part in message.content
             if isinstance(part, TextPart)
@@ -118,7 +118,7 @@ def request_violations(
             )
         )
     for i, stop in enumerate(stops[: limits.max_stop_sequences]):
-        size = len(stop.encode("utf-8", "surrogatepass"))
+        size = text_bytes(stop, limits.max_stop_bytes)
         if size > limits.max_stop_bytes:
             out.append(
                 over_limit(
@@ -134,6 +134,14 @@ def request_violations(
     return [FieldViolation(prefix + v.field, v.description) for v in out] if prefix else out
 
 
+def text_bytes(text: str, limit: int) -> int:
+    """UTF-8 size of `text`, encoding it only when its length alone cannot tell against `limit`
+    (encoding 45 MB is one long C call that holds the event loop)."""
+    if len(text) > limit or 4 * len(text) <= limit:
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def constraint_violations(constraint: object, limits: RequestLimits) -> list[FieldViolation]:
     """Size, count, nesting and expansion limits of one constraint."""
     if isinstance(constraint, JsonSchemaConstraint):
@@ -147,7 +155,7 @@ def constraint_violations(constraint: object, limits: RequestLimits) -> list[Fie
         count = len(constraint.choices)
         if count > limits.max_choices:
             return [over_limit(field, "the number of choices", count, "max_choices", limits.max_choices)]
-        size = sum(len(c.encode("utf-8", "surrogatepass")) for c in constraint.choices)
+        size = sum(text_bytes(c, limits.max_constraint_bytes) for c in constraint.choices)
         if size > limits.max_constraint_bytes:
             return [
                 over_limit(
@@ -161,7 +169,7 @@ def constraint_violations(constraint: object, limits: RequestLimits) -> list[Fie
         return []
     if isinstance(constraint, GrammarConstraint):
         field = "structured_output.grammar.definition"
-        size = len(constraint.definition.encode("utf-8", "surrogatepass"))
+        size = text_bytes(constraint.definition, limits.max_constraint_bytes)
         if size > limits.max_constraint_bytes:
             return [
                 over_limit(
@@ -207,36 +215,31 @@ _RULE_START = re.compile(
 _LARK_REPEAT = re.compile(r"~[ \t]*([0-9]{1,9})(?:[ \t]*\.\.[ \t]*([0-9]{1,9}))?")
 
 
+# One token of a grammar for grammar_parts: a string literal, a comment, a regex terminal, or a
+# run of anything else.
+_GRAMMAR_TOKEN = re.compile(
+    r"(?P<string>\"(?:[^\"\\\n]|\\.)*\"?|'(?:[^'\\\n]|\\.)*'?)"
+    r"|(?P<comment>//[^\n]*)"
+    r"|(?P<regex>/(?:[^/\\\n]|\\.)+/)"
+    r"|(?P<other>[^\"'/]+|/)",
+    re.S,
+)
+
+
 def grammar_parts(definition: str) -> tuple[str, list[str]]:
     """The grammar's rule text (each string literal and regex terminal as one `x`; Lark's `~ m..n`
     as `{m,n}`) and its regex terminals (`/.../` in Lark), in one pass, for the expansion limit."""
     body: list[str] = []
     regexes: list[str] = []
-    i, n = 0, len(definition)
-    while i < n:
-        ch = definition[i]
-        if ch in "\"'":
-            j = i + 1
-            while j < n and definition[j] != ch and definition[j] != "\n":
-                j += 2 if definition[j] == "\\" else 1
+    for token in _GRAMMAR_TOKEN.finditer(definition):
+        kind = token.lastgroup
+        if kind == "string":
             body.append("x")
-            i = j + 1
-        elif definition.startswith("//", i):
-            end = definition.find("\n", i)
-            i = n if end == -1 else end
-        elif ch == "/":
-            j = i + 1
-            while j < n and definition[j] not in "/\n":
-                j += 2 if definition[j] == "\\" else 1
-            if j < n and definition[j] == "/":
-                regexes.append(definition[i + 1 : j])
-                body.append("x")
-                i = j + 1
-            else:
-                i += 1
-        else:
-            body.append(ch)
-            i += 1
+        elif kind == "regex":
+            regexes.append(token.group()[1:-1])
+            body.append("x")
+        elif kind == "other":
+            body.append(token.group())
     text = _LARK_REPEAT.sub(
         lambda m: "{" + m.group(1) + ("," + m.group(2) if m.group(2) else "") + "}", "".join(body)
     )
@@ -250,35 +253,18 @@ def grammar_rule_count(definition: str) -> int:
 
 def _schema_violations(schema: Any, limits: RequestLimits) -> list[FieldViolation]:
     field = "structured_output.json_schema.schema"
-    try:
-        text = json.dumps(schema, ensure_ascii=False)
-    except (TypeError, ValueError, RecursionError):
-        return [FieldViolation(field, "cannot be read as JSON (too deep, or numbers too long)")]
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > limits.max_constraint_bytes:
-        return [
-            over_limit(
-                field,
-                "the schema's size in bytes (as JSON)",
-                size,
-                "max_constraint_bytes",
-                limits.max_constraint_bytes,
-            )
-        ]
-    depth = json_depth(schema)
-    if depth > limits.max_schema_depth:
-        return [
-            over_limit(
-                field, "the schema's nesting depth", depth, "max_schema_depth", limits.max_schema_depth
-            )
-        ]
-    refs = text.count('"$ref"')
-    if refs > limits.max_schema_refs:
-        return [
-            over_limit(
-                field, "the number of $ref in the schema", refs, "max_schema_refs", limits.max_schema_refs
-            )
-        ]
+    shape = json_shape(schema, stop_at_bytes=limits.max_constraint_bytes)
+    if shape.size > limits.max_constraint_bytes:
+        what = "the schema's size in bytes (as JSON)"
+        return [over_limit(field, what, shape.size, "max_constraint_bytes", limits.max_constraint_bytes)]
+    if shape.depth > limits.max_schema_depth:
+        what = "the schema's nesting depth"
+        return [over_limit(field, what, shape.depth, "max_schema_depth", limits.max_schema_depth)]
+    if shape.refs > limits.max_schema_refs:
+        what = "the number of $ref in the schema"
+        return [over_limit(field, what, shape.refs, "max_schema_refs", limits.max_schema_refs)]
+    if shape.unreadable:
+        return [FieldViolation(field, "holds a value that is not JSON (a number too long, or not JSON)")]
     out: list[FieldViolation] = []
     for where, pattern in schema_patterns(schema):
         out += _regex_violations(f"{field}{where}", pattern, limits, check_bytes=False)
@@ -287,21 +273,56 @@ def _schema_violations(schema: Any, limits: RequestLimits) -> list[FieldViolatio
     return out
 
 
-def json_depth(value: Any) -> int:
-    """Nesting depth of a JSON value (a scalar is 0), without recursion."""
-    deepest = 0
+@dataclass
+class JsonShape:
+    """Size (about the bytes of its compact JSON text), nesting depth and `$ref` count of a value."""
+
+    size: int = 0
+    depth: int = 0
+    refs: int = 0
+    unreadable: bool = False
+
+
+def json_shape(value: Any, *, stop_at_bytes: int | None = None) -> JsonShape:
+    """Measures a JSON value in one walk, without recursion and without serialising it (a long C
+    call such as json.dumps would hold the GIL, and so the event loop, for its whole length).
+    Stops early once the size passes `stop_at_bytes`."""
+    shape = JsonShape()
     pending: list[tuple[Any, int]] = [(value, 0)]
     while pending:
         node, depth = pending.pop()
         if isinstance(node, dict):
-            children: Any = node.values()
+            shape.depth = max(shape.depth, depth + 1)
+            shape.size += 2 + 2 * len(node)
+            for key, child in node.items():
+                shape.size += len(key) + 3
+                if key == "$ref":
+                    shape.refs += 1
+                pending.append((child, depth + 1))
         elif isinstance(node, list):
-            children = node
+            shape.depth = max(shape.depth, depth + 1)
+            shape.size += 2 + len(node)
+            pending.extend((child, depth + 1) for child in node)
+        elif isinstance(node, str):
+            shape.size += len(node) + 2
+        elif isinstance(node, bool) or node is None:
+            shape.size += 5
+        elif isinstance(node, int):
+            if node.bit_length() > 1024:  # more digits than anything real (and than int() converts fast)
+                shape.unreadable = True
+            shape.size += 8
+        elif isinstance(node, float):
+            shape.size += 8
         else:
-            continue
-        deepest = max(deepest, depth + 1)
-        pending.extend((child, depth + 1) for child in children)
-    return deepest
+            shape.unreadable = True
+        if stop_at_bytes is not None and shape.size > stop_at_bytes:
+            break
+    return shape
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a JSON value (a scalar is 0), without recursion."""
+    return json_shape(value).depth
 
 
 def schema_patterns(schema: Any) -> Iterator[tuple[str, str]]:
@@ -326,7 +347,7 @@ def _regex_violations(
     field: str, pattern: str, limits: RequestLimits, *, check_bytes: bool
 ) -> list[FieldViolation]:
     if check_bytes:
-        size = len(pattern.encode("utf-8", "surrogatepass"))
+        size = text_bytes(pattern, limits.max_constraint_bytes)
         if size > limits.max_constraint_bytes:
             return [
                 over_limit(
@@ -371,7 +392,20 @@ class RegexShape:
         self.expansion = expansion
 
 
-_COUNTED = re.compile(r"\{([0-9]{1,9})(?:(,)([0-9]{0,9}))?\}")
+# One token of a regex: an escape, a class start, a group start (with its (?...: prefix), a group
+# end, an alternation, a quantifier, a counted repetition, or a run of literal characters.
+_REGEX_TOKEN = re.compile(
+    r"(?P<escape>\\(?:[pPxu]\{[^}]*\}|.)?)"
+    r"|(?P<cls>\[)"
+    r"|(?P<flags>\(\?[A-Za-z-]*\))"
+    r"|(?P<open>\((?:\?(?:P?<[^>]*>|[A-Za-z-]*:|[:=!]|<[=!])?)?)"
+    r"|(?P<close>\))"
+    r"|(?P<alt>\|)"
+    r"|(?P<counted>\{(?P<low>[0-9]{1,9})(?:(?P<comma>,)(?P<high>[0-9]{0,9}))?\})"
+    r"|(?P<quant>[*+?])"
+    r"|(?P<run>[^\\\[()|*+?{]+|\{)",
+    re.S,
+)
 
 
 def regex_shape(pattern: str, *, cap: int) -> RegexShape:
@@ -387,60 +421,41 @@ def regex_shape(pattern: str, *, cap: int) -> RegexShape:
     depth = 0
     i, n = 0, len(pattern)
     while i < n:
-        ch = pattern[i]
+        token = _REGEX_TOKEN.match(pattern, i)
+        assert token is not None  # every character starts some token
+        kind = token.lastgroup
         frame = frames[-1]
-        if ch == "\\":
-            i = _skip_escape(pattern, i)
+        i = token.end()
+        if kind == "escape":
             _atom(frame, 1, cap)
-            continue
-        if ch == "[":
-            i = _skip_class(pattern, i)
+        elif kind == "cls":
+            i = _skip_class(pattern, token.start())
             _atom(frame, 1, cap)
-            continue
-        if ch == "(":
+        elif kind == "open":
             frames.append([0, 0])
             depth = max(depth, len(frames) - 1)
-            i += 1
-            if pattern.startswith("?", i):  # (?:, (?P<name>, (?i) and friends: skip the prefix
-                close = pattern.find(":", i)
-                paren = pattern.find(")", i)
-                if paren != -1 and (close == -1 or paren < close):
-                    frames.pop()  # a flag group such as (?i) holds no atoms
-                    i = paren + 1
-                elif close != -1:
-                    i = close + 1
-            continue
-        if ch == ")":
+        elif kind == "close":
             if len(frames) > 1:
                 group = frames.pop()[0]
                 _atom(frames[-1], max(group, 1), cap)
-            i += 1
-            continue
-        if ch == "|":
+        elif kind == "alt":
             frame[1] = 0
-            i += 1
-            continue
-        if ch in "*+?":
-            i += 1
-            continue
-        if ch == "{":
-            match = _COUNTED.match(pattern, i)
-            if match is not None:
-                low = int(match.group(1))
-                high = match.group(3)
-                times = max(low, int(high)) if high else low
-                last = frame[1]
-                if times == 0:
-                    frame[0] -= last
-                    frame[1] = 0
-                elif last:
-                    grown = min(last * times, cap)
-                    frame[0] = min(frame[0] - last + grown, cap)
-                    frame[1] = grown
-                i = match.end()
-                continue
-        _atom(frame, 1, cap)
-        i += 1
+        elif kind == "counted":
+            low = int(token.group("low"))
+            high = token.group("high")
+            times = max(low, int(high)) if high else low
+            last = frame[1]
+            if times == 0:
+                frame[0] -= last
+                frame[1] = 0
+            elif last:
+                grown = min(last * times, cap)
+                frame[0] = min(frame[0] - last + grown, cap)
+                frame[1] = grown
+        elif kind == "run":
+            run = token.end() - token.start()
+            frame[0] = min(frame[0] + run, cap)
+            frame[1] = 1  # a quantifier applies to the run's last character
     total = 0
     for frame in frames:
         total = min(total + frame[0], cap)

@@ -29,7 +29,8 @@ _TOKEN_PATTERNS = (
     re.compile(r"\b(?:sk|pk|rk|ak)-[A-Za-z0-9_\-]{8,}"),
     re.compile(r"\bhf_[A-Za-z0-9]{8,}"),
     re.compile(r"\bAIza[0-9A-Za-z_\-]{20,}"),
-    re.compile(r"(?i)\b(bearer|api[-_ ]?key[\"']?\s*[:=]\s*[\"']?)\s*[A-Za-z0-9._\-]{8,}"),
+    # Adjacent repeats match disjoint characters, so no input makes this backtrack (linear time).
+    re.compile(r"(?i)\b(bearer\s*|api[-_ ]?key[\"']?[ \t]*[:=][\s\"']*)[A-Za-z0-9._\-]{8,}"),
 )
 
 

@@ -35,7 +35,7 @@ from gengate.domain import (
     Timings,
 )
 from gengate.errors import Aborted, DeadlineExceeded, GengateError, Internal, InvalidArgument
-from gengate.limits import LIMIT_REASON, RequestLimits
+from gengate.limits import LIMIT_REASON, RequestLimits, request_violations
 from gengate.router import Route, Router
 from gengate.telemetry import backend_span
 
@@ -134,6 +134,15 @@ class GenerationCore:
                         yield event
                 finally:
                     await aclose_stream(stream)
+
+    def check_limits(self, request: GenerationRequest, prefix: str = "") -> None:
+        """Raises InvalidArgument (LIMIT_EXCEEDED) when the request is over a server.limits bound;
+        field paths under `prefix` (the path of the request inside the RPC's message)."""
+        over = request_violations(request, self.limits, prefix)
+        if over:
+            raise InvalidArgument(
+                "; ".join(f"{v.field}: {v.description}" for v in over), reason=LIMIT_REASON, violations=over
+            )
 
     def check_batch_size(self, count: int) -> None:
         """Refuses a batch over max_batch_items, before any item is converted or checked."""

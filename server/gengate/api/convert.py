@@ -66,11 +66,16 @@ _MODALITY_TO_PB = {d.Modality.TEXT: pb.MODALITY_TEXT, d.Modality.IMAGE: pb.MODAL
 
 
 def request_from_pb(
-    msg: gpb.GenerateRequest, *, deadline: float | None = None, prefix: str = ""
+    msg: gpb.GenerateRequest,
+    *,
+    deadline: float | None = None,
+    prefix: str = "",
+    max_schema_json_bytes: int | None = None,
 ) -> d.GenerationRequest:
     """Converts a GenerateRequest; malformed enums/oneofs raise InvalidArgument naming the field.
 
-    `prefix` is prepended to field paths (e.g. "requests[3]." inside a batch).
+    `prefix` is prepended to field paths (e.g. "requests[3]." inside a batch). A `schema_json`
+    longer than `max_schema_json_bytes` is refused before it is parsed.
     """
     which = msg.WhichOneof("input")
     prompt: str | None = None
@@ -87,7 +92,7 @@ def request_from_pb(
         stopping=stopping_from_pb(msg.stopping),
         n=msg.n if msg.HasField("n") else 1,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
-        structured_output=structured_from_pb(msg.structured_output, prefix)
+        structured_output=structured_from_pb(msg.structured_output, prefix, max_schema_json_bytes)
         if msg.HasField("structured_output")
         else None,
         backend_options={
@@ -134,13 +139,15 @@ def stopping_from_pb(msg: pb.StoppingCriteria) -> d.StoppingCriteria:
     return d.StoppingCriteria(max_tokens=_optional(msg, "max_tokens"), stop=tuple(msg.stop))
 
 
-def structured_from_pb(msg: pb.StructuredOutput, prefix: str = "") -> d.StructuredOutput:
+def structured_from_pb(
+    msg: pb.StructuredOutput, prefix: str = "", max_json_bytes: int | None = None
+) -> d.StructuredOutput:
     kind = msg.WhichOneof("kind")
     where = f"{prefix}structured_output"
     constraint: d.Constraint
     if kind == "json_schema":
         constraint = d.JsonSchemaConstraint(
-            schema=_schema_from_pb(msg.json_schema, f"{where}.json_schema"),
+            schema=_schema_from_pb(msg.json_schema, f"{where}.json_schema", max_json_bytes),
             name=msg.json_schema.name,
             strict=msg.json_schema.strict,
         )
@@ -177,7 +184,7 @@ def structured_from_pb(msg: pb.StructuredOutput, prefix: str = "") -> d.Structur
     )
 
 
-def _schema_from_pb(msg: pb.JsonSchema, where: str) -> dict[str, Any]:
+def _schema_from_pb(msg: pb.JsonSchema, where: str, max_json_bytes: int | None = None) -> dict[str, Any]:
     """The schema from schema_json (order and integers kept) or from the Struct."""
     has_struct = msg.HasField("schema")
     if msg.schema_json and has_struct:
@@ -187,6 +194,13 @@ def _schema_from_pb(msg: pb.JsonSchema, where: str) -> dict[str, Any]:
     if not msg.schema_json:
         raise InvalidArgument.field(
             f"{where}.schema", "is required (or schema_json)", reason="INVALID_SCHEMA"
+        )
+    if max_json_bytes is not None and len(msg.schema_json) > max_json_bytes:
+        raise InvalidArgument.field(
+            f"{where}.schema_json",
+            f"the schema's size in bytes is at least {len(msg.schema_json)}, over the limit of "
+            f"{max_json_bytes} (server.limits.max_constraint_bytes)",
+            reason="LIMIT_EXCEEDED",
         )
     try:
         schema = json.loads(msg.schema_json)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -13,12 +14,15 @@ from gengate_client._proto.gengate.v1 import generation_pb2_grpc
 
 from gengate.api import convert
 from gengate.api.status import abort, to_rpc_status
+from gengate.domain import GenerationRequest
 from gengate.errors import GengateError, Internal, brief
 from gengate.service import GenerationCore
 
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[object, object]
+# Requests larger than this (serialized) are converted and checked off the event loop.
+INLINE_REQUEST_BYTES = 64 * 1024
 
 
 def _deadline(context: Context, default_timeout_s: float | None) -> float | None:
@@ -41,11 +45,35 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         self.core = core
         self.default_timeout_s = default_timeout_s
 
+    async def _to_domain(
+        self, message: gpb.GenerateRequest, deadline: float | None, prefix: str = ""
+    ) -> GenerationRequest:
+        """Converts a request; a large one is converted and held to the limits in a thread, so
+        nothing that scales with the input runs on the event loop."""
+        if message.ByteSize() <= INLINE_REQUEST_BYTES:
+            return self._convert(message, deadline, prefix)
+        return await asyncio.to_thread(self._convert_and_check, message, deadline, prefix)
+
+    def _convert(
+        self, message: gpb.GenerateRequest, deadline: float | None, prefix: str
+    ) -> GenerationRequest:
+        return convert.request_from_pb(
+            message,
+            deadline=deadline,
+            prefix=prefix,
+            max_schema_json_bytes=self.core.limits.max_constraint_bytes,
+        )
+
+    def _convert_and_check(
+        self, message: gpb.GenerateRequest, deadline: float | None, prefix: str
+    ) -> GenerationRequest:
+        domain = self._convert(message, deadline, prefix)
+        self.core.check_limits(domain, prefix)
+        return domain
+
     async def Generate(self, request: gpb.GenerateRequest, context: Context) -> gpb.GenerateResponse:
         try:
-            domain_request = convert.request_from_pb(
-                request, deadline=_deadline(context, self.default_timeout_s)
-            )
+            domain_request = await self._to_domain(request, _deadline(context, self.default_timeout_s))
             result = await self.core.generate(domain_request)
             return convert.result_to_pb(result)
         except GengateError as exc:
@@ -58,8 +86,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         self, request: gpb.GenerateStreamRequest, context: Context
     ) -> AsyncIterator[gpb.GenerateStreamResponse]:
         try:
-            domain_request = convert.request_from_pb(
-                request.request, deadline=_deadline(context, self.default_timeout_s), prefix="request."
+            domain_request = await self._to_domain(
+                request.request, _deadline(context, self.default_timeout_s), "request."
             )
             try:
                 async for event in self.core.generate_stream(domain_request):
@@ -77,15 +105,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         try:
             self.core.check_batch_size(len(request.requests))
             deadline = _deadline(context, self.default_timeout_s)
-            items = []
-            failed: list[tuple[int, GengateError]] = []
-            for i, item in enumerate(request.requests):
-                try:
-                    items.append(
-                        (i, convert.request_from_pb(item, deadline=deadline, prefix=f"requests[{i}]."))
-                    )
-                except GengateError as bad_item:
-                    failed.append((i, bad_item))
+            if request.ByteSize() <= INLINE_REQUEST_BYTES:
+                items, failed = self._batch_items(request, deadline)
+            else:
+                items, failed = await asyncio.to_thread(self._batch_items, request, deadline)
             for i, item_error in failed:
                 yield gpb.BatchGenerateResponse(index=i, error=to_rpc_status(item_error))
             if not items:
@@ -104,6 +127,22 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             await abort(context, exc)
         except Exception as exc:
             await abort(context, _unexpected(exc))
+
+    def _batch_items(
+        self, request: gpb.BatchGenerateRequest, deadline: float | None
+    ) -> tuple[list[tuple[int, GenerationRequest]], list[tuple[int, GengateError]]]:
+        """Each item converted and held to the limits; the bad ones answer as their own item."""
+        items: list[tuple[int, GenerationRequest]] = []
+        failed: list[tuple[int, GengateError]] = []
+        for i, item in enumerate(request.requests):
+            prefix = f"requests[{i}]."
+            try:
+                domain = self._convert(item, deadline, prefix)
+                self.core.check_limits(domain, prefix)
+                items.append((i, domain))
+            except GengateError as bad_item:
+                failed.append((i, bad_item))
+        return items, failed
 
     async def ListModels(self, request: gpb.ListModelsRequest, context: Context) -> gpb.ListModelsResponse:
         return gpb.ListModelsResponse(models=[convert.model_info_to_pb(m) for m in self.core.list_models()])
