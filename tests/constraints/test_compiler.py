@@ -135,3 +135,51 @@ def test_schema_walks(compiler: ConstraintCompiler) -> None:
     structured = StructuredOutput(JsonSchemaConstraint(schema))
     assert _walk(compiler, structured, json.dumps({"n": 42}, separators=(",", ":")))
     assert not _walk(compiler, structured, json.dumps({"n": 501}, separators=(",", ":")))
+
+
+async def test_waiting_for_a_busy_pool_is_resource_exhausted_not_the_callers_fault(
+    ll_tokenizer: LLTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_lower = lowering.lower
+
+    def slow_lower(structured: StructuredOutput) -> lowering.LoweredConstraint:
+        time.sleep(0.6)
+        return real_lower(structured)
+
+    monkeypatch.setattr(lowering, "lower", slow_lower)
+    compiler = ConstraintCompiler(ll_tokenizer, "tiny", max_workers=1, timeout_s=5.0)
+    try:
+        busy = asyncio.create_task(compiler.compile(StructuredOutput(RegexConstraint("a+"))))
+        await asyncio.sleep(0.1)  # the one compile thread is taken
+        compiler.timeout_s = 0.2
+        with pytest.raises(errors.ResourceExhausted) as info:
+            await compiler.compile(StructuredOutput(RegexConstraint("b+")))
+        assert info.value.reason == "CONSTRAINT_COMPILERS_BUSY"
+        assert info.value.retry_after_s is not None
+        assert (await busy).grammar
+    finally:
+        compiler.close()
+    queueless = ConstraintCompiler(ll_tokenizer, "tiny", max_workers=1, max_queued=0, timeout_s=5.0)
+    try:
+        blocker = asyncio.create_task(queueless.compile(StructuredOutput(RegexConstraint("c+"))))
+        await asyncio.sleep(0.1)
+        with pytest.raises(errors.ResourceExhausted):  # no room to queue: refused at once
+            await queueless.compile(StructuredOutput(RegexConstraint("d+")))
+        assert (await blocker).grammar
+    finally:
+        queueless.close()
+
+
+async def test_library_failures_while_compiling_are_the_callers_input_error(
+    compiler: ConstraintCompiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(structured: StructuredOutput) -> lowering.LoweredConstraint:
+        raise ValueError(
+            "Exceeds the limit (4300 digits) for integer string conversion\n  internal state: ..."
+        )
+
+    monkeypatch.setattr(lowering, "lower", broken)
+    with pytest.raises(errors.InvalidArgument) as info:
+        await compiler.compile(StructuredOutput(RegexConstraint("e+")))
+    assert info.value.reason == "INVALID_CONSTRAINT"
+    assert "internal state" not in info.value.message and "4300 digits" in info.value.message

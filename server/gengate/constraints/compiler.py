@@ -90,6 +90,7 @@ class ConstraintCompiler:
         self._inflight: dict[tuple[str, str], asyncio.Future[CompiledConstraint]] = {}
         self._started: dict[tuple[str, str], float] = {}  # when each in-flight compile began running
         self.max_queued = max_queued
+        self._max_workers = max_workers
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gengate-compile")
 
     async def compile(self, structured: StructuredOutput) -> CompiledConstraint:
@@ -101,7 +102,7 @@ class ConstraintCompiler:
             return hit
         work = self._inflight.get(key)
         if work is None:
-            if len(self._inflight) - len(self._started) >= self.max_queued:
+            if len(self._inflight) >= self._max_workers + self.max_queued:  # running + queued
                 raise self._busy()
             self.stats.misses += 1
 

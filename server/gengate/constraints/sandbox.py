@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")
 TOO_COMPLEX = "CONSTRAINT_TOO_COMPLEX"
+# A checker says READY once its imports are done, so start-up time never counts against a check.
+READY = b"gengate-sandbox-ready\n"
+START_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -80,12 +83,18 @@ class ConstraintSandbox:
     def __init__(self, limits: RequestLimits, *, cache_size: int = 1024) -> None:
         self.limits = limits
         self._idle: list[_Checker] = []
+        self._busy: set[_Checker] = set()
         self._started = 0
         self._free = asyncio.Condition()
         self._pending = 0
         self._verdicts: LruCache[str, Verdict] = LruCache(cache_size)
         self.checks_run = 0
         self.killed = 0
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the running checkers (busy or idle)."""
+        return [c.process.pid for c in self._busy | set(self._idle)]
 
     async def check(self, structured: StructuredOutput, *, trial_compile: bool) -> None:
         """Raises the caller's error (InvalidArgument/Unimplemented) when the constraint is refused,
@@ -154,10 +163,14 @@ class ConstraintSandbox:
             while not self._idle and self._started >= self.limits.constraint_checkers:
                 await self._free.wait()
             if self._idle:
-                return self._idle.pop()
+                checker = self._idle.pop()
+                self._busy.add(checker)
+                return checker
             self._started += 1
         try:
-            return await self._spawn()
+            checker = await self._spawn()
+            self._busy.add(checker)
+            return checker
         except BaseException:
             async with self._free:
                 self._started -= 1
@@ -165,11 +178,13 @@ class ConstraintSandbox:
             raise
 
     async def _release(self, checker: _Checker) -> None:
+        self._busy.discard(checker)
         async with self._free:
             self._idle.append(checker)
             self._free.notify()
 
     async def _discard(self, checker: _Checker) -> None:
+        self._busy.discard(checker)
         await checker.kill()
         async with self._free:
             self._started -= 1
@@ -187,12 +202,23 @@ class ConstraintSandbox:
             start_new_session=True,
             limit=2**26,
         )
-        return _Checker(process)
+        checker = _Checker(process)
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                ready = await checker.stdout.readexactly(len(READY))
+        except (TimeoutError, asyncio.IncompleteReadError):
+            ready = b""
+        if ready != READY:  # the server's own trouble (no memory, a broken install): never the caller's
+            await checker.kill()
+            raise errors.Unavailable(
+                "could not start a constraint checker process", reason="CONSTRAINT_CHECKER_UNAVAILABLE"
+            )
+        return checker
 
     async def aclose(self) -> None:
         async with self._free:
             idle, self._idle = self._idle, []
-        for checker in idle:
+        for checker in idle + list(self._busy):
             await checker.kill()
 
 
@@ -255,6 +281,14 @@ def _trial_compile(structured: StructuredOutput) -> None:
         )
 
 
+def sandbox_warmup() -> None:
+    """Imports and builds once what every check needs (before READY, not inside a check's budget)."""
+    from gengate.constraints import syntax  # noqa: F401
+    from gengate.constraints.validation import byte_tokenizer
+
+    byte_tokenizer()
+
+
 def serve(memory_mb: int) -> None:
     """Answers checks from stdin on stdout until stdin closes."""
     limit = memory_mb * 1024 * 1024
@@ -263,7 +297,9 @@ def serve(memory_mb: int) -> None:
     stdin = sys.stdin.buffer
     stdout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr  # nothing else may write into the answer pipe
-    from gengate.constraints import syntax  # noqa: F401  (import once, before the first check)
+    sandbox_warmup()
+    stdout.write(READY)
+    stdout.flush()
 
     while True:
         header = stdin.read(_HEADER.size)

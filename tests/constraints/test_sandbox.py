@@ -1,0 +1,136 @@
+"""The constraint sandbox: a crash or a bomb costs the request that sent it, a check over its
+budget is killed (its process stops consuming CPU), a busy pool says RESOURCE_EXHAUSTED, and
+verdicts are cached."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+from gengate import errors
+from gengate.constraints.sandbox import ConstraintSandbox, judge
+from gengate.domain import (
+    ChoiceConstraint,
+    GrammarConstraint,
+    GrammarSyntax,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    StructuredOutput,
+)
+from gengate.limits import RequestLimits
+
+
+def chain(rules: int) -> StructuredOutput:
+    """A Lark chain of rules: ~3,000 overflow llguidance's stack (SIGSEGV) when compiled."""
+    text = "start: r0\n" + "".join(f"r{i}: r{i + 1}\n" for i in range(rules)) + f'r{rules}: "x"\n'
+    return StructuredOutput(GrammarConstraint(GrammarSyntax.LARK, text))
+
+
+def slow_choices(count: int, tag: str) -> StructuredOutput:
+    """Many long choices: seconds to compile (the grammar engine's work grows with the list)."""
+    return StructuredOutput(ChoiceConstraint(tuple(f"{tag} choice number {i} " * 4 for i in range(count))))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[ConstraintSandbox]:
+    box = ConstraintSandbox(RequestLimits(constraint_check_timeout_s=60))
+    yield box
+    await box.aclose()
+
+
+async def test_a_good_constraint_passes_and_its_verdict_is_cached(sandbox: ConstraintSandbox) -> None:
+    good = StructuredOutput(RegexConstraint(r"[0-9]{3}-[a-z]+"))
+    await sandbox.check(good, trial_compile=True)
+    await sandbox.check(good, trial_compile=True)
+    assert sandbox.checks_run == 1
+
+
+async def test_a_refusal_names_the_field_and_is_cached(sandbox: ConstraintSandbox) -> None:
+    for _ in range(2):
+        with pytest.raises(errors.InvalidArgument) as caught:
+            await sandbox.check(StructuredOutput(JsonSchemaConstraint({"type": 5})), trial_compile=True)
+        assert caught.value.reason == "INVALID_SCHEMA"
+        assert caught.value.violations[0].field == "structured_output.json_schema.schema"
+    assert sandbox.checks_run == 1
+
+
+async def test_a_constraint_that_crashes_the_grammar_engine_costs_only_its_check(
+    sandbox: ConstraintSandbox,
+) -> None:
+    await sandbox.check(StructuredOutput(RegexConstraint("a+")), trial_compile=True)
+    before = set(sandbox.pids)
+    with pytest.raises(errors.InvalidArgument) as caught:
+        await sandbox.check(chain(5000), trial_compile=True)
+    assert caught.value.reason == "CONSTRAINT_TOO_COMPLEX"
+    assert "stack or memory" in caught.value.message
+    assert sandbox.killed == 1
+    # the crashed checker was replaced; the pool answers the next check
+    await sandbox.check(StructuredOutput(RegexConstraint("b+")), trial_compile=True)
+    assert set(sandbox.pids) != before or len(before) > 1
+
+
+async def test_a_check_over_its_budget_is_killed_and_stops_consuming_cpu() -> None:
+    box = ConstraintSandbox(RequestLimits(constraint_check_timeout_s=0.3, max_choices=100_000))
+    try:
+        await box.check(StructuredOutput(RegexConstraint("warm")), trial_compile=True)  # spawn first
+        [pid] = box.pids
+        with pytest.raises(errors.InvalidArgument) as caught:
+            await box.check(slow_choices(60_000, "budget"), trial_compile=True)
+        assert caught.value.reason == "CONSTRAINT_TOO_COMPLEX"
+        assert "took over 0.3 s" in caught.value.message
+        assert box.killed == 1 and not alive(pid)
+    finally:
+        await box.aclose()
+
+
+async def test_a_full_pool_answers_resource_exhausted_with_retry_info() -> None:
+    box = ConstraintSandbox(
+        RequestLimits(
+            constraint_checkers=1,
+            max_pending_constraint_checks=0,
+            constraint_check_timeout_s=60,
+            max_choices=100_000,
+        )
+    )
+    try:
+        slow = asyncio.create_task(box.check(slow_choices(60_000, "busy"), trial_compile=True))
+        while box.checks_run == 0:  # the slow check holds the only checker
+            await asyncio.sleep(0.01)
+        with pytest.raises(errors.ResourceExhausted) as caught:
+            await box.check(StructuredOutput(RegexConstraint("x")), trial_compile=True)
+        assert caught.value.reason == "CONSTRAINT_CHECKERS_BUSY"
+        assert caught.value.retry_after_s is not None and caught.value.retry_after_s > 0
+        slow.cancel()
+        await asyncio.gather(slow, return_exceptions=True)
+        # a cancelled check's process is discarded, and the pool serves again
+        await box.check(StructuredOutput(RegexConstraint("y")), trial_compile=True)
+    finally:
+        await box.aclose()
+
+
+def test_judge_turns_library_failures_into_short_caller_errors() -> None:
+    """In-process: every outcome of judging is a verdict, never an exception."""
+    cases = [
+        StructuredOutput(JsonSchemaConstraint({"$ref": "#"})),
+        StructuredOutput(JsonSchemaConstraint({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})),
+        StructuredOutput(GrammarConstraint(GrammarSyntax.LARK, "start: start")),
+        StructuredOutput(GrammarConstraint(GrammarSyntax.GBNF, "root ::= ((( [ \\")),
+        StructuredOutput(RegexConstraint("(" * 1000 + "a" + ")" * 1000)),
+        StructuredOutput(RegexConstraint("(?<=a)b")),
+    ]
+    for structured in cases:
+        verdict = judge(structured, True)
+        assert verdict.error is not None, structured
+        code, reason, field, description = verdict.error
+        assert code == "INVALID_ARGUMENT" and reason and field.startswith("structured_output.")
+        assert len(description) <= 400 and "Traceback" not in description
