@@ -181,6 +181,9 @@ class GenerationRequest:
     request_id: str = ""
     # Absolute time.monotonic() by which the caller needs the answer (from the gRPC deadline).
     deadline: float | None = None
+    # The request's size as received (serialized bytes; 0 when unknown): a large one is checked
+    # off the event loop.
+    wire_bytes: int = field(default=0, compare=False)
 
     def time_left(self) -> float | None:
         """Seconds until the caller's deadline, or None when there is none."""

@@ -9,7 +9,7 @@ over a limit is refused with INVALID_ARGUMENT naming the field, the limit and it
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from gengate.domain import (
     ChoiceConstraint,
     GenerationRequest,
     GrammarConstraint,
+    GrammarSyntax,
     JsonSchemaConstraint,
     RegexConstraint,
     TextPart,
@@ -62,8 +63,10 @@ class RequestLimits(BaseModel):
 
 
 def over_limit(field: str, what: str, value: int, name: str, limit: int) -> FieldViolation:
-    """The violation for `what` (measured as `value`) over `server.limits.<name>`."""
-    return FieldViolation(field, f"{what} is {value}, over the limit of {limit} (server.limits.{name})")
+    """The violation for `what` (measured as `value`) over `server.limits.<name>`. A size known
+    only from below (a text's length in characters, not encoded) is `at least` that value."""
+    measured = f"is at least {int(value)}" if isinstance(value, AtLeast) else f"is {value}"
+    return FieldViolation(field, f"{what} {measured}, over the limit of {limit} (server.limits.{name})")
 
 
 def request_violations(
@@ -90,11 +93,14 @@ def request_violations(
                     limits.max_messages,
                 )
             )
-        size = sum(
-            text_bytes(part.text, limits.max_prompt_bytes)
-            for message in request.messages
-            for part in message.content
-            if isinstance(part, TextPart)
+        size = texts_bytes(
+            (
+                part.text
+                for message in request.messages
+                for part in message.content
+                if isinstance(part, TextPart)
+            ),
+            limits.max_prompt_bytes,
         )
         if size > limits.max_prompt_bytes:
             out.append(
@@ -134,12 +140,26 @@ def request_violations(
     return [FieldViolation(prefix + v.field, v.description) for v in out] if prefix else out
 
 
+class AtLeast(int):
+    """A size known only from below: over its limit by the text's length alone."""
+
+
 def text_bytes(text: str, limit: int) -> int:
     """UTF-8 size of `text`, encoding it only when its length alone cannot tell against `limit`
-    (encoding 45 MB is one long C call that holds the event loop)."""
-    if len(text) > limit or 4 * len(text) <= limit:
-        return len(text)
-    return len(text.encode("utf-8", "surrogatepass"))
+    (encoding 45 MB is one long C call that holds the event loop): past the limit by length, the
+    answer is AtLeast(length)."""
+    return texts_bytes((text,), limit)
+
+
+def texts_bytes(texts: Iterable[str], limit: int) -> int:
+    """The UTF-8 size of several texts together, measured as text_bytes measures one."""
+    texts = tuple(texts)
+    length = sum(len(t) for t in texts)
+    if length > limit:
+        return AtLeast(length)
+    if 4 * length <= limit:
+        return length  # within the limit whatever the characters; the exact size is not needed
+    return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
 
 
 def constraint_violations(constraint: object, limits: RequestLimits) -> list[FieldViolation]:
@@ -155,7 +175,7 @@ def constraint_violations(constraint: object, limits: RequestLimits) -> list[Fie
         count = len(constraint.choices)
         if count > limits.max_choices:
             return [over_limit(field, "the number of choices", count, "max_choices", limits.max_choices)]
-        size = sum(text_bytes(c, limits.max_constraint_bytes) for c in constraint.choices)
+        size = texts_bytes(constraint.choices, limits.max_constraint_bytes)
         if size > limits.max_constraint_bytes:
             return [
                 over_limit(
@@ -180,7 +200,7 @@ def constraint_violations(constraint: object, limits: RequestLimits) -> list[Fie
                     limits.max_constraint_bytes,
                 )
             ]
-        body, regexes = grammar_parts(constraint.definition)
+        body, regexes = grammar_parts(constraint.definition, lark=constraint.syntax is GrammarSyntax.LARK)
         for pattern in regexes:
             found = _regex_violations(field, pattern, limits, check_bytes=False)
             if found:
@@ -215,31 +235,33 @@ _RULE_START = re.compile(
 _LARK_REPEAT = re.compile(r"~[ \t]*([0-9]{1,9})(?:[ \t]*\.\.[ \t]*([0-9]{1,9}))?")
 
 
-# One token of a grammar for grammar_parts: a string literal, a comment, a regex terminal, or a
-# run of anything else.
-_GRAMMAR_TOKEN = re.compile(
-    r"(?P<string>\"(?:[^\"\\\n]|\\.)*\"?|'(?:[^'\\\n]|\\.)*'?)"
-    r"|(?P<comment>//[^\n]*)"
-    r"|(?P<regex>/(?:[^/\\\n]|\\.)+/)"
-    r"|(?P<other>[^\"'/]+|/)",
-    re.S,
+# One token of a grammar for grammar_parts: a string literal, a comment, a regex terminal (Lark),
+# a character class (GBNF/EBNF: `[^"]` holds no string), or a run of anything else.
+_STRING = r"(?P<string>\"(?:[^\"\\\n]|\\.)*\"?|'(?:[^'\\\n]|\\.)*'?)"
+_LARK_TOKEN = re.compile(
+    _STRING + r"|(?P<comment>//[^\n]*)|(?P<regex>/(?:[^/\\\n]|\\.)+/)|(?P<other>[^\"'/]+|/)", re.S
+)
+_GBNF_TOKEN = re.compile(
+    r"(?P<cls>\[(?:[^\]\\\n]|\\.)*\]?)|" + _STRING + r"|(?P<comment>#[^\n]*)|(?P<other>[^\"'\[#]+)", re.S
 )
 
 
-def grammar_parts(definition: str) -> tuple[str, list[str]]:
-    """The grammar's rule text (each string literal and regex terminal as one `x`; Lark's `~ m..n`
-    as `{m,n}`) and its regex terminals (`/.../` in Lark), in one pass, for the expansion limit."""
+def grammar_parts(definition: str, *, lark: bool = True) -> tuple[str, list[str]]:
+    """The grammar's rule text and its regex terminals (`/.../` in Lark), in one pass, for the
+    expansion limit. In the rule text each string literal, regex terminal and character class is
+    one `x`, Lark's `~ m..n` is `{m,n}`, and Lark's optional `[...]` a group `(...)`."""
     body: list[str] = []
     regexes: list[str] = []
-    for token in _GRAMMAR_TOKEN.finditer(definition):
+    for token in (_LARK_TOKEN if lark else _GBNF_TOKEN).finditer(definition):
         kind = token.lastgroup
-        if kind == "string":
+        if kind in ("string", "cls"):
             body.append("x")
         elif kind == "regex":
             regexes.append(token.group()[1:-1])
             body.append("x")
         elif kind == "other":
-            body.append(token.group())
+            text = token.group()
+            body.append(text.replace("[", "(").replace("]", ")") if lark else text)
     text = _LARK_REPEAT.sub(
         lambda m: "{" + m.group(1) + ("," + m.group(2) if m.group(2) else "") + "}", "".join(body)
     )
@@ -325,6 +347,10 @@ def json_depth(value: Any) -> int:
     return json_shape(value).depth
 
 
+# Keywords whose values are data, not schemas: a `pattern` key inside them is not a regex.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+
+
 def schema_patterns(schema: Any) -> Iterator[tuple[str, str]]:
     """(JSON pointer, regex) for every `pattern` value and `patternProperties` key, anywhere."""
     pending: list[tuple[Any, str]] = [(schema, "")]
@@ -338,9 +364,14 @@ def schema_patterns(schema: Any) -> Iterator[tuple[str, str]]:
             if isinstance(props, dict):
                 for key in props:
                     yield f"{path}/patternProperties", key
-            pending.extend((v, f"{path}/{k}") for k, v in node.items())
+            pending.extend((v, f"{path}/{_pointer(k)}") for k, v in node.items() if k not in _DATA_KEYWORDS)
         elif isinstance(node, list):
             pending.extend((v, f"{path}/{i}") for i, v in enumerate(node))
+
+
+def _pointer(key: str) -> str:
+    """A key as a JSON Pointer reference token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _regex_violations(

@@ -34,12 +34,24 @@ from gengate.domain import (
     StructuredOutput,
     Timings,
 )
-from gengate.errors import Aborted, DeadlineExceeded, GengateError, Internal, InvalidArgument
-from gengate.limits import LIMIT_REASON, RequestLimits, request_violations
+from gengate.errors import (
+    Aborted,
+    DeadlineExceeded,
+    GengateError,
+    Internal,
+    InvalidArgument,
+    ResourceExhausted,
+)
+from gengate.limits import LIMIT_REASON, RequestLimits
 from gengate.router import Route, Router
 from gengate.telemetry import backend_span
 
 log = logging.getLogger(__name__)
+# An output nested past what the validator can walk: not shown valid, so never a success, but
+# not proof of an engine fault either (ABORTED, not INTERNAL).
+_TOO_DEEP = "nested too deeply to validate"
+# Requests larger than this (serialized) are converted and checked off the event loop.
+INLINE_REQUEST_BYTES = 64 * 1024
 _JSON_KINDS = frozenset({ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT})
 
 # Outcome of one batch item: the result, or the error that ended it.
@@ -68,18 +80,26 @@ class GenerationCore:
         return self.router.models()
 
     async def _prepare(self, request: GenerationRequest) -> tuple[Route, GenerationRequest]:
-        """Routes and checks the request: limits and capabilities here, the constraint's content in
-        the sandbox (off the event loop, a crash or a bomb costing this request only)."""
+        """Routes and checks the request: limits and capabilities here (in a thread when the request
+        is large), the constraint's content in the sandbox (a crash or a bomb costs this request only)."""
         route = self.router.route(request.model)
-        request_id = None if request.request_id else uuid.uuid4().hex
-        caps = route.backend.capabilities
-        request = prepare(request, caps, request_id=request_id, limits=self.limits)
+        large = request.wire_bytes > INLINE_REQUEST_BYTES
+        if large:
+            request = await asyncio.to_thread(self._checked, route, request)
+        else:
+            request = self._checked(route, request)
         structured = request.structured_output
         if structured is not None:
             kind = structured.constraint.kind
-            native_json = caps.constraints.get(kind) is Enforcement.NATIVE and kind in _JSON_KINDS
-            await self.sandbox.check(structured, trial_compile=not native_json)
+            native_json = (
+                route.backend.capabilities.constraints.get(kind) is Enforcement.NATIVE and kind in _JSON_KINDS
+            )
+            await self.sandbox.check(structured, trial_compile=not native_json, off_loop=large)
         return route, request
+
+    def _checked(self, route: Route, request: GenerationRequest) -> GenerationRequest:
+        request_id = None if request.request_id else uuid.uuid4().hex
+        return prepare(request, route.backend.capabilities, request_id=request_id, limits=self.limits)
 
     async def aclose(self) -> None:
         await self.sandbox.aclose()
@@ -135,15 +155,6 @@ class GenerationCore:
                 finally:
                     await aclose_stream(stream)
 
-    def check_limits(self, request: GenerationRequest, prefix: str = "") -> None:
-        """Raises InvalidArgument (LIMIT_EXCEEDED) when the request is over a server.limits bound;
-        field paths under `prefix` (the path of the request inside the RPC's message)."""
-        over = request_violations(request, self.limits, prefix)
-        if over:
-            raise InvalidArgument(
-                "; ".join(f"{v.field}: {v.description}" for v in over), reason=LIMIT_REASON, violations=over
-            )
-
     def check_batch_size(self, count: int) -> None:
         """Refuses a batch over max_batch_items, before any item is converted or checked."""
         if count > self.max_batch_items:
@@ -170,7 +181,7 @@ class GenerationCore:
         done: asyncio.Queue[BatchItem] = asyncio.Queue()
 
         async def run(index: int, request: GenerationRequest) -> None:
-            async with gate, per_model[request.model]:
+            async with per_model[request.model], gate:  # a saturated model holds no batch-wide slot
                 try:
                     outcome: GenerationResult | GengateError = await self.generate(
                         request, queue_bounded=False
@@ -224,12 +235,27 @@ class OutputValidator:
             return
         from gengate.constraints import validate_output
 
+        started: list[float] = []
+
+        def validate() -> str | None:
+            started.append(time.monotonic())
+            try:
+                return validate_output(structured, generation.text)
+            except RecursionError:
+                return _TOO_DEEP
+
         loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self._executor, validate_output, structured, generation.text)
+        work = loop.run_in_executor(self._executor, validate)
         kind = structured.constraint.kind.value
         try:
-            problem = await asyncio.wait_for(work, self.timeout_s)
+            problem = await asyncio.wait_for(asyncio.shield(work), self.timeout_s)
         except TimeoutError:
+            if not started or time.monotonic() - started[0] < self.timeout_s / 2:
+                raise ResourceExhausted(
+                    "the output validators are busy; try again shortly",
+                    reason="VALIDATORS_BUSY",
+                    retry_after_s=1.0,
+                ) from None
             raise Aborted(
                 f"generation {generation.index}: validating it against the {kind} constraint took over "
                 f"{self.timeout_s:g} s",
@@ -239,7 +265,7 @@ class OutputValidator:
         if problem is None:
             return
         detail = f"generation {generation.index} does not satisfy the {kind} constraint: {problem}"
-        if enforcement in ("engine", "native"):
+        if enforcement in ("engine", "native") and problem != _TOO_DEEP:
             raise Internal(detail, reason="CONSTRAINT_VIOLATED", metadata={"enforcement": enforcement})
         raise Aborted(detail, reason="VALIDATION_FAILED", metadata={"enforcement": enforcement})
 
@@ -260,16 +286,18 @@ async def _with_deadline(
     starts the call, as with wait_for(timeout=0).
     """
     left = request.time_left()
+    if left is None:
+        return await awaitable
+    if left <= 0:
+        awaitable.close()
+        raise DeadlineExceeded(_DEADLINE_PASSED)
     try:
-        if left is None:
-            return await awaitable
-        if left <= 0:
-            awaitable.close()
-            raise TimeoutError
-        async with asyncio.timeout(left):
+        async with asyncio.timeout(left) as scope:
             return await awaitable
     except TimeoutError as exc:
-        raise DeadlineExceeded(_DEADLINE_PASSED) from exc
+        if scope.expired():
+            raise DeadlineExceeded(_DEADLINE_PASSED) from exc
+        raise
 
 
 async def _iter_with_deadline(

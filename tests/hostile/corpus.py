@@ -27,6 +27,8 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 LIMIT = "LIMIT_EXCEEDED"
 # The text `validated` answers: 27 a's then "!" (the backtracking probe's worst case).
 VALIDATED_TEXT = "a" * 27 + "!"
+# What `deep` answers: a JSON object nested 50,000 deep (past any recursive validator).
+DEEP_TEXT = '{"a":' * 50_000 + "1" + "}" * 50_000
 
 SERVER_CONFIG: dict[str, Any] = {
     "models": [
@@ -42,6 +44,12 @@ SERVER_CONFIG: dict[str, Any] = {
                 "choice": "validated",
                 "grammar": "validated",
             },
+        },
+        {
+            "name": "deep",
+            "backend": "scripted",
+            "text": DEEP_TEXT,
+            "constraints": {"json_object": "engine", "json_schema": "native"},
         },
     ]
 }
@@ -293,6 +301,28 @@ CASES: list[Case] = [
     Case(
         "validated choice not matching",
         lambda: choices(["yes", "no"], model="validated"),
+        grpc.StatusCode.ABORTED,
+        "VALIDATION_FAILED",
+    ),
+    Case(
+        "validated unevaluatedProperties with patternProperties (re backtracking in jsonschema)",
+        lambda: schema(
+            {"type": "object", "patternProperties": {"^(a+)+$": {}}, "unevaluatedProperties": False},
+            model="validated",
+        ),
+        INVALID,
+        "UNSUPPORTED_SCHEMA",
+        SCHEMA_FIELD,
+    ),
+    Case(
+        "output nested 50,000 deep under json_object (RecursionError in validation)",
+        lambda: req("deep", structured_output=t.StructuredOutput(json_object=t.JsonObject())),
+        grpc.StatusCode.ABORTED,
+        "VALIDATION_FAILED",
+    ),
+    Case(
+        "output nested 50,000 deep under a native schema",
+        lambda: schema({"type": "object"}, model="deep"),
         grpc.StatusCode.ABORTED,
         "VALIDATION_FAILED",
     ),
@@ -587,6 +617,23 @@ CASES: list[Case] = [
     Case("model name 1 MB", lambda: req(model="m" * 1_000_000), grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
     Case("model name with newlines and NUL", lambda: req(model="a\nb\x00c" * 100), grpc.StatusCode.NOT_FOUND),
     Case("model empty", lambda: req(model=""), INVALID, None, "model"),
+    Case(
+        "model name of 4,000 emoji",
+        lambda: req(model="🙂" * 4000),
+        grpc.StatusCode.NOT_FOUND,
+        "MODEL_NOT_FOUND",
+    ),
+    Case(
+        "20 unknown non-ASCII option keys (bytes, not characters, fill trailers)",
+        lambda: with_field(
+            req(),
+            lambda m: [
+                m.backend_options["ключ" * 16 + str(i)].CopyFrom(t.BackendOptionValue(int_value=1))
+                for i in range(20)
+            ],
+        ),
+        INVALID,
+    ),
     Case(
         "backend option key 4 KB",
         lambda: with_field(req(), lambda m: m.backend_options["k" * 4096].string_value.__class__),

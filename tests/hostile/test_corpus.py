@@ -5,7 +5,9 @@ after each case."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -108,12 +110,20 @@ def _details(error: grpc.aio.AioRpcError) -> tuple[str, list[str]]:
     return reason, fields
 
 
+def wire_trailer_bytes(error: grpc.aio.AioRpcError) -> int:
+    """The trailers' size as sent: grpc-message percent-encoded, binary values base64-encoded."""
+    size = len("grpc-message") + len(urllib.parse.quote((error.details() or "").encode("utf-8"), safe=" "))
+    for key, value in error.trailing_metadata() or ():
+        data = value if isinstance(value, bytes) else str(value).encode()
+        size += len(key) + (len(base64.b64encode(data)) if key.endswith("-bin") else len(data))
+    return size
+
+
 def _check_error_shape(error: grpc.aio.AioRpcError, case: Case) -> None:
-    trailers = error.trailing_metadata() or ()
-    size = sum(len(k) + len(v) for k, v in trailers)
+    size = wire_trailer_bytes(error)
     assert size < MAX_TRAILER_BYTES, f"{case.name}: trailers of {size} bytes"
     message = error.details() or ""
-    assert len(message) <= 1024, f"{case.name}: a {len(message)}-character message"
+    assert len(message.encode()) <= 1024, f"{case.name}: a {len(message)}-character message"
     assert "Traceback" not in message and 'File "' not in message
     reason, fields = _details(error)
     assert reason, f"{case.name}: no ErrorInfo reason"

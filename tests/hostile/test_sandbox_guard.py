@@ -73,4 +73,4 @@ async def test_engine_crashing_constraints_cost_only_their_caller(server: Runnin
         ok = await stub.Generate(lark('start: "yes" | "no"'), timeout=60)
         assert ok.generations[0].text in ("yes", "no")
     assert getattr(tiny, "restarts", 0) == 0 and getattr(tiny, "pid", None) == pid
-    assert server.core is not None and server.core.sandbox.killed == 2
+    assert server.core is not None and server.core.sandbox.killed == 4  # each tried twice

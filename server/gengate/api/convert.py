@@ -100,6 +100,7 @@ def request_from_pb(
         },
         request_id=msg.request_id,
         deadline=deadline,
+        wire_bytes=msg.ByteSize(),
     )
 
 

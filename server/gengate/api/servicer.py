@@ -16,13 +16,11 @@ from gengate.api import convert
 from gengate.api.status import abort, to_rpc_status
 from gengate.domain import GenerationRequest
 from gengate.errors import GengateError, Internal, brief
-from gengate.service import GenerationCore
+from gengate.service import INLINE_REQUEST_BYTES, GenerationCore
 
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[object, object]
-# Requests larger than this (serialized) are converted and checked off the event loop.
-INLINE_REQUEST_BYTES = 64 * 1024
 
 
 def _deadline(context: Context, default_timeout_s: float | None) -> float | None:
@@ -48,11 +46,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     async def _to_domain(
         self, message: gpb.GenerateRequest, deadline: float | None, prefix: str = ""
     ) -> GenerationRequest:
-        """Converts a request; a large one is converted and held to the limits in a thread, so
-        nothing that scales with the input runs on the event loop."""
+        """Converts a request; a large one in a thread, so nothing that scales with the input runs
+        on the event loop (the core checks it off the loop too: GenerationRequest.wire_bytes)."""
         if message.ByteSize() <= INLINE_REQUEST_BYTES:
             return self._convert(message, deadline, prefix)
-        return await asyncio.to_thread(self._convert_and_check, message, deadline, prefix)
+        return await asyncio.to_thread(self._convert, message, deadline, prefix)
 
     def _convert(
         self, message: gpb.GenerateRequest, deadline: float | None, prefix: str
@@ -63,13 +61,6 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             prefix=prefix,
             max_schema_json_bytes=self.core.limits.max_constraint_bytes,
         )
-
-    def _convert_and_check(
-        self, message: gpb.GenerateRequest, deadline: float | None, prefix: str
-    ) -> GenerationRequest:
-        domain = self._convert(message, deadline, prefix)
-        self.core.check_limits(domain, prefix)
-        return domain
 
     async def Generate(self, request: gpb.GenerateRequest, context: Context) -> gpb.GenerateResponse:
         try:
@@ -131,15 +122,13 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     def _batch_items(
         self, request: gpb.BatchGenerateRequest, deadline: float | None
     ) -> tuple[list[tuple[int, GenerationRequest]], list[tuple[int, GengateError]]]:
-        """Each item converted and held to the limits; the bad ones answer as their own item."""
+        """Each item converted; the ones that cannot be answer as their own item."""
         items: list[tuple[int, GenerationRequest]] = []
         failed: list[tuple[int, GengateError]] = []
         for i, item in enumerate(request.requests):
             prefix = f"requests[{i}]."
             try:
-                domain = self._convert(item, deadline, prefix)
-                self.core.check_limits(domain, prefix)
-                items.append((i, domain))
+                items.append((i, self._convert(item, deadline, prefix)))
             except GengateError as bad_item:
                 failed.append((i, bad_item))
         return items, failed

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from llguidance import LLMatcher, LLTokenizer
@@ -54,12 +55,19 @@ class CompilerStats:
 
 
 def constraint_key(structured: StructuredOutput) -> str:
-    """Canonical text of a structured-output request (constraint and options), for cache keys."""
+    """Canonical text of a structured-output request (constraint and options), for cache keys.
+
+    Key order is kept (a schema's property order is the order it is generated in), and nothing is
+    copied on the way (dataclasses.asdict would deep-copy a large schema first).
+    """
+    c = structured.constraint
+    fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+    payload = [fields, structured.whitespace, structured.additional_properties]
 
     def default(value: Any) -> Any:
         return sorted(value) if isinstance(value, frozenset | set) else str(value)
 
-    return json.dumps(asdict(structured), sort_keys=True, default=default, ensure_ascii=False)
+    return json.dumps(payload, default=default, ensure_ascii=False)
 
 
 class ConstraintCompiler:

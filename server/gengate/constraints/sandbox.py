@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 import os
 import pickle
 import resource
 import struct
 import sys
+import time
 from dataclasses import dataclass
 
 from gengate import errors
@@ -33,6 +36,10 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")
 TOO_COMPLEX = "CONSTRAINT_TOO_COMPLEX"
+_TOO_COMPLEX = "the constraint is too complex"
+_TIMED_OUT = "took over"
+# How long a timed-out verdict is remembered (a timeout can be load, not the constraint).
+TIMEOUT_MEMORY_S = 60.0
 # A checker says READY once its imports are done, so start-up time never counts against a check.
 READY = b"gengate-sandbox-ready\n"
 START_TIMEOUT_S = 60.0
@@ -52,6 +59,18 @@ class Verdict:
         raise cls(
             f"{field}: {description}", reason=reason, violations=[errors.FieldViolation(field, description)]
         )
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.error).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Verdict:
+        """Parses a child's answer as plain data (never unpickled: the child runs hostile input)."""
+        value = json.loads(data)
+        if value is None:
+            return cls()
+        code, reason, field, description = (str(v)[:1000] for v in value)
+        return cls((code, reason, field, description))
 
 
 class _Checker:
@@ -77,6 +96,10 @@ class _Checker:
             await self.process.wait()
 
 
+class _Crashed(Exception):
+    """The checker process ended during a check (a crash, out of memory, or killed from outside)."""
+
+
 class ConstraintSandbox:
     """A pool of sandbox processes that judge constraints (started lazily, replaced when killed)."""
 
@@ -87,28 +110,57 @@ class ConstraintSandbox:
         self._started = 0
         self._free = asyncio.Condition()
         self._pending = 0
-        self._verdicts: LruCache[str, Verdict] = LruCache(cache_size)
+        # Verdicts with the time.monotonic() they expire (inf: a definite answer).
+        self._verdicts: LruCache[str, tuple[Verdict, float]] = LruCache(cache_size)
+        self._inflight: dict[str, asyncio.Future[Verdict]] = {}
         self.checks_run = 0
         self.killed = 0
+
+    @property
+    def pending(self) -> int:
+        """Checks running or waiting for a checker."""
+        return self._pending
 
     @property
     def pids(self) -> list[int]:
         """Process ids of the running checkers (busy or idle)."""
         return [c.process.pid for c in self._busy | set(self._idle)]
 
-    async def check(self, structured: StructuredOutput, *, trial_compile: bool) -> None:
+    async def check(
+        self, structured: StructuredOutput, *, trial_compile: bool, off_loop: bool = False
+    ) -> None:
         """Raises the caller's error (InvalidArgument/Unimplemented) when the constraint is refused,
-        ResourceExhausted when every checker is busy and the queue is full."""
-        from gengate.constraints.compiler import constraint_key
+        ResourceExhausted when every checker is busy and the queue is full.
 
-        key = f"{int(trial_compile)}:{constraint_key(structured)}"
-        verdict = self._verdicts.get(key)
-        if verdict is None:
-            verdict = await self._run(structured, trial_compile)
-            self._verdicts.put(key, verdict)
+        `off_loop`: the constraint is large; its cache key and payload are made in a thread.
+        Identical checks in flight at once share one run.
+        """
+        if off_loop:
+            key, payload = await asyncio.to_thread(_job, structured, trial_compile)
+        else:
+            key, payload = _job(structured, trial_compile)
+        cached = self._verdicts.get(key)
+        if cached is not None and cached[1] > time.monotonic():
+            cached[0].raise_if_refused()
+            return
+        work = self._inflight.get(key)
+        if work is None:
+            work = asyncio.ensure_future(self._run(payload, field_of(structured.constraint.kind)))
+            self._inflight[key] = work
+            work.add_done_callback(lambda done: self._finished(key, done))
+        verdict = await asyncio.shield(work)
         verdict.raise_if_refused()
 
-    async def _run(self, structured: StructuredOutput, trial_compile: bool) -> Verdict:
+    def _finished(self, key: str, done: asyncio.Future[Verdict]) -> None:
+        self._inflight.pop(key, None)
+        if done.cancelled() or done.exception() is not None:
+            return
+        verdict = done.result()
+        timed_out = verdict.error is not None and verdict.error[3].endswith(_TIMED_OUT)
+        # A timeout may be the machine's load rather than the constraint: remembered briefly only.
+        self._verdicts.put(key, (verdict, time.monotonic() + TIMEOUT_MEMORY_S if timed_out else math.inf))
+
+    async def _run(self, payload: bytes, field: str) -> Verdict:
         if self._pending >= self.limits.max_pending_constraint_checks + self.limits.constraint_checkers:
             raise errors.ResourceExhausted(
                 "every constraint checker is busy and the queue is full; try again shortly",
@@ -117,46 +169,55 @@ class ConstraintSandbox:
             )
         self._pending += 1
         try:
-            checker = await self._acquire()
-            self.checks_run += 1
-            payload = pickle.dumps((structured, trial_compile))
-            field = field_of(structured.constraint.kind)
             budget = self.limits.constraint_check_timeout_s
-            try:
-                answer = await checker.ask(payload, budget)
-            except TimeoutError:
-                self.killed += 1
-                await self._discard(checker)
-                return Verdict(
-                    (
-                        "INVALID_ARGUMENT",
-                        TOO_COMPLEX,
-                        field,
-                        f"the constraint is too complex: checking it took over {budget:g} s",
+            for attempt in (1, 2):
+                try:
+                    return await self._ask_one(payload)
+                except TimeoutError:
+                    return Verdict(
+                        (
+                            "INVALID_ARGUMENT",
+                            TOO_COMPLEX,
+                            field,
+                            f"{_TOO_COMPLEX}: checking it {_TIMED_OUT} {budget:g} s",
+                        )
                     )
+                except _Crashed:
+                    if attempt == 1:
+                        continue  # once more on a fresh checker: the first may have died of other causes
+            return Verdict(
+                (
+                    "INVALID_ARGUMENT",
+                    TOO_COMPLEX,
+                    field,
+                    f"{_TOO_COMPLEX}: the grammar engine ran out of stack or memory "
+                    f"({self.limits.constraint_check_memory_mb} MB) on it",
                 )
-            except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError):
-                self.killed += 1
-                returncode = await _exit_code(checker)
-                await self._discard(checker)
-                log.warning("a constraint check ended its sandbox process (exit %s)", returncode)
-                return Verdict(
-                    (
-                        "INVALID_ARGUMENT",
-                        TOO_COMPLEX,
-                        field,
-                        "the constraint is too complex: the grammar engine ran out of stack or memory "
-                        f"({self.limits.constraint_check_memory_mb} MB) on it",
-                    )
-                )
-            except BaseException:
-                await self._discard(checker)  # a cancelled caller: its check may be half read
-                raise
-            await self._release(checker)
-            result: Verdict = pickle.loads(answer)
-            return result
+            )
         finally:
             self._pending -= 1
+
+    async def _ask_one(self, payload: bytes) -> Verdict:
+        """One check on one checker; a checker that timed out or crashed is discarded."""
+        checker = await self._acquire()
+        self.checks_run += 1
+        try:
+            answer = await checker.ask(payload, self.limits.constraint_check_timeout_s)
+        except TimeoutError:
+            self.killed += 1
+            await self._discard(checker)
+            raise
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.killed += 1
+            returncode = await _exit_code(checker)
+            await self._discard(checker)
+            log.warning("a constraint check ended its sandbox process (exit %s)", returncode)
+            raise _Crashed from None
+        except BaseException:
+            await self._discard(checker)  # a cancelled check: its answer may be half read
+            raise
+        await self._release(checker)
+        return Verdict.from_json(answer)
 
     async def _acquire(self) -> _Checker:
         async with self._free:
@@ -169,13 +230,11 @@ class ConstraintSandbox:
             self._started += 1
         try:
             checker = await self._spawn()
-            self._busy.add(checker)
-            return checker
         except BaseException:
-            async with self._free:
-                self._started -= 1
-                self._free.notify()
+            await self._forget_one()
             raise
+        self._busy.add(checker)
+        return checker
 
     async def _release(self, checker: _Checker) -> None:
         self._busy.discard(checker)
@@ -185,16 +244,22 @@ class ConstraintSandbox:
 
     async def _discard(self, checker: _Checker) -> None:
         self._busy.discard(checker)
-        await checker.kill()
+        try:
+            await checker.kill()
+        finally:
+            await self._forget_one()
+
+    async def _forget_one(self) -> None:
+        """One started checker fewer (it was killed, or never came up); wakes a waiter."""
+        self._started -= 1
         async with self._free:
-            self._started -= 1
             self._free.notify()
 
     async def _spawn(self) -> _Checker:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
-            # Imported by name, not run as __main__: the answers it pickles must name this module.
+            # Imported by name, not run as __main__: the module must be the same on both sides.
             f"from gengate.constraints.sandbox import serve; serve({self.limits.constraint_check_memory_mb})",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -208,6 +273,9 @@ class ConstraintSandbox:
                 ready = await checker.stdout.readexactly(len(READY))
         except (TimeoutError, asyncio.IncompleteReadError):
             ready = b""
+        except BaseException:
+            await checker.kill()  # a caller cancelled while its checker was starting
+            raise
         if ready != READY:  # the server's own trouble (no memory, a broken install): never the caller's
             await checker.kill()
             raise errors.Unavailable(
@@ -220,6 +288,13 @@ class ConstraintSandbox:
             idle, self._idle = self._idle, []
         for checker in idle + list(self._busy):
             await checker.kill()
+
+
+def _job(structured: StructuredOutput, trial_compile: bool) -> tuple[str, bytes]:
+    """The cache key and the request payload of a check."""
+    from gengate.constraints.compiler import constraint_key
+
+    return f"{int(trial_compile)}:{constraint_key(structured)}", pickle.dumps((structured, trial_compile))
 
 
 async def _exit_code(checker: _Checker) -> int | None:
@@ -295,8 +370,9 @@ def serve(memory_mb: int) -> None:
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     stdin = sys.stdin.buffer
-    stdout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    sys.stdout = sys.stderr  # nothing else may write into the answer pipe
+    stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # nothing else, Python or native code, may write into the answer pipe
+    sys.stdout = sys.stderr
     sandbox_warmup()
     stdout.write(READY)
     stdout.flush()
@@ -306,6 +382,6 @@ def serve(memory_mb: int) -> None:
         if len(header) < _HEADER.size:
             return
         structured, trial_compile = pickle.loads(stdin.read(_HEADER.unpack(header)[0]))
-        answer = pickle.dumps(judge(structured, trial_compile))
+        answer = judge(structured, trial_compile).to_json()
         stdout.write(_HEADER.pack(len(answer)) + answer)
         stdout.flush()

@@ -32,6 +32,14 @@ def check_constraint_syntax(structured: StructuredOutput) -> None:
                 f"not a valid JSON Schema at {path}: {errors.brief(exc.message)}",
                 reason="INVALID_SCHEMA",
             ) from None
+        if _uses(c.schema, "unevaluatedProperties") and _uses(c.schema, "patternProperties"):
+            # jsonschema finds the properties patternProperties evaluated with Python's backtracking
+            # `re`, which this server runs on no caller pattern.
+            raise errors.InvalidArgument.field(
+                FIELD_SCHEMA,
+                "unevaluatedProperties together with patternProperties is not supported",
+                reason="UNSUPPORTED_SCHEMA",
+            )
         for where, pattern in _patterns(c.schema):
             problem = linear_regex_error(pattern)
             if problem is not None:
@@ -69,3 +77,17 @@ def _patterns(schema: object) -> list[tuple[str, str]]:
     from gengate.limits import schema_patterns
 
     return list(schema_patterns(schema))
+
+
+def _uses(schema: object, keyword: str) -> bool:
+    """True when `keyword` is a key anywhere in the schema (a superset of its keyword uses)."""
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if keyword in node:
+                return True
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return False

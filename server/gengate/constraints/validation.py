@@ -111,8 +111,16 @@ def _additional_properties_keyword(
         for extra in extras:
             yield from validator.descend(instance[extra], allowed, path=extra)
     elif not allowed and extras:
-        names = ", ".join(_short(k, 40) for k in extras[:5]) + (", ..." if len(extras) > 5 else "")
-        yield ValidationError(f"Additional properties are not allowed ({names} unexpected)")
+        # jsonschema's own wording, with the names cut (an output's keys can be long)
+        names = sorted(extras)
+        joined = ", ".join(_short(k, 40) for k in names[:5]) + (", ..." if len(names) > 5 else "")
+        if patterns:
+            verb = "does" if len(names) == 1 else "do"
+            regexes = ", ".join(_short(p, 40) for p in sorted(patterns))
+            yield ValidationError(f"{joined} {verb} not match any of the regexes: {regexes}")
+        else:
+            verb = "was" if len(names) == 1 else "were"
+            yield ValidationError(f"Additional properties are not allowed ({joined} {verb} unexpected)")
 
 
 @functools.lru_cache(maxsize=1)
