@@ -234,7 +234,11 @@ class OutputValidator:
         if structured is None or generation.finish_reason is not FinishReason.STOP:
             return
         from gengate.constraints import validate_output
+        from gengate.constraints.validation import cheap_to_validate
 
+        if cheap_to_validate(structured, generation.text):
+            self._judge(structured, generation, enforcement, validate_output(structured, generation.text))
+            return
         started: list[float] = []
 
         def validate() -> str | None:
@@ -262,8 +266,14 @@ class OutputValidator:
                 reason="VALIDATION_TIMEOUT",
                 metadata={"enforcement": enforcement},
             ) from None
+        self._judge(structured, generation, enforcement, problem)
+
+    def _judge(
+        self, structured: StructuredOutput, generation: Generation, enforcement: str, problem: str | None
+    ) -> None:
         if problem is None:
             return
+        kind = structured.constraint.kind.value
         detail = f"generation {generation.index} does not satisfy the {kind} constraint: {problem}"
         if enforcement in ("engine", "native") and problem != _TOO_DEEP:
             raise Internal(detail, reason="CONSTRAINT_VIOLATED", metadata={"enforcement": enforcement})

@@ -219,3 +219,28 @@ async def test_in_flight_generations_survive_hostile_requests(
     for stream_frames in frames:
         ends = [f for f in stream_frames if f.HasField("end")]
         assert len(ends) == 1 and ends[0].end.usage.output_tokens > 0
+
+
+async def test_large_requests_are_known_large_without_measuring_them_again(
+    server: RunningServer, channel: grpc.aio.Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The size a request arrived with reaches the core (which checks large ones off the loop)."""
+    assert server.core is not None
+    seen: list[int] = []
+    checked = server.core._checked
+
+    def spy(route: Any, request: Any) -> Any:
+        seen.append(request.wire_bytes)
+        return checked(route, request)
+
+    monkeypatch.setattr(server.core, "_checked", spy)
+    stub = generation_pb2_grpc.GenerationServiceStub(channel)
+    small, large = req(model="validated"), req(model="validated", prompt="p" * 200_000)
+    await stub.Generate(small, timeout=60)
+    await stub.Generate(large, timeout=60)
+    [frame async for frame in stub.GenerateStream(g.GenerateStreamRequest(request=large), timeout=60)]
+    [item async for item in stub.BatchGenerate(g.BatchGenerateRequest(requests=[large, small]), timeout=60)]
+    assert seen[0] == small.ByteSize()
+    assert seen[1] == large.ByteSize()
+    assert seen[2] >= large.ByteSize()  # the stream request wraps it
+    assert sorted(seen[3:]) == sorted([large.ByteSize(), small.ByteSize()])

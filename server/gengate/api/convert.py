@@ -71,11 +71,13 @@ def request_from_pb(
     deadline: float | None = None,
     prefix: str = "",
     max_schema_json_bytes: int | None = None,
+    wire_bytes: int | None = None,
 ) -> d.GenerationRequest:
     """Converts a GenerateRequest; malformed enums/oneofs raise InvalidArgument naming the field.
 
     `prefix` is prepended to field paths (e.g. "requests[3]." inside a batch). A `schema_json`
-    longer than `max_schema_json_bytes` is refused before it is parsed.
+    longer than `max_schema_json_bytes` is refused before it is parsed. `wire_bytes`: the
+    message's serialized size when the caller knows it (else measured: costly on huge messages).
     """
     which = msg.WhichOneof("input")
     prompt: str | None = None
@@ -100,7 +102,7 @@ def request_from_pb(
         },
         request_id=msg.request_id,
         deadline=deadline,
-        wire_bytes=msg.ByteSize(),
+        wire_bytes=msg.ByteSize() if wire_bytes is None else wire_bytes,
     )
 
 

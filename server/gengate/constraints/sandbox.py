@@ -135,16 +135,19 @@ class ConstraintSandbox:
         `off_loop`: the constraint is large; its cache key and payload are made in a thread.
         Identical checks in flight at once share one run.
         """
-        if off_loop:
-            key, payload = await asyncio.to_thread(_job, structured, trial_compile)
-        else:
-            key, payload = _job(structured, trial_compile)
+        key = (
+            await asyncio.to_thread(_key, structured, trial_compile)
+            if off_loop
+            else _key(structured, trial_compile)
+        )
         cached = self._verdicts.get(key)
         if cached is not None and cached[1] > time.monotonic():
             cached[0].raise_if_refused()
             return
         work = self._inflight.get(key)
         if work is None:
+            job = (structured, trial_compile)
+            payload = await asyncio.to_thread(pickle.dumps, job) if off_loop else pickle.dumps(job)
             work = asyncio.ensure_future(self._run(payload, field_of(structured.constraint.kind)))
             self._inflight[key] = work
             work.add_done_callback(lambda done: self._finished(key, done))
@@ -290,11 +293,11 @@ class ConstraintSandbox:
             await checker.kill()
 
 
-def _job(structured: StructuredOutput, trial_compile: bool) -> tuple[str, bytes]:
-    """The cache key and the request payload of a check."""
+def _key(structured: StructuredOutput, trial_compile: bool) -> str:
+    """The cache key of a check."""
     from gengate.constraints.compiler import constraint_key
 
-    return f"{int(trial_compile)}:{constraint_key(structured)}", pickle.dumps((structured, trial_compile))
+    return f"{int(trial_compile)}:{constraint_key(structured)}"
 
 
 async def _exit_code(checker: _Checker) -> int | None:

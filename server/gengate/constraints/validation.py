@@ -56,6 +56,25 @@ def validate_output(structured: StructuredOutput, text: str) -> str | None:
     return f"unknown constraint {c!r}"
 
 
+# Outputs up to this size are validated inline (on the caller's thread) when the work is
+# provably small: a regex matched by RE2 (linear), a choice, any JSON object. Everything else
+# (schemas, whose cost grows with output x schema; grammars) goes to a thread pool with a time
+# budget (gengate.service.OutputValidator).
+CHEAP_TEXT_CHARS = 4096
+
+
+def cheap_to_validate(structured: StructuredOutput, text: str) -> bool:
+    """True when validating `text` costs microseconds whatever the constraint holds."""
+    if len(text) > CHEAP_TEXT_CHARS:
+        return False
+    c = structured.constraint
+    if isinstance(c, ChoiceConstraint | JsonObjectConstraint):
+        return True
+    if isinstance(c, RegexConstraint):
+        return _compile_regex(c.pattern) is not None  # RE2; the llguidance walk goes to the pool
+    return False
+
+
 def _build_validator(schema: dict[str, Any]) -> Validator:
     draft = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls = _linear_validator_class(draft)
