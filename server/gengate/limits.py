@@ -62,6 +62,26 @@ class RequestLimits(BaseModel):
     validation_timeout_s: float = Field(default=10.0, gt=0)
 
 
+def constraint_weight(constraint: object) -> int:
+    """About the grammar-engine states a compiled constraint holds, for weighing caches of them:
+    expanded regex states, a grammar's expanded rules, a schema's size / 64, choice bytes / 8.
+    (`a{99999}` holds ~33 MB once compiled and used: a cache must not keep hundreds.)"""
+    cap = 10**9
+    if isinstance(constraint, RegexConstraint):
+        return max(1, regex_shape(constraint.pattern, cap=cap).expansion)
+    if isinstance(constraint, GrammarConstraint):
+        body, regexes = grammar_parts(constraint.definition, lark=constraint.syntax is GrammarSyntax.LARK)
+        return max(
+            1, regex_shape(body, cap=cap).expansion + sum(regex_shape(r, cap=cap).expansion for r in regexes)
+        )
+    if isinstance(constraint, ChoiceConstraint):
+        return max(1, sum(len(c) for c in constraint.choices) // 8)
+    if isinstance(constraint, JsonSchemaConstraint):
+        patterns = sum(regex_shape(p, cap=cap).expansion for _, p in schema_patterns(constraint.schema))
+        return max(1, json_shape(constraint.schema).size // 64 + patterns)
+    return 1
+
+
 def over_limit(field: str, what: str, value: int, name: str, limit: int) -> FieldViolation:
     """The violation for `what` (measured as `value`) over `server.limits.<name>`. A size known
     only from below (a text's length in characters, not encoded) is `at least` that value."""
@@ -144,6 +164,10 @@ class AtLeast(int):
     """A size known only from below: over its limit by the text's length alone."""
 
 
+def _over_constraint_bytes(field: str, what: str, size: int, limits: RequestLimits) -> FieldViolation:
+    return over_limit(field, what, size, "max_constraint_bytes", limits.max_constraint_bytes)
+
+
 def text_bytes(text: str, limit: int) -> int:
     """UTF-8 size of `text`, encoding it only when its length alone cannot tell against `limit`
     (encoding 45 MB is one long C call that holds the event loop): past the limit by length, the
@@ -177,29 +201,13 @@ def constraint_violations(constraint: object, limits: RequestLimits) -> list[Fie
             return [over_limit(field, "the number of choices", count, "max_choices", limits.max_choices)]
         size = texts_bytes(constraint.choices, limits.max_constraint_bytes)
         if size > limits.max_constraint_bytes:
-            return [
-                over_limit(
-                    field,
-                    "the choices' total size in bytes",
-                    size,
-                    "max_constraint_bytes",
-                    limits.max_constraint_bytes,
-                )
-            ]
+            return [_over_constraint_bytes(field, "the choices' total size in bytes", size, limits)]
         return []
     if isinstance(constraint, GrammarConstraint):
         field = "structured_output.grammar.definition"
         size = text_bytes(constraint.definition, limits.max_constraint_bytes)
         if size > limits.max_constraint_bytes:
-            return [
-                over_limit(
-                    field,
-                    "the grammar's size in bytes",
-                    size,
-                    "max_constraint_bytes",
-                    limits.max_constraint_bytes,
-                )
-            ]
+            return [_over_constraint_bytes(field, "the grammar's size in bytes", size, limits)]
         body, regexes = grammar_parts(constraint.definition, lark=constraint.syntax is GrammarSyntax.LARK)
         for pattern in regexes:
             found = _regex_violations(field, pattern, limits, check_bytes=False)
@@ -380,15 +388,7 @@ def _regex_violations(
     if check_bytes:
         size = text_bytes(pattern, limits.max_constraint_bytes)
         if size > limits.max_constraint_bytes:
-            return [
-                over_limit(
-                    field,
-                    "the regex's size in bytes",
-                    size,
-                    "max_constraint_bytes",
-                    limits.max_constraint_bytes,
-                )
-            ]
+            return [_over_constraint_bytes(field, "the regex's size in bytes", size, limits)]
     shape = regex_shape(pattern, cap=max(limits.max_regex_expansion, limits.max_regex_depth) + 1)
     if shape.depth > limits.max_regex_depth:
         return [

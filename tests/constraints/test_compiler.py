@@ -53,16 +53,21 @@ async def test_cache_is_bounded(ll_tokenizer: LLTokenizer) -> None:
     assert compiler.stats.lowerings == 4
 
 
-async def test_timeout_is_invalid_argument(
-    compiler: ConstraintCompiler, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def slow_lowering(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Every lowering takes `seconds` longer: a compile that runs long, on demand."""
     real_lower = lowering.lower
 
     def slow_lower(structured: StructuredOutput) -> lowering.LoweredConstraint:
-        time.sleep(0.5)
+        time.sleep(seconds)
         return real_lower(structured)
 
     monkeypatch.setattr(lowering, "lower", slow_lower)
+
+
+async def test_timeout_is_invalid_argument(
+    compiler: ConstraintCompiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow_lowering(monkeypatch, 0.5)
     compiler.timeout_s = 0.05
     with pytest.raises(errors.InvalidArgument) as info:
         await compiler.compile(StructuredOutput(RegexConstraint("x+")))
@@ -140,13 +145,7 @@ def test_schema_walks(compiler: ConstraintCompiler) -> None:
 async def test_waiting_for_a_busy_pool_is_resource_exhausted_not_the_callers_fault(
     ll_tokenizer: LLTokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_lower = lowering.lower
-
-    def slow_lower(structured: StructuredOutput) -> lowering.LoweredConstraint:
-        time.sleep(0.6)
-        return real_lower(structured)
-
-    monkeypatch.setattr(lowering, "lower", slow_lower)
+    slow_lowering(monkeypatch, 0.6)
     compiler = ConstraintCompiler(ll_tokenizer, "tiny", max_workers=1, timeout_s=5.0)
     try:
         busy = asyncio.create_task(compiler.compile(StructuredOutput(RegexConstraint("a+"))))
@@ -183,3 +182,20 @@ async def test_library_failures_while_compiling_are_the_callers_input_error(
         await compiler.compile(StructuredOutput(RegexConstraint("e+")))
     assert info.value.reason == "INVALID_CONSTRAINT"
     assert "internal state" not in info.value.message and "4300 digits" in info.value.message
+
+
+async def test_the_cache_is_bounded_by_the_weight_of_what_it_holds(ll_tokenizer: LLTokenizer) -> None:
+    """Big compiled grammars (tens of MB each) evict each other long before the entry count."""
+    compiler = ConstraintCompiler(ll_tokenizer, "tiny", max_cached_weight=25_000)
+    try:
+        heavy = [StructuredOutput(RegexConstraint(f"{ch}{{10000}}")) for ch in "abc"]
+        for structured in heavy:
+            await compiler.compile(structured)
+        await compiler.compile(StructuredOutput(RegexConstraint("[xy]{2}")))  # light: fits beside them
+        assert compiler.stats.lowerings == 4
+        await compiler.compile(heavy[2])  # the newest heavy one is still cached
+        assert compiler.stats.lowerings == 4
+        await compiler.compile(heavy[0])  # the oldest was evicted by weight, not by count
+        assert compiler.stats.lowerings == 5
+    finally:
+        compiler.close()

@@ -339,3 +339,26 @@ def test_schema_regex_paths_are_escaped_json_pointers() -> None:
 def test_data_named_pattern_is_not_a_regex() -> None:
     schema = {"const": {"pattern": "(a{1000}){1000}"}, "examples": [{"pattern": "(" * 70}]}
     assert request_violations(_schema(schema), DEFAULTS) == []
+
+
+def test_constraint_weight_grows_with_what_the_grammar_engine_builds() -> None:
+    from gengate.limits import constraint_weight
+
+    assert constraint_weight(RegexConstraint("a{99999}")) == 99_999
+    assert constraint_weight(RegexConstraint("[0-9]{3}")) == 3
+    assert constraint_weight(ChoiceConstraint(("yes", "no"))) == 1
+    lark = GrammarConstraint(_LARK, 'start: /x{5000}/ "y"{10}')
+    assert constraint_weight(lark) >= 5000
+    assert constraint_weight(JsonSchemaConstraint({"type": "string", "pattern": "z{2000}"})) >= 2000
+
+
+def test_a_weighted_lru_evicts_by_weight_and_keeps_the_newest() -> None:
+    from gengate.lru import LruCache
+
+    cache: LruCache[str, int] = LruCache(100, max_weight=10)
+    cache.put("a", 1, weight=6)
+    cache.put("b", 2, weight=3)
+    cache.put("c", 3, weight=4)  # 13 > 10: "a" goes
+    assert cache.get("a") is None and cache.get("b") == 2 and cache.weight == 7
+    cache.put("huge", 4, weight=50)  # alone over the bound: kept, everything older goes
+    assert len(cache) == 1 and cache.get("huge") == 4

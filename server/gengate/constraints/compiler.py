@@ -18,7 +18,12 @@ from gengate.constraints.lowering import field_of
 from gengate.constraints.matcher import ConstraintMatcher
 from gengate.constraints.validation import quiet_limits
 from gengate.domain import ConstraintKind, Enforcement, StructuredOutput
+from gengate.limits import constraint_weight
 from gengate.lru import LruCache
+
+# What the compiled-constraint cache may hold, in constraint_weight units (~330 MB of grammar
+# engine state at the worst, measured: ten `a{99999}` regexes), besides its entry count.
+MAX_CACHED_WEIGHT = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class ConstraintCompiler:
         *,
         timeout_s: float = 30.0,
         cache_size: int = 256,
+        max_cached_weight: int = MAX_CACHED_WEIGHT,
         max_workers: int = 2,
         max_queued: int = 32,
     ) -> None:
@@ -94,7 +100,9 @@ class ConstraintCompiler:
         self.timeout_s = timeout_s
         self.cache_size = cache_size
         self.stats = CompilerStats()
-        self._cache: LruCache[tuple[str, str], CompiledConstraint] = LruCache(cache_size)
+        self._cache: LruCache[tuple[str, str], CompiledConstraint] = LruCache(
+            cache_size, max_weight=max_cached_weight
+        )
         self._inflight: dict[tuple[str, str], asyncio.Future[CompiledConstraint]] = {}
         self._started: dict[tuple[str, str], float] = {}  # when each in-flight compile began running
         self.max_queued = max_queued
@@ -146,7 +154,8 @@ class ConstraintCompiler:
         self._started.pop(key, None)
         if done.cancelled() or done.exception() is not None:
             return
-        self._cache.put(key, done.result())
+        compiled = done.result()
+        self._cache.put(key, compiled, constraint_weight(compiled.structured.constraint))
 
     def compile_sync(self, structured: StructuredOutput) -> CompiledConstraint:
         """Lowers and compiles in the calling thread (no cache); raises InvalidArgument, whatever
