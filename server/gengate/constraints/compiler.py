@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -72,7 +73,9 @@ def constraint_key(structured: StructuredOutput) -> str:
     def default(value: Any) -> Any:
         return sorted(value) if isinstance(value, frozenset | set) else str(value)
 
-    return json.dumps(payload, default=default, ensure_ascii=False)
+    text = json.dumps(payload, default=default, ensure_ascii=False)
+    # A digest, not the text: a cache of 512 KB schemas must not hold their text a second time.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class ConstraintCompiler:

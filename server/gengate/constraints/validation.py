@@ -147,7 +147,8 @@ def _any_object_validator() -> Validator:
     return _build_validator({"type": "object"})
 
 
-_validators: LruCache[str, Validator] = LruCache(256)
+# Weighed by the schema's JSON size: a validator holds its schema (a 512 KB one is ~5 MB of objects).
+_validators: LruCache[str, Validator] = LruCache(256, max_weight=16 << 20)
 
 
 def _schema_validator(c: JsonSchemaConstraint, structured: StructuredOutput) -> Validator:
@@ -160,7 +161,7 @@ def _schema_validator(c: JsonSchemaConstraint, structured: StructuredOutput) -> 
     validator = _validators.get(key)
     if validator is None:
         validator = _build_validator(effective_schema(c, structured))
-        _validators.put(key, validator)
+        _validators.put(key, validator, weight=len(key))
     return validator
 
 
