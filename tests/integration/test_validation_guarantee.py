@@ -1,0 +1,98 @@
+"""The guarantee "every structured result is validated before it is returned", held at the gRPC
+level by models that misbehave on purpose: a `scripted` model claiming a constraint kind answers
+text that violates it. Claimed ENGINE/NATIVE enforcement that fails is INTERNAL
+CONSTRAINT_VIOLATED (a server fault, never a success); VALIDATED is ABORTED VALIDATION_FAILED.
+Streams end with that status after their frames, never OK; a batch fails only that item."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from conftest import ServerFactory
+from gengate.api.server import RunningServer
+from gengate_client._proto.gengate.v1 import generation_pb2 as g
+from gengate_client._proto.gengate.v1 import generation_pb2_grpc
+from gengate_client._proto.gengate.v1 import types_pb2 as t
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+WRONG = "definitely not valid"
+REGEX = t.StructuredOutput(regex=t.Regex(pattern="[0-9]{3}"))
+
+
+@pytest.fixture
+async def stub(make_server: ServerFactory) -> AsyncIterator[generation_pb2_grpc.GenerationServiceStub]:
+    def liar(name: str, level: str) -> dict[str, object]:
+        return {"name": name, "backend": "scripted", "text": WRONG, "constraints": {"regex": level}}
+
+    server: RunningServer = await make_server(
+        {
+            "models": [
+                liar("engine-liar", "engine"),
+                liar("native-liar", "native"),
+                liar("validated-liar", "validated"),
+                {"name": "honest", "backend": "scripted", "text": "123", "constraints": {"regex": "engine"}},
+            ]
+        }
+    )
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        yield generation_pb2_grpc.GenerationServiceStub(channel)
+
+
+def reason(error: grpc.aio.AioRpcError) -> str:
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    info = error_details_pb2.ErrorInfo()
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            detail.Unpack(info)
+    return info.reason
+
+
+def request(model: str) -> g.GenerateRequest:
+    return g.GenerateRequest(model=model, prompt="x", structured_output=REGEX)
+
+
+EXPECTED = {
+    "engine-liar": (grpc.StatusCode.INTERNAL, "CONSTRAINT_VIOLATED"),
+    "native-liar": (grpc.StatusCode.INTERNAL, "CONSTRAINT_VIOLATED"),
+    "validated-liar": (grpc.StatusCode.ABORTED, "VALIDATION_FAILED"),
+}
+
+
+@pytest.mark.parametrize("model", sorted(EXPECTED))
+async def test_an_invalid_result_is_never_a_unary_success(
+    stub: generation_pb2_grpc.GenerationServiceStub, model: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Generate(request(model))
+    assert (caught.value.code(), reason(caught.value)) == EXPECTED[model]
+    assert WRONG[:10] in (caught.value.details() or "")  # says which text failed
+    ok = await stub.Generate(request("honest"))
+    assert ok.generations[0].text == "123"
+
+
+@pytest.mark.parametrize("model", sorted(EXPECTED))
+async def test_a_stream_with_an_invalid_result_ends_with_the_error_not_ok(
+    stub: generation_pb2_grpc.GenerationServiceStub, model: str
+) -> None:
+    frames = []
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        async for frame in stub.GenerateStream(g.GenerateStreamRequest(request=request(model))):
+            frames.append(frame)
+    assert (caught.value.code(), reason(caught.value)) == EXPECTED[model]
+    assert frames and frames[0].HasField("start")
+    assert not any(f.HasField("end") for f in frames)  # no end frame for the invalid generation
+
+
+async def test_a_batch_fails_only_the_item_whose_result_is_invalid(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
+    items = [request("honest"), request("engine-liar"), request("validated-liar"), request("honest")]
+    answers = {a.index: a async for a in stub.BatchGenerate(g.BatchGenerateRequest(requests=items))}
+    assert answers[0].response.generations[0].text == "123"
+    assert answers[3].response.generations[0].text == "123"
+    assert answers[1].error.code == grpc.StatusCode.INTERNAL.value[0]
+    assert answers[2].error.code == grpc.StatusCode.ABORTED.value[0]
