@@ -96,3 +96,35 @@ async def test_a_batch_fails_only_the_item_whose_result_is_invalid(
     assert answers[3].response.generations[0].text == "123"
     assert answers[1].error.code == grpc.StatusCode.INTERNAL.value[0]
     assert answers[2].error.code == grpc.StatusCode.ABORTED.value[0]
+
+
+async def test_a_stream_that_fails_mid_generation_ends_with_its_error_not_ok(
+    make_server: ServerFactory,
+) -> None:
+    """Errors are never hidden inside a successful-looking stream: frames, then the status."""
+    server = await make_server(
+        {"models": [{"name": "flaky", "backend": "scripted", "text": "a b c d e f", "fail_after_tokens": 3}]}
+    )
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        frames = []
+        stream = stub.GenerateStream(
+            g.GenerateStreamRequest(request=g.GenerateRequest(model="flaky", prompt="x"))
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for frame in stream:
+                frames.append(frame)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert reason(caught.value) == "SCRIPTED_FAULT"
+        deltas = "".join(f.delta.text for f in frames if f.HasField("delta"))
+        assert deltas == "a b c" and not any(f.HasField("end") for f in frames)
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await stub.Generate(g.GenerateRequest(model="flaky", prompt="x"))
+        assert unary.value.code() == grpc.StatusCode.UNAVAILABLE
+        batch = [
+            a
+            async for a in stub.BatchGenerate(
+                g.BatchGenerateRequest(requests=[g.GenerateRequest(model="flaky", prompt="x")])
+            )
+        ]
+        assert batch[0].error.code == grpc.StatusCode.UNAVAILABLE.value[0]

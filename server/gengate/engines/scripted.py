@@ -29,6 +29,7 @@ from gengate.domain import (
     Timings,
     Usage,
 )
+from gengate.errors import Unavailable
 
 _TOKEN = re.compile(r"\s*\S+|\s+")
 
@@ -42,6 +43,11 @@ class ScriptedOptions(BaseModel):
     latency_s: float = Field(default=0.0, ge=0, description="Delay before the first token.")
     tokens_per_s: float | None = Field(default=None, gt=0, description="Token rate; unset = instant.")
     max_n: int = Field(default=16, ge=1)
+    fail_after_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Fail with UNAVAILABLE after this many tokens (a fault for testing error paths).",
+    )
     constraints: dict[ConstraintKind, Enforcement] = Field(
         default_factory=dict,
         description=(
@@ -118,6 +124,8 @@ class ScriptedBackend:
             emitted = 0
             finish, matched = FinishReason.STOP, None
             for token in tokens:
+                if self.options.fail_after_tokens is not None and emitted >= self.options.fail_after_tokens:
+                    raise Unavailable("scripted failure mid-generation", reason="SCRIPTED_FAULT")
                 if request.stopping.max_tokens is not None and emitted >= request.stopping.max_tokens:
                     finish = FinishReason.LENGTH
                     break
