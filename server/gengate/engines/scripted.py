@@ -76,6 +76,9 @@ class ScriptedBackend:
         self.capabilities = ModelCapabilities(
             max_n=options.max_n, chat=True, constraints=dict(options.constraints), grammar_syntaxes=syntaxes
         )
+        # Generations abandoned before their end (caller cancelled, deadline passed): what an
+        # engine's abort would free, counted so tests can see the server did abort.
+        self.cancelled = 0
 
     async def start(self) -> None:
         return None
@@ -104,6 +107,14 @@ class ScriptedBackend:
         return self.options.constraints.get(request.structured_output.constraint.kind, Enforcement.NONE)
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        try:
+            async for event in self._events(request):
+                yield event
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancelled += 1
+            raise
+
+    async def _events(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         arrived = time.monotonic()
         input_tokens = self._prompt_tokens(request)
         yield StreamStart(

@@ -6,7 +6,9 @@ Streams end with that status after their frames, never OK; a batch fails only th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -128,3 +130,42 @@ async def test_a_stream_that_fails_mid_generation_ends_with_its_error_not_ok(
             )
         ]
         assert batch[0].error.code == grpc.StatusCode.UNAVAILABLE.value[0]
+
+
+async def test_cancel_and_deadline_abort_the_generation_at_the_server(make_server: ServerFactory) -> None:
+    """Not only the client's teardown: the backend's generation is abandoned and its slot freed."""
+    server = await make_server(
+        {"models": [{"name": "slow", "backend": "scripted", "text": "w " * 400, "tokens_per_s": 20}]}
+    )
+    route = server.router.routes[0]
+    backend = route.backend
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        call = stub.GenerateStream(
+            g.GenerateStreamRequest(request=g.GenerateRequest(model="slow", prompt="x"))
+        )
+        async for frame in call:
+            if frame.HasField("delta"):
+                break
+        call.cancel()
+        await until(lambda: getattr(backend, "cancelled", 0) == 1 and route.in_flight == 0, "stream aborted")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.Generate(g.GenerateRequest(model="slow", prompt="x"), timeout=0.3)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await until(lambda: getattr(backend, "cancelled", 0) == 2 and route.in_flight == 0, "unary aborted")
+        batch = stub.BatchGenerate(
+            g.BatchGenerateRequest(requests=[g.GenerateRequest(model="slow", prompt="x")] * 3)
+        )
+        await until(lambda: route.in_flight == 3, "the batch items are generating")
+        batch.cancel()
+        await until(
+            lambda: getattr(backend, "cancelled", 0) == 5 and route.in_flight == 0, "batch items aborted"
+        )
+
+
+async def until(condition: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:
+    """Waits for an observable event (a liveness bound, not a timing assertion)."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0.02)
