@@ -180,3 +180,15 @@ def test_spans_are_redacted_before_export() -> None:
     assert leaked(KEY, *texts) == []
     assert finished.attributes is not None and finished.attributes["upstream.body"] == "echo [REDACTED]"
     provider.shutdown()
+
+
+async def test_list_models_carries_no_key(make_server: Any, upstream: KeyedFakeOpenAI) -> None:
+    """ListModels names models, kinds, capabilities and option keys, never a configured value."""
+    config = _config(upstream)
+    config["models"][0]["extra_headers"] = {"x-api-key": TOKEN}
+    server = await make_server(config)
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        answer = await generation_pb2_grpc.GenerationServiceStub(channel).ListModels(g.ListModelsRequest())
+    assert [m.name for m in answer.models] == ["remote"]
+    wire = answer.SerializeToString()
+    assert leaked(KEY, wire) == [] and leaked(TOKEN, wire) == []
