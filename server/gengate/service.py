@@ -321,12 +321,15 @@ async def _iter_with_deadline(
             if left is None:
                 event = await anext(stream)
             elif left <= 0:
-                raise TimeoutError
+                raise DeadlineExceeded(_DEADLINE_PASSED)
             else:
-                async with asyncio.timeout(left):
-                    event = await anext(stream)
+                try:
+                    async with asyncio.timeout(left) as scope:
+                        event = await anext(stream)
+                except TimeoutError as exc:
+                    if scope.expired():  # our deadline; a backend's own TimeoutError is its error
+                        raise DeadlineExceeded(_DEADLINE_PASSED) from exc
+                    raise
         except StopAsyncIteration:
             return
-        except TimeoutError as exc:
-            raise DeadlineExceeded(_DEADLINE_PASSED) from exc
         yield event
