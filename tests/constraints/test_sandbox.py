@@ -80,14 +80,15 @@ async def test_a_constraint_that_crashes_the_grammar_engine_costs_only_its_check
 
 
 async def test_a_check_over_its_budget_is_killed_and_stops_consuming_cpu() -> None:
-    box = ConstraintSandbox(RequestLimits(constraint_check_timeout_s=0.3, max_choices=100_000))
+    # 60,000 long choices take seconds to compile: far past 0.05 s on any machine
+    box = ConstraintSandbox(RequestLimits(constraint_check_timeout_s=0.05, max_choices=100_000))
     try:
         await box.check(StructuredOutput(RegexConstraint("warm")), trial_compile=True)  # spawn first
         [pid] = box.pids
         with pytest.raises(errors.InvalidArgument) as caught:
             await box.check(slow_choices(60_000, "budget"), trial_compile=True)
         assert caught.value.reason == "CONSTRAINT_TOO_COMPLEX"
-        assert "took over 0.3 s" in caught.value.message
+        assert "checking it took over" in caught.value.message
         assert box.killed == 1 and not alive(pid)
     finally:
         await box.aclose()

@@ -6,19 +6,17 @@ Streams end with that status after their frames, never OK; a batch fails only th
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from conftest import ServerFactory
 from gengate.api.server import RunningServer
 from gengate_client._proto.gengate.v1 import generation_pb2 as g
 from gengate_client._proto.gengate.v1 import generation_pb2_grpc
 from gengate_client._proto.gengate.v1 import types_pb2 as t
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from observe import ServerFactory, until
 
 WRONG = "definitely not valid"
 REGEX = t.StructuredOutput(regex=t.Regex(pattern="[0-9]{3}"))
@@ -161,11 +159,3 @@ async def test_cancel_and_deadline_abort_the_generation_at_the_server(make_serve
         await until(
             lambda: getattr(backend, "cancelled", 0) == 5 and route.in_flight == 0, "batch items aborted"
         )
-
-
-async def until(condition: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:
-    """Waits for an observable event (a liveness bound, not a timing assertion)."""
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never: {what}"
-        await asyncio.sleep(0.02)

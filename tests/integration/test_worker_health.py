@@ -9,11 +9,9 @@ import logging
 import os
 import re
 import signal
-import time
 
 import grpc
 import pytest
-from conftest import ServerFactory
 from gengate.api.server import model_health_name
 from gengate.workers.backend import WorkerBackend
 from gengate_client._proto.gengate.v1 import generation_pb2 as g
@@ -21,14 +19,7 @@ from gengate_client._proto.gengate.v1 import generation_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
-
-
-async def until(condition: object, what: str, limit_s: float = 60.0) -> None:
-    """Waits for `condition()` (a liveness bound, not a timing assertion)."""
-    deadline = time.monotonic() + limit_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"never: {what}"
-        await asyncio.sleep(0.02)
+from observe import ServerFactory, until
 
 
 async def test_health_follows_a_killed_worker_and_restarts_back_off(

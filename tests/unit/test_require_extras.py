@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import strict_importorskip
+from require_extras import strict_importorskip
 
 
 def test_a_missing_module_fails_instead_of_skipping() -> None:
