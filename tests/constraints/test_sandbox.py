@@ -168,3 +168,22 @@ def test_judge_turns_library_failures_into_short_caller_errors() -> None:
         code, reason, field, description = verdict.error
         assert code == "INVALID_ARGUMENT" and reason and field.startswith("structured_output.")
         assert len(description) <= 400 and "Traceback" not in description
+
+
+async def test_a_timeout_is_remembered_only_briefly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A timeout may be the machine's load: its verdict expires, and the constraint is checked
+    again (a crash verdict, tested above, stays)."""
+    from gengate.constraints import sandbox as sandbox_module
+
+    slow = slow_choices(60_000, "memory")
+    limits = RequestLimits(constraint_check_timeout_s=0.05, max_choices=100_000)
+    for memory_s, runs in ((60.0, 1), (-1.0, 2)):  # -1: as if the 60 s had already passed
+        monkeypatch.setattr(sandbox_module, "TIMEOUT_MEMORY_S", memory_s)
+        box = ConstraintSandbox(limits)
+        try:
+            for _ in range(2):
+                with pytest.raises(errors.InvalidArgument):
+                    await box.check(slow, trial_compile=True)
+            assert box.checks_run == runs
+        finally:
+            await box.aclose()

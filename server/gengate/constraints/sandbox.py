@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct("!I")
 TOO_COMPLEX = "CONSTRAINT_TOO_COMPLEX"
 _TOO_COMPLEX = "the constraint is too complex"
-_TIMED_OUT = "took over"
 # How long a timed-out verdict is remembered (a timeout can be load, not the constraint).
 TIMEOUT_MEMORY_S = 60.0
 # A checker says READY once its imports are done, so start-up time never counts against a check.
@@ -50,6 +49,8 @@ class Verdict:
     """A check's answer: None when the constraint is fine, else the error to give the caller."""
 
     error: tuple[str, str, str, str] | None = None  # (code, reason, field, description)
+    # A refusal that may say more about the machine's load than the constraint (a timeout).
+    transient: bool = False
 
     def raise_if_refused(self) -> None:
         if self.error is None:
@@ -159,9 +160,9 @@ class ConstraintSandbox:
         if done.cancelled() or done.exception() is not None:
             return
         verdict = done.result()
-        timed_out = verdict.error is not None and verdict.error[3].endswith(_TIMED_OUT)
         # A timeout may be the machine's load rather than the constraint: remembered briefly only.
-        self._verdicts.put(key, (verdict, time.monotonic() + TIMEOUT_MEMORY_S if timed_out else math.inf))
+        expires = time.monotonic() + TIMEOUT_MEMORY_S if verdict.transient else math.inf
+        self._verdicts.put(key, (verdict, expires))
 
     async def _run(self, payload: bytes, field: str) -> Verdict:
         if self._pending >= self.limits.max_pending_constraint_checks + self.limits.constraint_checkers:
@@ -182,8 +183,9 @@ class ConstraintSandbox:
                             "INVALID_ARGUMENT",
                             TOO_COMPLEX,
                             field,
-                            f"{_TOO_COMPLEX}: checking it {_TIMED_OUT} {budget:g} s",
-                        )
+                            f"{_TOO_COMPLEX}: checking it took over {budget:g} s",
+                        ),
+                        transient=True,
                     )
                 except _Crashed:
                     if attempt == 1:
