@@ -59,6 +59,8 @@ class Recorded:
     query: dict[str, str]
     headers: dict[str, str]
     body: Any
+    # When the request arrived (time.monotonic()): how long a client waited between attempts.
+    arrived_at: float = 0.0
 
 
 Handler = Callable[[Recorded], Awaitable[Json | Sse] | Json | Sse]
@@ -74,6 +76,7 @@ class FakeServer:
         self.faults: list[Fault] = []
         self.requests: list[Recorded] = []
         self.disconnects = 0
+        self.abandoned = 0  # delayed requests the client hung up on before any answer
         self.completed_streams = 0
         self.event_delay_s = 0.0
         self.base_url = ""
@@ -94,6 +97,7 @@ class FakeServer:
             self.faults.clear()
             self.requests.clear()
             self.disconnects = 0
+            self.abandoned = 0
             self.completed_streams = 0
             self.event_delay_s = 0.0
 
@@ -130,6 +134,12 @@ class FakeServer:
         if self._thread is not None:
             self._thread.join(5)
 
+    async def until_abandoned(self, count: int = 1) -> None:
+        """Waits until the client hung up on `count` delayed requests (the fake saw it happen);
+        a test stuck here fails by pytest's timeout."""
+        while self.abandoned < count:
+            await asyncio.sleep(0.02)
+
     def wait_for_disconnect(self, timeout: float = 5.0) -> bool:
         """Blocks until a client dropped a stream mid-way (polling; the fake runs in a thread)."""
         deadline = time.monotonic() + timeout
@@ -156,6 +166,7 @@ class FakeServer:
                 dict(request.query),
                 {k.lower(): v for k, v in request.headers.items()},
                 body,
+                time.monotonic(),
             )
             with self._lock:
                 self.requests.append(rec)
@@ -164,7 +175,12 @@ class FakeServer:
                 return web.json_response(reply.body, status=reply.status)
             fault = self._next_fault()
             if fault and fault.delay_s:
-                await asyncio.sleep(fault.delay_s)
+                try:
+                    await asyncio.sleep(fault.delay_s)
+                except asyncio.CancelledError:  # the client gave up on the slow answer and hung up
+                    with self._lock:
+                        self.abandoned += 1
+                    raise
             if fault and fault.status is not None:
                 text = fault.body if isinstance(fault.body, str) else json.dumps(fault.body or {})
                 return web.Response(
