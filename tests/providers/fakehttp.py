@@ -77,6 +77,8 @@ class FakeServer:
         self.requests: list[Recorded] = []
         self.disconnects = 0
         self.abandoned = 0  # delayed requests the client hung up on before any answer
+        self.in_flight = 0
+        self.max_in_flight = 0  # the most requests the fake was answering at once
         self.completed_streams = 0
         self.event_delay_s = 0.0
         self.base_url = ""
@@ -98,6 +100,7 @@ class FakeServer:
             self.requests.clear()
             self.disconnects = 0
             self.abandoned = 0
+            self.in_flight = self.max_in_flight = 0
             self.completed_streams = 0
             self.event_delay_s = 0.0
 
@@ -155,6 +158,16 @@ class FakeServer:
 
     def _wrap(self, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def serve(request: web.Request) -> web.StreamResponse:
+            with self._lock:
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                return await answer(request)
+            finally:
+                with self._lock:
+                    self.in_flight -= 1
+
+        async def answer(request: web.Request) -> web.StreamResponse:
             raw = await request.read()
             try:
                 body = json.loads(raw) if raw else None

