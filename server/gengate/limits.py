@@ -429,7 +429,7 @@ _REGEX_TOKEN = re.compile(
     r"(?P<escape>\\(?:[pPxu]\{[^}]*\}|.)?)"
     r"|(?P<cls>\[)"
     r"|(?P<flags>\(\?[A-Za-z-]*\))"
-    r"|(?P<open>\((?:\?(?:P?<[^>]*>|[A-Za-z-]*:|[:=!]|<[=!])?)?)"
+    r"|(?P<open>\((?:\?(?:<[=!]|P?<[A-Za-z_][A-Za-z0-9_]*>|[A-Za-z-]*:|[:=!])?)?)"
     r"|(?P<close>\))"
     r"|(?P<alt>\|)"
     r"|(?P<counted>\{(?P<low>[0-9]{1,9})(?:(?P<comma>,)(?P<high>[0-9]{0,9}))?\})"
@@ -508,32 +508,26 @@ def _skip_escape(pattern: str, i: int) -> int:
 
 
 def _skip_class(pattern: str, i: int) -> int:
-    """Index after the bracket class starting at `i`; nested classes and `[:name:]` are skipped."""
-    nesting = 0
+    """Index after the bracket class starting at `i` (`[:name:]` inside it skipped whole).
+
+    A `[` inside a class is read as a literal, as RE2 reads it: where an engine nests classes
+    instead (Rust's `[a-z&&[^aeiou]]`), the class ends early here and the rest counts as
+    literals, so the measure is never smaller than the pattern (the limit cannot be dodged).
+    """
     n = len(pattern)
+    i += 1
+    if pattern.startswith("^", i):
+        i += 1
+    if pattern.startswith("]", i):  # a leading ] is a literal
+        i += 1
     while i < n:
         ch = pattern[i]
         if ch == "\\":
             i = _skip_escape(pattern, i)
-            continue
-        if ch == "[":
-            if pattern.startswith("[:", i):
-                close = pattern.find(":]", i + 2)
-                if close != -1:
-                    i = close + 2
-                    continue
-            nesting += 1
+        elif pattern.startswith("[:", i) and (close := pattern.find(":]", i + 2)) != -1:
+            i = close + 2
+        elif ch == "]":
+            return i + 1
+        else:
             i += 1
-            if pattern.startswith("^", i):
-                i += 1
-            if pattern.startswith("]", i):  # a leading ] is a literal
-                i += 1
-            continue
-        if ch == "]":
-            nesting -= 1
-            i += 1
-            if nesting == 0:
-                return i
-            continue
-        i += 1
     return n
