@@ -126,9 +126,27 @@ async def test_family_n2(family_make: cc.Make, fake: FakeOpenAI) -> None:
     await cc.check_n2(family_make, fake, native=backend_native)
 
 
+# What the README's provider table promises for a JSON Schema, written out here rather than read
+# from the backend under test, so a backend that starts claiming another level fails.
+JSON_SCHEMA_ENFORCEMENT = {
+    "openai": Enforcement.NATIVE,
+    "azure_openai": Enforcement.NATIVE,
+    "together": Enforcement.NATIVE,
+    "groq": Enforcement.NATIVE,
+    "anyscale": Enforcement.NATIVE,
+    "vllm_server": Enforcement.NATIVE,
+    "sglang": Enforcement.NATIVE,
+    "llamacpp_server": Enforcement.VALIDATED,  # its schema conversion skips minimum/maximum
+    "openai_compatible": Enforcement.VALIDATED,  # an unknown server: checked, not trusted
+    "ollama": Enforcement.NATIVE,
+}
+
+
 async def test_family_json_schema(family_make: cc.Make, fake: FakeOpenAI) -> None:
     backend = await family_make()
-    level = backend.capabilities.constraints[ConstraintKind.JSON_SCHEMA]
+    assert set(JSON_SCHEMA_ENFORCEMENT) == {cls.kind for cls in FAMILY}
+    level = JSON_SCHEMA_ENFORCEMENT[backend.kind]
+    assert backend.capabilities.constraints[ConstraintKind.JSON_SCHEMA] == level
     fake.reset()
     await cc.check_json_schema(family_make, fake, level=level)
 

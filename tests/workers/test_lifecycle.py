@@ -74,15 +74,37 @@ async def test_many_concurrent_calls_are_multiplexed(fast_worker: WorkerBackend)
     assert fast_worker.in_flight == 0
 
 
-async def test_errors_cross_the_process_boundary_typed(fast_worker: WorkerBackend) -> None:
-    # The scripted engine yields no StreamStart for a broken request? Use a request its own code rejects:
-    # messages=None and prompt=None answers "" — fine; instead check a worker-side exception type round trip.
-    from gengate.workers.protocol import ErrorPayload
+@pytest.mark.parametrize("call", ["unary", "stream"])
+async def test_errors_cross_the_process_boundary_typed(call: str) -> None:
+    backend = WorkerBackend("raising", "scripted", {}, target="env_engine:RaisingEngine", env=ENV_ENGINE_PATH)
+    await backend.start()
 
-    error = ErrorPayload.from_exception(errors.InvalidArgument.field("n", "too big")).to_exception()
-    assert isinstance(error, errors.InvalidArgument) and error.violations[0].field == "n"
-    other = ErrorPayload.from_exception(ValueError("boom")).to_exception()
-    assert isinstance(other, errors.Internal) and "ValueError: boom" in other.message
+    async def outcome(prompt: str) -> BaseException:
+        request = GenerationRequest(model="raising", prompt=prompt)
+        with pytest.raises(Exception) as info:
+            if call == "unary":
+                await backend.generate(request)
+            else:
+                async for _ in backend.generate_stream(request):
+                    pass
+        return info.value
+
+    try:
+        worker = f"in process {backend.pid}"
+        assert backend.pid != os.getpid()
+        invalid = await outcome("invalid")
+        assert isinstance(invalid, errors.InvalidArgument)
+        assert [(v.field, v.description) for v in invalid.violations] == [
+            ("request.prompt", f"refused by the engine {worker}")
+        ]
+        busy = await outcome("busy")
+        assert isinstance(busy, errors.Unavailable) and busy.reason == "ENGINE_BUSY"
+        assert busy.retry_after_s == 3 and worker in busy.message
+        bug = await outcome("bug")  # an engine's own exception arrives as INTERNAL, named
+        assert isinstance(bug, errors.Internal) and f"ValueError: a bug {worker}" in bug.message
+        assert backend.serving and backend.in_flight == 0 and worker == f"in process {backend.pid}"
+    finally:
+        await backend.aclose()
 
 
 async def test_cancel_aborts_in_the_worker(slow_worker: WorkerBackend) -> None:
