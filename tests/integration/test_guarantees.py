@@ -2,7 +2,8 @@
 level by models that misbehave on purpose: a `scripted` model claiming a constraint kind answers
 text that violates it. Claimed ENGINE/NATIVE enforcement that fails is INTERNAL
 CONSTRAINT_VIOLATED (a server fault, never a success); VALIDATED is ABORTED VALIDATION_FAILED.
-Streams end with that status after their frames, never OK; a batch fails only that item."""
+Streams end with that status after their frames, never OK; a batch fails only that item. A
+constraint a model cannot enforce is refused (UNIMPLEMENTED), never answered as free text."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ async def stub(make_server: ServerFactory) -> AsyncIterator[generation_pb2_grpc.
                 liar("native-liar", "native"),
                 liar("validated-liar", "validated"),
                 {"name": "honest", "backend": "scripted", "text": "123", "constraints": {"regex": "engine"}},
+                {"name": "plain", "backend": "scripted", "text": "free text"},  # enforces nothing
             ]
         }
     )
@@ -96,6 +98,52 @@ async def test_a_batch_fails_only_the_item_whose_result_is_invalid(
     assert answers[3].response.generations[0].text == "123"
     assert answers[1].error.code == grpc.StatusCode.INTERNAL.value[0]
     assert answers[2].error.code == grpc.StatusCode.ABORTED.value[0]
+
+
+EVERY_KIND = {
+    "json_schema": t.StructuredOutput(json_schema=t.JsonSchema(schema_json='{"type": "object"}')),
+    "json_object": t.StructuredOutput(json_object=t.JsonObject()),
+    "regex": REGEX,
+    "choice": t.StructuredOutput(choice=t.Choice(choices=["a", "b"])),
+    "grammar": t.StructuredOutput(grammar=t.Grammar(syntax=t.GRAMMAR_SYNTAX_LARK, definition='start: "a"')),
+}
+
+
+def field_violations(error: grpc.aio.AioRpcError) -> list[str]:
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    fields: list[str] = []
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            fields += [v.field for v in bad.field_violations]
+    return fields
+
+
+@pytest.mark.parametrize("kind", sorted(EVERY_KIND))
+async def test_a_constraint_the_model_cannot_enforce_is_refused_never_dropped(
+    stub: generation_pb2_grpc.GenerationServiceStub, kind: str
+) -> None:
+    """Unary, stream and batch item alike: UNIMPLEMENTED naming the field, never the free text."""
+    asked = g.GenerateRequest(model="plain", prompt="x", structured_output=EVERY_KIND[kind])
+    with pytest.raises(grpc.aio.AioRpcError) as unary:
+        await stub.Generate(asked)
+    assert unary.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert reason(unary.value) == "CONSTRAINT_UNSUPPORTED"
+    assert field_violations(unary.value) == [f"structured_output.{kind}"]
+    frames = []
+    with pytest.raises(grpc.aio.AioRpcError) as streamed:
+        async for frame in stub.GenerateStream(g.GenerateStreamRequest(request=asked)):
+            frames.append(frame)
+    assert streamed.value.code() == grpc.StatusCode.UNIMPLEMENTED and frames == []
+    assert field_violations(streamed.value) == [f"request.structured_output.{kind}"]
+    free = g.GenerateRequest(model="plain", prompt="x")
+    answers = [a async for a in stub.BatchGenerate(g.BatchGenerateRequest(requests=[free, asked]))]
+    by_index = {a.index: a for a in answers}
+    assert by_index[0].response.generations[0].text == "free text"
+    assert by_index[1].error.code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    assert not by_index[1].HasField("response")
 
 
 async def test_a_stream_that_fails_mid_generation_ends_with_its_error_not_ok(
