@@ -22,10 +22,16 @@ import (
 // what it received, so the wrapper is tested without the real server.
 type fakeServer struct {
 	gengatev1.UnimplementedGenerationServiceServer
-	mu        sync.Mutex
-	metadata  []metadata.MD
-	requests  []*gengatev1.GenerateRequest
-	cancelled chan struct{}
+	mu       sync.Mutex
+	metadata []metadata.MD
+	requests []*gengatev1.GenerateRequest
+	// cancelled is closed when the server saw an "endless" stream end before its last frame.
+	cancelled     chan struct{}
+	cancelledOnce sync.Once
+	// slowEnded is closed when a "slow" Generate saw its call end (deadline passed or caller
+	// gone) server-side; the slow call never answers on its own, so nothing else closes it.
+	slowEnded     chan struct{}
+	slowEndedOnce sync.Once
 	// jsonText is what a json_schema request gets back.
 	jsonText string
 }
@@ -84,11 +90,11 @@ func (f *fakeServer) answer(req *gengatev1.GenerateRequest) *gengatev1.GenerateR
 func (f *fakeServer) Generate(ctx context.Context, req *gengatev1.GenerateRequest) (*gengatev1.GenerateResponse, error) {
 	f.record(ctx, req)
 	if req.GetPrompt() == "slow" {
-		select {
-		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
-		case <-time.After(5 * time.Second):
-		}
+		// Waits for the call to end: only the deadline or the caller's cancel ends it
+		// (srv.Stop at cleanup ends a call the client failed to end).
+		<-ctx.Done()
+		f.slowEndedOnce.Do(func() { close(f.slowEnded) })
+		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	if err := check(req); err != nil {
 		return nil, err
@@ -109,13 +115,15 @@ func (f *fakeServer) GenerateStream(req *gengatev1.GenerateStreamRequest, stream
 		return err
 	}
 	words := strings.Fields(inner.GetPrompt())
-	if inner.GetPrompt() == "endless" {
-		words = make([]string, 1000)
-	}
-	for _, w := range words {
+	endless := inner.GetPrompt() == "endless" // deltas until the call ends, however long that takes
+	for i := 0; endless || i < len(words); i++ {
+		w := "x"
+		if !endless {
+			w = words[i]
+		}
 		select {
 		case <-stream.Context().Done():
-			close(f.cancelled)
+			f.cancelledOnce.Do(func() { close(f.cancelled) })
 			return stream.Context().Err()
 		case <-time.After(time.Millisecond):
 		}
@@ -166,7 +174,7 @@ func startFake(t *testing.T, creds credentials.TransportCredentials) (*fakeServe
 		opts = append(opts, grpc.Creds(creds))
 	}
 	srv := grpc.NewServer(opts...)
-	fake := &fakeServer{cancelled: make(chan struct{}), jsonText: `{"name":"Ada","age":36}`}
+	fake := &fakeServer{cancelled: make(chan struct{}), slowEnded: make(chan struct{}), jsonText: `{"name":"Ada","age":36}`}
 	gengatev1.RegisterGenerationServiceServer(srv, fake)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)

@@ -21,8 +21,10 @@ export interface Fake {
   url: string;
   headers: Headers[];
   requests: GenerateRequest[];
-  /** Resolves when the server saw a stream cancelled. */
+  /** Resolves when the server saw an "endless" stream cancelled. */
   cancelled: Promise<void>;
+  /** Resolves when the server saw a "slow" unary call end (deadline passed or caller gone); the slow call never answers on its own. */
+  slowEnded: Promise<void>;
   jsonText: string;
   close(): Promise<void>;
 }
@@ -54,13 +56,22 @@ const sleep = (ms: number, signal?: AbortSignal): Promise<void> =>
     });
   });
 
+/** Settles when the call's signal aborts, and never otherwise. */
+const untilAborted = (signal: AbortSignal): Promise<never> =>
+  new Promise((_, reject) => {
+    if (signal.aborted) reject(signal.reason);
+    else signal.addEventListener("abort", () => reject(signal.reason), { once: true });
+  });
+
 export async function startFake(options: http2.SecureServerOptions | undefined = undefined): Promise<Fake> {
   let markCancelled!: () => void;
+  let markSlowEnded!: () => void;
   const fake: Fake = {
     url: "",
     headers: [],
     requests: [],
     cancelled: new Promise((resolve) => (markCancelled = resolve)),
+    slowEnded: new Promise((resolve) => (markSlowEnded = resolve)),
     jsonText: '{"name":"Ada","age":36}',
     close: async () => {},
   };
@@ -81,7 +92,14 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
     router.service(GenerationService, {
       async generate(req, ctx) {
         record(req, ctx);
-        if (req.input.case === "prompt" && req.input.value === "slow") await sleep(1500, ctx.signal);
+        if (req.input.case === "prompt" && req.input.value === "slow") {
+          // Only the deadline or the caller's cancel ends it.
+          try {
+            await untilAborted(ctx.signal);
+          } finally {
+            markSlowEnded();
+          }
+        }
         const err = check(req);
         if (err) throw err;
         return answer(req);
@@ -93,11 +111,12 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
         if (err) throw err;
         const text = req.input.case === "prompt" ? req.input.value : "";
         yield { frame: { case: "start", value: { model: req.model, requestId: "r1" } } } as GenerateStreamResponse;
-        const words = text === "endless" ? Array<string>(1000).fill("x") : text.split(" ");
+        const endless = text === "endless"; // deltas until the call ends, however long that takes
+        const words = endless ? [] : text.split(" ");
         try {
-          for (const w of words) {
+          for (let i = 0; endless || i < words.length; i++) {
             await sleep(2, ctx.signal);
-            yield { frame: { case: "delta", value: { text: `${w} `, tokenCount: 1 } } } as GenerateStreamResponse;
+            yield { frame: { case: "delta", value: { text: `${endless ? "x" : words[i]} `, tokenCount: 1 } } } as GenerateStreamResponse;
           }
         } catch (e) {
           if (ctx.signal.aborted) markCancelled();

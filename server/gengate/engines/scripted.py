@@ -8,6 +8,7 @@ import asyncio
 import re
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from typing import ClassVar
 
@@ -33,6 +34,9 @@ from gengate.errors import Unavailable
 
 _TOKEN = re.compile(r"\s*\S+|\s+")
 
+# Scripted models of this process by name, so a probe model can read another's counters.
+_LIVE: weakref.WeakValueDictionary[str, ScriptedBackend] = weakref.WeakValueDictionary()
+
 
 class ScriptedOptions(BaseModel):
     """Config keys of a `scripted` model."""
@@ -47,6 +51,13 @@ class ScriptedOptions(BaseModel):
         default=None,
         ge=0,
         description="Fail with UNAVAILABLE after this many tokens (a fault for testing error paths).",
+    )
+    answer_cancellations_of: str | None = Field(
+        default=None,
+        description=(
+            "Answer the number of generations the named scripted model (same server) has abandoned "
+            "so far: a probe through which clients in any language can see that the server aborted."
+        ),
     )
     constraints: dict[ConstraintKind, Enforcement] = Field(
         default_factory=dict,
@@ -79,6 +90,7 @@ class ScriptedBackend:
         # Generations abandoned before their end (caller cancelled, deadline passed): what an
         # engine's abort would free, counted so tests can see the server did abort.
         self.cancelled = 0
+        _LIVE[name] = self
 
     async def start(self) -> None:
         return None
@@ -90,6 +102,14 @@ class ScriptedBackend:
         return await collect_stream(self.generate_stream(request))
 
     def _answer(self, request: GenerationRequest) -> str:
+        if self.options.answer_cancellations_of is not None:
+            watched = _LIVE.get(self.options.answer_cancellations_of)
+            if watched is None:
+                raise Unavailable(
+                    f"no scripted model {self.options.answer_cancellations_of!r} in this process",
+                    reason="SCRIPTED_PROBE_TARGET_MISSING",
+                )
+            return str(watched.cancelled)
         if self.options.text is not None:
             return self.options.text
         if request.prompt is not None:

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,7 +51,38 @@ type outcome struct {
 	Seed          string
 	FramesOrdered bool
 	Cancelled     bool
-	ElapsedMs     float64
+}
+
+// The expect keys this runner checks: check()'s, then those runVector reads itself (a vector's
+// expect), or "ok" (a batch item's). A key outside them fails its vector, so a vector can never
+// pass by being ignored.
+var (
+	checkedKeys = []string{"code", "reason", "field_violation", "generations", "max_output_tokens",
+		"finish_reasons", "seed_echoed", "enforcement", "valid_json_schema", "full_match", "one_of",
+		"json_object", "key_order", "frames_ordered", "cancelled"}
+	vectorKeys = keySet(checkedKeys, "model_listed", "constraint_kinds", "backend_options",
+		"same_text_on_repeat", "stream_equals_unary", "items", "server_aborted")
+	itemKeys = keySet(checkedKeys, "ok")
+)
+
+func keySet(base []string, more ...string) map[string]bool {
+	set := map[string]bool{}
+	for _, k := range append(slices.Clone(base), more...) {
+		set[k] = true
+	}
+	return set
+}
+
+// unknownKeys fails each key of expect that known lacks.
+func unknownKeys(expect map[string]any, known map[string]bool, where string) []string {
+	var failures []string
+	for key := range expect {
+		if !known[key] {
+			failures = append(failures, fmt.Sprintf("%sunknown expect key %q", where, key))
+		}
+	}
+	sort.Strings(failures)
+	return failures
 }
 
 type result struct {
@@ -195,7 +227,6 @@ func cancelStream(ctx context.Context, c *gengate.Client, raw json.RawMessage, a
 		return fromErr(err)
 	}
 	deltas, finished := 0, true
-	start := time.Now()
 	for frame, err := range c.GenerateStream(ctx, req) {
 		if err != nil {
 			return fromErr(err)
@@ -203,12 +234,48 @@ func cancelStream(ctx context.Context, c *gengate.Client, raw json.RawMessage, a
 		if frame.GetDelta() != nil {
 			deltas++
 			if deltas == after {
-				start, finished = time.Now(), false
+				finished = false
 				break // leaving the loop cancels the call
 			}
 		}
 	}
-	return &outcome{Cancelled: deltas == after && !finished, ElapsedMs: float64(time.Since(start).Microseconds()) / 1000}
+	return &outcome{Cancelled: deltas == after && !finished}
+}
+
+// abandonedCount asks a probe model (scripted, answer_cancellations_of) how many generations
+// the server has abandoned so far on the model it watches.
+func abandonedCount(ctx context.Context, c *gengate.Client, probe string) (int, error) {
+	resp, err := c.Generate(ctx, gengate.Prompt(probe, "count"))
+	if err != nil {
+		return 0, fmt.Errorf("probe %s: %w", probe, err)
+	}
+	gens := resp.GetGenerations()
+	if len(gens) == 0 {
+		return 0, fmt.Errorf("probe %s answered no generation", probe)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(gens[0].GetText()))
+	if err != nil {
+		return 0, fmt.Errorf("probe %s answered %q, not a count", probe, gens[0].GetText())
+	}
+	return n, nil
+}
+
+// awaitAbort polls the probe every 50 ms until the abandoned count passes before, for at most 10 s.
+func awaitAbort(ctx context.Context, c *gengate.Client, probe string, before int) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := abandonedCount(ctx, c, probe)
+		if err != nil {
+			return err
+		}
+		if n > before {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the server did not abort the generation (abandoned count stayed %d)", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func check(expect map[string]any, out *outcome, raw json.RawMessage) []string {
@@ -319,9 +386,6 @@ func check(expect map[string]any, out *outcome, raw json.RawMessage) []string {
 	if expect["cancelled"] == true && !out.Cancelled {
 		fail("the stream was not cancelled")
 	}
-	if limit, ok := expect["within_ms"].(float64); ok && out.ElapsedMs > limit {
-		fail("took %.0f ms, limit %v", out.ElapsedMs, limit)
-	}
 	return failures
 }
 
@@ -361,8 +425,28 @@ func textsOrEmpty(t []string) []string {
 }
 
 func runVector(ctx context.Context, c *gengate.Client, v vector) result {
-	var failures []string
+	failures := unknownKeys(v.Expect, vectorKeys, "")
+	if items, ok := v.Expect["items"].([]any); ok {
+		for i, item := range items {
+			sub, _ := item.(map[string]any)
+			failures = append(failures, unknownKeys(sub, itemKeys, fmt.Sprintf("item %d: ", i))...)
+		}
+	}
 	observed := map[string]any{}
+	// server_aborted names a probe model: the server must abandon the call's generation.
+	probe, probed := v.Expect["server_aborted"]
+	probeName, _ := probe.(string)
+	abandonedBefore := 0
+	if probed {
+		if probeName == "" {
+			return result{Name: v.Name, Failures: []string{fmt.Sprintf("server_aborted must name a probe model, not %v", probe)}, Observed: observed}
+		}
+		n, err := abandonedCount(ctx, c, probeName)
+		if err != nil {
+			return result{Name: v.Name, Failures: []string{err.Error()}, Observed: observed}
+		}
+		abandonedBefore = n
+	}
 	switch v.Call {
 	case "list_models":
 		models, err := c.ListModels(ctx)
@@ -407,10 +491,8 @@ func runVector(ctx context.Context, c *gengate.Client, v vector) result {
 			}
 		}
 	case "generate":
-		start := time.Now()
 		out := generate(ctx, c, v.Request, v.TimeoutMs)
-		out.ElapsedMs = float64(time.Since(start).Microseconds()) / 1000
-		failures = check(v.Expect, out, v.Request)
+		failures = append(failures, check(v.Expect, out, v.Request)...)
 		if v.Expect["same_text_on_repeat"] == true {
 			for range max(v.Repeat, 2) - 1 {
 				again := generate(ctx, c, v.Request, 0)
@@ -425,7 +507,7 @@ func runVector(ctx context.Context, c *gengate.Client, v vector) result {
 		}
 	case "stream":
 		out := stream(ctx, c, v.Request)
-		failures = check(v.Expect, out, v.Request)
+		failures = append(failures, check(v.Expect, out, v.Request)...)
 		if v.Expect["stream_equals_unary"] == true && out.Err == nil {
 			if unary := generate(ctx, c, v.Request, 0); !slices.Equal(unary.Texts, out.Texts) {
 				failures = append(failures, fmt.Sprintf("stream texts %q != unary %q", out.Texts, unary.Texts))
@@ -434,7 +516,7 @@ func runVector(ctx context.Context, c *gengate.Client, v vector) result {
 		observed = observe(out)
 	case "cancel_stream":
 		out := cancelStream(ctx, c, v.Request, v.CancelAfterDeltas)
-		failures = check(v.Expect, out, v.Request)
+		failures = append(failures, check(v.Expect, out, v.Request)...)
 		if after := generate(ctx, c, json.RawMessage(`{"model":"tiny","prompt":"still there?","stopping":{"maxTokens":2}}`), 0); after.Err != nil {
 			failures = append(failures, fmt.Sprintf("server unhealthy after cancel: %+v", *after.Err))
 		}
@@ -486,6 +568,13 @@ func runVector(ctx context.Context, c *gengate.Client, v vector) result {
 		observed["items"] = obs
 	default:
 		failures = append(failures, "unknown call "+v.Call)
+	}
+	if probed {
+		err := awaitAbort(ctx, c, probeName, abandonedBefore)
+		if err != nil {
+			failures = append(failures, err.Error())
+		}
+		observed["server_aborted"] = err == nil
 	}
 	if failures == nil {
 		failures = []string{}
