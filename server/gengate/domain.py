@@ -50,6 +50,16 @@ class ChatMessage:
         return any(isinstance(p, ImagePart) for p in self.content)
 
 
+def with_system_text(messages: tuple[ChatMessage, ...], text: str) -> tuple[ChatMessage, ...]:
+    """`text` added to the first system message (after a blank line), or a system message put
+    first: how instructions reach a model that only takes chat messages."""
+    if messages and messages[0].role is Role.SYSTEM:
+        first = messages[0]
+        merged = ChatMessage(Role.SYSTEM, (*first.content, TextPart("\n\n" + text)), first.name)
+        return (merged, *messages[1:])
+    return (ChatMessage(Role.SYSTEM, (TextPart(text),)), *messages)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling fields; None means "not set" (the backend's default applies)."""
@@ -184,6 +194,12 @@ class GenerationRequest:
     # The request's size as received (serialized bytes; 0 when unknown): a large one is checked
     # off the event loop.
     wire_bytes: int = field(default=0, compare=False)
+
+    def as_messages(self) -> tuple[ChatMessage, ...]:
+        """The request as a chat: a bare prompt becomes one user message."""
+        if self.messages is not None:
+            return self.messages
+        return (ChatMessage(Role.USER, (TextPart(self.prompt or ""),)),)
 
     def time_left(self) -> float | None:
         """Seconds until the caller's deadline, or None when there is none."""

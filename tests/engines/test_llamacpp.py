@@ -17,6 +17,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (extr
 from gengate import errors
 from gengate.backend import Backend
 from gengate.constraints import validate_output
+from gengate.constraints.retries import VALIDATION_RETRIES
 from gengate.domain import (
     ChatMessage,
     ChoiceConstraint,
@@ -408,7 +409,9 @@ async def test_validation_failure_is_retried_then_aborted(backend: LlamaCppBacke
             events.append(event)
     assert info.value.reason == "VALIDATION_FAILED"
     assert [type(e) for e in events] == [StreamStart], "no text of an invalid result is streamed"
-    assert backend.tokens_generated - before >= 4 * 5, "one try and three retries of ≥5 tokens each"
+    tries = 1 + VALIDATION_RETRIES
+    assert backend.tokens_generated - before >= tries * 5, "every try generated its ≥5 tokens"
+    assert f"did not validate in {tries} tries" in info.value.message
 
 
 async def test_length_cut_results_are_not_validated(backend: LlamaCppBackend) -> None:

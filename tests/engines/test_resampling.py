@@ -6,6 +6,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 import pytest
 from gengate import errors
+from gengate.constraints.retries import VALIDATION_RETRIES
 from gengate.domain import (
     ChoiceConstraint,
     FinishReason,
@@ -15,7 +16,7 @@ from gengate.domain import (
     StructuredOutput,
     Usage,
 )
-from gengate.engines.resampling import VALIDATION_RETRIES, retry_seed, validated_events
+from gengate.engines.resampling import retry_seed, validated_events
 
 CHOICE = StructuredOutput(ChoiceConstraint(("yes", "no")))
 

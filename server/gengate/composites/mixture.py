@@ -34,11 +34,10 @@ from gengate.domain import (
     GenerationRequest,
     GenerationResult,
     ModelCapabilities,
-    Role,
     StreamEvent,
     StreamStart,
-    TextPart,
     Usage,
+    with_system_text,
 )
 from gengate.errors import ConfigError
 
@@ -91,16 +90,7 @@ def inject_responses(
 ) -> tuple[ChatMessage, ...]:
     """The request's input as chat messages with the proposals in the (first) system message."""
     listed = "\n".join(f"{i}. {text}" for i, text in enumerate(responses, start=1))
-    note = template.replace(RESPONSES, listed)
-    if request.messages is None:
-        messages: tuple[ChatMessage, ...] = (ChatMessage(Role.USER, (TextPart(request.prompt or ""),)),)
-    else:
-        messages = request.messages
-    if messages and messages[0].role is Role.SYSTEM:
-        first = messages[0]
-        merged = dataclasses.replace(first, content=(*first.content, TextPart("\n\n" + note)))
-        return (merged, *messages[1:])
-    return (ChatMessage(Role.SYSTEM, (TextPart(note),)), *messages)
+    return with_system_text(request.as_messages(), template.replace(RESPONSES, listed))
 
 
 class MixtureOfAgentsBackend(CompositeBackend):

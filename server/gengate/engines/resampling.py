@@ -2,9 +2,10 @@
 
 A relaxed constraint (one `constraints.lowering` could not enforce keyword for keyword) is
 enforced by the engine as far as it goes and checked afterwards. Each generation's text is held
-back until it validates; one that does not is sampled again with another seed, up to
-VALIDATION_RETRIES times, and then refused with ABORTED VALIDATION_FAILED. A generation cut by
-max_tokens or a stop string is released as it is: its finish reason says it is incomplete.
+back until it validates; one that does not is sampled again with another seed, as many times
+as `constraints.retries` says for every backend, then refused with ABORTED VALIDATION_FAILED.
+A generation cut by max_tokens or a stop string is released as it is: its finish reason says
+it is incomplete.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 
-from gengate import errors
 from gengate.constraints import validate_output
+from gengate.constraints.retries import VALIDATION_RETRIES, validation_failed
 from gengate.domain import (
     Enforcement,
     FinishReason,
@@ -24,8 +25,6 @@ from gengate.domain import (
     StructuredOutput,
 )
 
-# A generation that fails validation is sampled this many more times.
-VALIDATION_RETRIES = 3
 _SEED_STEP = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: attempts' seeds far apart
 _SEED_MASK = (1 << 63) - 1  # every engine takes a non-negative 63-bit seed
 
@@ -49,13 +48,6 @@ def merge_deltas(deltas: Sequence[GenerationDelta]) -> GenerationDelta:
         text="".join(d.text for d in deltas),
         token_count=sum(d.token_count for d in deltas),
         logprobs=tuple(lp for d in deltas for lp in (d.logprobs or ())) if with_logprobs else None,
-    )
-
-
-def validation_failed(index: int, tries: int, problem: str) -> errors.Aborted:
-    """The error for a generation that did not validate in `tries` attempts."""
-    return errors.Aborted(
-        f"generation {index} did not validate in {tries} tries: {problem}", reason="VALIDATION_FAILED"
     )
 
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from gengate import errors
 from gengate.backend import aclose_stream
 from gengate.constraints import validate_output
+from gengate.constraints.retries import VALIDATION_RETRIES, validation_failed
 from gengate.domain import (
     ChatMessage,
     ConstraintKind,
@@ -45,12 +46,12 @@ from gengate.domain import (
     Timings,
     TokenLogprob,
     Usage,
+    with_system_text,
 )
 from gengate.providers import structured as so
 from gengate.providers.errors import (
     UPSTREAM_BAD_RESPONSE,
     UPSTREAM_PROTOCOL,
-    VALIDATION_FAILED,
     normalize_exception,
     scrub,
 )
@@ -72,7 +73,9 @@ class ProviderOptions(BaseModel):
     api_key: SecretStr | None = Field(default=None, description="The key itself (prefer api_key_env).")
     timeout: float = Field(default=60.0, gt=0, description="Seconds per upstream attempt.")
     max_retries: int = Field(default=2, ge=0, le=10)
-    validation_retries: int = Field(default=2, ge=0, le=10, description="Re-asks after invalid output.")
+    validation_retries: int = Field(
+        default=VALIDATION_RETRIES, ge=0, le=10, description="Re-asks after invalid output."
+    )
     validation: bool = Field(default=True, description="Allow prompt + validate for non-native kinds.")
     max_n: int = Field(default=16, ge=1)
     context_length: int = Field(default=0, ge=0)
@@ -208,22 +211,6 @@ def image_url(part: ImagePart) -> str:
     return f"data:{mime};base64,{base64.b64encode(part.data or b'').decode()}"
 
 
-def request_messages(req: GenerationRequest) -> tuple[ChatMessage, ...]:
-    """The request as a chat: a bare prompt becomes one user message."""
-    if req.messages is not None:
-        return req.messages
-    return (ChatMessage(Role.USER, (TextPart(req.prompt or ""),)),)
-
-
-def with_system_text(messages: tuple[ChatMessage, ...], text: str) -> tuple[ChatMessage, ...]:
-    """Adds `text` to the first system message, or puts a system message first."""
-    if messages and messages[0].role == Role.SYSTEM:
-        first = messages[0]
-        merged = ChatMessage(Role.SYSTEM, (*first.content, TextPart("\n\n" + text)), first.name)
-        return (merged, *messages[1:])
-    return (ChatMessage(Role.SYSTEM, (TextPart(text),)), *messages)
-
-
 @dataclass
 class _StreamTally:
     """Per-index bookkeeping while framing one upstream stream."""
@@ -320,7 +307,7 @@ class ProviderBackend(abc.ABC):
 
     def _prepare(self, req: GenerationRequest) -> ProviderCall:
         plan: so.StructuredPlan | None = None
-        messages = request_messages(req)
+        messages = req.as_messages()
         if req.structured_output is not None:
             level = so.check_supported(
                 req.structured_output,
@@ -444,12 +431,8 @@ class ProviderBackend(abc.ABC):
                     pending[i] = (g.text, error)
         if pending:
             index, (_, error) = next(iter(sorted(pending.items())))
-            raise errors.Aborted(
-                f"{self.label} output for generation {index} failed {plan.kind.value} validation after "
-                f"{self.options.validation_retries} re-ask(s): {error}",
-                reason=VALIDATION_FAILED,
-                metadata={"constraint_kind": plan.kind.value},
-            )
+            tries = 1 + self.options.validation_retries
+            raise validation_failed(index, tries, error, kind=plan.kind, source=self.label)
         return out, extra
 
     def _reask_call(self, call: ProviderCall, bad_text: str, error: str) -> ProviderCall:

@@ -254,15 +254,30 @@ def openai_strict_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool, 
     root_is_object = schema.get("type") == "object" or ("properties" in schema and "type" not in schema)
     if root_is_object and not any(k in schema for k in ("anyOf", "oneOf")):
         return _strictify(schema, result), False, result.relaxed
+    return _strictify(wrapped_in_object(schema), result), True, result.relaxed
+
+
+def wrapped_in_object(schema: dict[str, Any]) -> dict[str, Any]:
+    """{"value": schema} as an object schema, for providers whose native JSON needs an object
+    root; definitions stay at the root, where the schema's `$ref`s point."""
     defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
     inner = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
-    wrapper: dict[str, Any] = {
-        "type": "object",
-        "properties": {_WRAP_KEY: inner},
-        "required": [_WRAP_KEY],
-        **defs,
-    }
-    return _strictify(wrapper, result), True, result.relaxed
+    return {"type": "object", "properties": {_WRAP_KEY: inner}, "required": [_WRAP_KEY], **defs}
+
+
+_NOT_WRAPPED = object()
+
+
+def unwrapped_value(text: str) -> Any:
+    """The value inside an answer to `wrapped_in_object`, or _NOT_WRAPPED when the text is not
+    one (left for validation to report)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return _NOT_WRAPPED
+    if not isinstance(value, dict) or _WRAP_KEY not in value:
+        return _NOT_WRAPPED
+    return value[_WRAP_KEY]
 
 
 def _resolve(node: Any, root: dict[str, Any]) -> Any:
@@ -359,14 +374,15 @@ def plan_openai_style(
     is_choice = isinstance(c, ChoiceConstraint)
 
     def unwrap(text: str) -> str:
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return text  # validation reports it
         if wrapped:
-            if not isinstance(value, dict) or _WRAP_KEY not in value:
-                return text
-            value = value[_WRAP_KEY]
+            value = unwrapped_value(text)
+        else:
+            try:
+                value = json.loads(text)
+            except ValueError:
+                value = _NOT_WRAPPED
+        if value is _NOT_WRAPPED:
+            return text  # validation reports it
         value = strip_added_nulls(value, original, original)
         if is_choice and isinstance(value, str):
             return value
@@ -410,11 +426,7 @@ def plan_object_root(
         {"type": "string", "enum": list(c.choices)} if isinstance(c, ChoiceConstraint) else c.schema
     )
     wrapped = schema.get("type") != "object"
-    root = schema
-    if wrapped:
-        defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
-        inner = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
-        root = {"type": "object", "properties": {_WRAP_KEY: inner}, "required": [_WRAP_KEY], **defs}
+    root = wrapped_in_object(schema) if wrapped else schema
     try:
         wire = transform(root) if transform is not None else root
     except (ValueError, TypeError, KeyError, AssertionError):
@@ -422,17 +434,12 @@ def plan_object_root(
     is_choice = isinstance(c, ChoiceConstraint)
 
     def unwrap(text: str) -> str:
-        if not wrapped:
+        value = unwrapped_value(text) if wrapped else _NOT_WRAPPED
+        if value is _NOT_WRAPPED:
             return text
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return text
-        if not isinstance(value, dict) or _WRAP_KEY not in value:
-            return text
-        if is_choice and isinstance(value[_WRAP_KEY], str):
-            return str(value[_WRAP_KEY])
-        return json.dumps(value[_WRAP_KEY], ensure_ascii=False)
+        if is_choice and isinstance(value, str):
+            return value
+        return json.dumps(value, ensure_ascii=False)
 
     level = Enforcement.VALIDATED if relaxed is not None and relaxed(schema) else Enforcement.NATIVE
     return StructuredPlan(structured, level, native=True, native_schema=wire, unwrap=unwrap)

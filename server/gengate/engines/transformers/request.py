@@ -15,6 +15,7 @@ from typing import Any
 
 from gengate import errors
 from gengate.constraints import CompiledConstraint, validate_output
+from gengate.constraints.retries import VALIDATION_RETRIES, validation_failed
 from gengate.domain import (
     Enforcement,
     FinishReason,
@@ -30,7 +31,7 @@ from gengate.domain import (
 )
 from gengate.engines.decoding import SequenceDecoder
 from gengate.engines.options import NO_OPTIONS, EngineOptions
-from gengate.engines.resampling import VALIDATION_RETRIES, retry_seed, validation_failed
+from gengate.engines.resampling import retry_seed
 from gengate.engines.transformers.loaded import Loaded
 from gengate.engines.transformers.scheduler import (
     Admitted,
