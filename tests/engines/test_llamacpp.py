@@ -216,7 +216,8 @@ async def test_images_are_refused_by_field(backend: LlamaCppBackend) -> None:
 async def test_prompt_longer_than_context_is_refused(backend: LlamaCppBackend) -> None:
     with pytest.raises(errors.InvalidArgument) as info:
         await backend.generate(_request(prompt="one two three " * 400))
-    assert info.value.reason == "CONTEXT_LENGTH_EXCEEDED"
+    assert info.value.reason == "PROMPT_TOO_LONG"  # the same reason on every local engine
+    assert info.value.violations[0].field == "prompt"
 
 
 async def test_max_tokens_is_capped_by_the_context(backend: LlamaCppBackend) -> None:

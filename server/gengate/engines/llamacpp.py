@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
-import secrets
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gengate import errors
 from gengate.backend import collect_stream
 from gengate.domain import (
-    ConstraintKind,
     Enforcement,
     FinishReason,
     GenerationDelta,
@@ -38,17 +35,16 @@ from gengate.domain import (
     GenerationResult,
     GrammarSyntax,
     ImagePart,
-    Modality,
     ModelCapabilities,
     SamplingParams,
     StoppingCriteria,
     StreamEvent,
-    StreamStart,
     Timings,
     TokenLogprob,
     Usage,
 )
-from gengate.engines.options import ENGINE_OPTIONS, EngineOptions, engine_options
+from gengate.engines.base import engine_capabilities, output_room, seeded, stream_start
+from gengate.engines.options import EngineOptions, engine_options
 from gengate.engines.resampling import all_generations, merge_deltas, retry_seed
 
 if TYPE_CHECKING:
@@ -133,17 +129,12 @@ class LlamaCppBackend:
         self._logits_views: dict[int, np.ndarray[Any, np.dtype[np.float32]]] = {}  # address -> view
 
     def _capabilities(self, *, chat: bool) -> ModelCapabilities:
-        return ModelCapabilities(
-            constraints={kind: Enforcement.ENGINE for kind in ConstraintKind},
+        return engine_capabilities(
             grammar_syntaxes=frozenset({GrammarSyntax.LARK, GrammarSyntax.GBNF, GrammarSyntax.EBNF}),
             max_n=MAX_N,
-            logprobs=True,
             max_top_logprobs=MAX_TOP_LOGPROBS,
-            input_modalities=frozenset({Modality.TEXT}),
             context_length=self.options.n_ctx,
-            seed=True,
             chat=chat,
-            backend_options=ENGINE_OPTIONS,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -218,31 +209,16 @@ class LlamaCppBackend:
             prompt = self._prompt_tokens(request)
         else:
             prompt = await asyncio.to_thread(self._prompt_tokens, request)
-        room = self.options.n_ctx - len(prompt)
-        if room < 1:
-            field_name = "prompt" if request.prompt is not None else "messages"
-            raise errors.InvalidArgument.field(
-                field_name,
-                f"the prompt has {len(prompt)} tokens; the context holds {self.options.n_ctx}",
-                reason="CONTEXT_LENGTH_EXCEEDED",
-            )
+        stopping = output_room(request, len(prompt), self.options.n_ctx)
         compiled = None
         enforcement = Enforcement.NONE
         if request.structured_output is not None:
             compiled = await self._compiler.compile(request.structured_output)
             enforcement = compiled.enforcement
-        seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
-        sampling = replace(request.sampling, seed=seed)
-        requested = request.stopping.max_tokens
-        stopping = replace(request.stopping, max_tokens=room if requested is None else min(requested, room))
-        yield StreamStart(
-            request_id=request.request_id or uuid.uuid4().hex,
-            model=self.name,
-            input_tokens=len(prompt),
-            enforcement=enforcement,
-            effective_sampling=sampling,
-            effective_stopping=request.stopping,
-        )
+        sampling = seeded(request.sampling)
+        seed = sampling.seed
+        assert seed is not None
+        yield stream_start(request, self.name, len(prompt), enforcement, sampling, stopping)
 
         def generations(indices: Sequence[int], attempt: int) -> AsyncGenerator[StreamEvent, None]:
             attempt_sampling = replace(sampling, seed=retry_seed(seed, attempt))

@@ -42,7 +42,6 @@ from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     SAMPLING_FIELDS,
     ChoiceConstraint,
-    ConstraintKind,
     Enforcement,
     FinishReason,
     GenerationDelta,
@@ -57,7 +56,6 @@ from gengate.domain import (
     RegexConstraint,
     StoppingCriteria,
     StreamEvent,
-    StreamStart,
     StructuredOutput,
     Timings,
     TokenLogprob,
@@ -65,6 +63,7 @@ from gengate.domain import (
     Usage,
     Whitespace,
 )
+from gengate.engines.base import engine_capabilities, output_room, stream_start
 from gengate.engines.options import ENGINE_OPTIONS, engine_options
 from gengate.engines.resampling import all_generations, retry_seed
 from gengate.lru import LruCache
@@ -361,14 +360,11 @@ class OutputTracker:
 
 
 def capabilities_for(options: VLLMOptions, *, context_length: int, chat: bool) -> ModelCapabilities:
-    return ModelCapabilities(
-        constraints={kind: Enforcement.ENGINE for kind in ConstraintKind},
+    return engine_capabilities(
         grammar_syntaxes=GRAMMAR_SYNTAXES[options.structured_outputs_backend],
         max_n=options.max_n,
-        logprobs=options.max_logprobs > 0,
         max_top_logprobs=options.max_logprobs,
         context_length=context_length,
-        seed=True,
         chat=chat,
         backend_options=ENGINE_OPTIONS | VLLM_OPTIONS if options.lora_adapters else ENGINE_OPTIONS,
     )
@@ -569,22 +565,12 @@ class VLLMBackend:
             raise errors.Unavailable(f"model {self.name!r} is not loaded")
         arrived = time.monotonic()
         prompt_ids = self._prompt_ids(request)
-        if len(prompt_ids) >= self._context_length:
-            raise errors.InvalidArgument(
-                f"the prompt has {len(prompt_ids)} tokens; model {self.name!r} takes {self._context_length}",
-                reason="PROMPT_TOO_LONG",
-            )
+        output_room(request, len(prompt_ids), self._context_length)  # PROMPT_TOO_LONG when none is left
         params, enforcement = self._sampling_params(request, len(prompt_ids), stream=stream)
         lora = self._lora_request(request)
         engine_request_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
-        yield StreamStart(
-            request_id=request.request_id or engine_request_id,
-            model=self.name,
-            input_tokens=len(prompt_ids),
-            enforcement=enforcement,
-            effective_sampling=request.sampling,
-            effective_stopping=StoppingCriteria(max_tokens=params.max_tokens, stop=request.stopping.stop),
-        )
+        stopping = StoppingCriteria(max_tokens=params.max_tokens, stop=request.stopping.stop)
+        yield stream_start(request, self.name, len(prompt_ids), enforcement, request.sampling, stopping)
 
         def generations(indices: Sequence[int], attempt: int) -> AsyncGenerator[StreamEvent, None]:
             if attempt == 0:

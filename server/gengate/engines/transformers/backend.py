@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,18 +18,16 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from gengate import errors
 from gengate.domain import (
-    ConstraintKind,
     Enforcement,
     GenerationRequest,
     GenerationResult,
     GrammarSyntax,
     ImagePart,
-    Modality,
     ModelCapabilities,
     StreamEvent,
-    StreamStart,
 )
-from gengate.engines.options import ENGINE_OPTIONS, engine_options
+from gengate.engines.base import engine_capabilities, output_room, seeded, stream_start
+from gengate.engines.options import engine_options
 from gengate.engines.transformers.loaded import Loaded
 
 MAX_TOP_LOGPROBS = 20
@@ -77,17 +73,12 @@ class TransformersBackend:
         self.capabilities = self._capabilities(_context_length_from_folder(options.model))
 
     def _capabilities(self, context_length: int, chat: bool = True) -> ModelCapabilities:
-        return ModelCapabilities(
-            constraints={kind: Enforcement.ENGINE for kind in ConstraintKind},
+        return engine_capabilities(
             grammar_syntaxes=frozenset(GrammarSyntax),
             max_n=self.options.max_n,
-            logprobs=True,
             max_top_logprobs=MAX_TOP_LOGPROBS,
-            input_modalities=frozenset({Modality.TEXT}),
             context_length=context_length,
-            seed=True,
             chat=chat,
-            backend_options=ENGINE_OPTIONS,
         )
 
     @property
@@ -180,28 +171,14 @@ class TransformersBackend:
         self._check(request)
         options = engine_options(request)
         prompt_ids = self._prompt_ids(loaded, request)
-        room = loaded.context_length - len(prompt_ids)
-        if room <= 0:
-            raise errors.InvalidArgument.field(
-                "messages" if request.messages is not None else "prompt",
-                f"the prompt has {len(prompt_ids)} tokens; the model's context is {loaded.context_length}",
-                reason="PROMPT_TOO_LONG",
-            )
-        max_tokens = room if request.stopping.max_tokens is None else min(request.stopping.max_tokens, room)
-        stopping = replace(request.stopping, max_tokens=max_tokens)
-        seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
-        sampling = replace(request.sampling, seed=seed)
+        stopping = output_room(request, len(prompt_ids), loaded.context_length)
+        sampling = seeded(request.sampling)
         compiled = None
         if request.structured_output is not None:
             compiled = await loaded.compiler.compile(request.structured_output)
         enforcement = compiled.enforcement if compiled is not None else Enforcement.NONE
-        yield StreamStart(
-            request_id=request.request_id,
-            model=request.model or self.name,
-            input_tokens=len(prompt_ids),
-            enforcement=enforcement,
-            effective_sampling=sampling,
-            effective_stopping=stopping,
+        yield stream_start(
+            request, request.model or self.name, len(prompt_ids), enforcement, sampling, stopping
         )
 
         from gengate.engines.transformers.request import RequestRun
