@@ -16,7 +16,7 @@ from typing import Any
 
 import jsonschema
 from gengate_client import Choice, Client, GengateError, Grammar, JsonObject, JsonSchema, OutputError, Regex
-from gengate_client._proto.gengate.v1 import generation_pb2, types_pb2
+from gengate_proto.v1 import generation_pb2, types_pb2
 from google.protobuf import json_format
 
 Outcome = dict[str, Any]
