@@ -14,7 +14,8 @@ from typing import Any
 from llguidance import LLMatcher, LLTokenizer
 
 from gengate import errors
-from gengate.constraints.lowering import LoweredConstraint, field_of, lower
+from gengate.constraints import lowering
+from gengate.constraints.lowering import field_of
 from gengate.constraints.matcher import ConstraintMatcher
 from gengate.constraints.validation import quiet_limits
 from gengate.domain import ConstraintKind, Enforcement, StructuredOutput
@@ -31,7 +32,7 @@ class CompiledConstraint:
     """A constraint compiled for one tokenizer; `new_matcher()` gives each generation its own state."""
 
     structured: StructuredOutput
-    lowered: LoweredConstraint
+    lowered: lowering.LoweredConstraint
     _template: LLMatcher = field(repr=False)
     _vocab_size: int = field(repr=False)
 
@@ -180,7 +181,7 @@ class ConstraintCompiler:
             ) from None
 
     def _compile(self, structured: StructuredOutput, field_name: str) -> CompiledConstraint:
-        lowered = lower(structured)
+        lowered = lowering.lower(structured)
         error = LLMatcher.validate_grammar(lowered.grammar, self.ll_tokenizer, limits=quiet_limits())
         if error:
             raise errors.InvalidArgument.field(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from gengate import errors
 from gengate.constraints.regex_dialect import ascii_shorthands
+from gengate.constraints.schemas import all_subschemas, keyword_sites
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -55,22 +55,6 @@ def field_of(kind: ConstraintKind) -> str:
     """The request field (relative to the request) that holds a constraint of this kind."""
     return _FIELD_BY_KIND[kind]
 
-
-# Keywords whose value is one subschema, a list of subschemas, or a map name -> subschema.
-_SCHEMA_VALUED = (
-    "additionalProperties",
-    "not",
-    "if",
-    "then",
-    "else",
-    "contains",
-    "propertyNames",
-    "unevaluatedItems",
-    "unevaluatedProperties",
-    "additionalItems",
-)
-_LIST_VALUED = ("allOf", "anyOf", "oneOf", "prefixItems")
-_MAP_VALUED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 # Keywords llguidance reports as unimplemented that can be dropped and checked afterwards.
 _DROPPABLE_KEYWORDS = frozenset(
@@ -211,7 +195,7 @@ def _enforce_json_schema(
     options = _json_options(structured)
     relaxed = copy.deepcopy(generate)
     relaxed.pop("x-guidance", None)
-    for _, node in _all_subschemas(relaxed):
+    for _, node in all_subschemas(relaxed):
         if isinstance(node.get("pattern"), str):
             node["pattern"] = ascii_shorthands(node["pattern"])
     relaxations: list[str] = []
@@ -268,11 +252,11 @@ def _relax(schema: dict[str, Any], error: str, options: JsonCompileOptions) -> l
     """Relaxes `schema`/`options` in place for llguidance's `error`; returns what was relaxed, or []."""
     if "oneOf" in error and "coerce_one_of" in error and not options.get("coerce_one_of"):
         options["coerce_one_of"] = True
-        sites = [path for path, _ in _keyword_sites(schema, "oneOf")]
+        sites = [path for path, _ in keyword_sites(schema, "oneOf")]
         return [f"oneOf served as anyOf at {path}" for path in sites] or ["oneOf served as anyOf"]
     if m := _UNKNOWN_FORMAT.search(error):
         fmt = m.group(1).strip("\"'")
-        found = [(path, node) for path, node in _keyword_sites(schema, "format") if node["format"] == fmt]
+        found = [(path, node) for path, node in keyword_sites(schema, "format") if node["format"] == fmt]
         for _, node in found:
             del node["format"]
         return [f"unknown format {fmt!r} served as a plain string at {path}" for path, _ in found]
@@ -282,7 +266,7 @@ def _relax(schema: dict[str, Any], error: str, options: JsonCompileOptions) -> l
             return []
         done: list[str] = []
         for key in sorted(keys):
-            for path, node in list(_keyword_sites(schema, key)):
+            for path, node in list(keyword_sites(schema, key)):
                 node.pop(key, None)
                 done.append(f"keyword {key} not enforced at {path}")
         return done
@@ -297,76 +281,9 @@ def _partially_enforced_formats(schema: dict[str, Any]) -> list[str]:
     """
     return [
         f"format {node['format']} calendar validity checked after generation at {path}"
-        for path, node in _keyword_sites(schema, "format")
+        for path, node in keyword_sites(schema, "format")
         if node["format"] in _CALENDAR_FORMATS
     ]
-
-
-def _keyword_sites(schema: Any, keyword: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yields (JSON pointer, subschema) for every subschema that uses `keyword` as a keyword."""
-    for path, node in _all_subschemas(schema):
-        if keyword in node:
-            yield (path or "/", node)
-
-
-def _all_subschemas(schema: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every subschema once: those reached by keywords, plus local `$ref` targets anywhere."""
-    seen: set[int] = set()
-    pending: list[tuple[str, Any]] = [("", schema)]
-    while pending:
-        start_path, start = pending.pop()
-        for path, node in _subschemas(start, start_path):
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            yield path, node
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/"):
-                try:
-                    pending.append((ref[1:], _node_at(schema, ref[1:])))
-                except (KeyError, IndexError, ValueError, TypeError):
-                    continue
-
-
-def _subschemas(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yields `node` and the subschemas its keywords hold, with their JSON pointers."""
-    if not isinstance(node, dict):
-        return
-    yield path, node
-    for key in _SCHEMA_VALUED:
-        if key in node:
-            yield from _subschemas(node[key], f"{path}/{_escape(key)}")
-    for key in _LIST_VALUED:
-        if isinstance(node.get(key), list):
-            for i, sub in enumerate(node[key]):
-                yield from _subschemas(sub, f"{path}/{key}/{i}")
-    for key in _MAP_VALUED:
-        if isinstance(node.get(key), dict):
-            for name, sub in node[key].items():
-                yield from _subschemas(sub, f"{path}/{key}/{_escape(name)}")
-    items = node.get("items")
-    if isinstance(items, list):
-        for i, sub in enumerate(items):
-            yield from _subschemas(sub, f"{path}/items/{i}")
-    elif items is not None:
-        yield from _subschemas(items, f"{path}/items")
-    deps = node.get("dependencies")
-    if isinstance(deps, dict):
-        for name, sub in deps.items():
-            yield from _subschemas(sub, f"{path}/dependencies/{_escape(name)}")
-
-
-def _escape(token: str) -> str:
-    return token.replace("~", "~0").replace("/", "~1")
-
-
-def _node_at(schema: dict[str, Any], pointer: str) -> dict[str, Any]:
-    node: Any = schema
-    for raw in pointer.strip("/").split("/") if pointer.strip("/") else []:
-        token = raw.replace("~1", "/").replace("~0", "~")
-        node = node[int(token)] if isinstance(node, list) else node[token]
-    result: dict[str, Any] = node
-    return result
 
 
 def _apply_additional_properties(schema: dict[str, Any], allowed: bool) -> None:
@@ -375,7 +292,7 @@ def _apply_additional_properties(schema: dict[str, Any], allowed: bool) -> None:
     allOf members and schemas combining allOf/$ref are left alone: closing them would make the
     conjunction unsatisfiable.
     """
-    for path, node in list(_all_subschemas(schema)):
+    for path, node in list(all_subschemas(schema)):
         is_object = node.get("type") == "object" or "properties" in node
         says = any(k in node for k in ("additionalProperties", "unevaluatedProperties", "patternProperties"))
         in_all_of = re.search(r"/allOf/\d+$", path) is not None

@@ -36,7 +36,9 @@ How to write a provider (see openai.py for a complete one):
    validation of every structured result against the ORIGINAL constraint with bounded re-asks
    (Aborted VALIDATION_FAILED when it stays invalid), usage in every stream end frame
    (estimated with `base.estimate_tokens` only when the provider sends none).
-5. Register the kind in gengate/registry.py and, if it has a standard key variable, in
-   `defaults.DEFAULT_PROVIDERS`. Tests: a loopback fake server speaking the wire protocol,
-   driven through the real SDK (see tests/providers/).
+5. Add one `KindSpec` row to `gengate.registry.KINDS`: the class path, the pip extra (and the
+   SDK module to find), the GenAI provider name for spans, the standard key variables (read when
+   the config names no key), and a `default_model` if it should register with no config file
+   once its key variable is set. Tests: a loopback fake server speaking the wire protocol,
+   driven through the real SDK (see tests/providers/ and CONTRIBUTING.md).
 """

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gengate import errors
+from gengate.constraints import schemas
 from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     ChoiceConstraint,
@@ -184,9 +185,8 @@ STRICT_UNSUPPORTED = frozenset(
         "default",
     }
 )
-_CHILD_MAPS = ("properties", "$defs", "definitions")
-_CHILD_LISTS = ("anyOf", "oneOf", "prefixItems")
-_CHILD_SINGLE = ("items",)
+# The keywords strict mode keeps whose subschemas are transformed too.
+_STRICT_CHILDREN = frozenset({"properties", "$defs", "definitions", "anyOf", "oneOf", "prefixItems", "items"})
 _WRAP_KEY = "value"
 
 
@@ -211,37 +211,36 @@ def _nullable(schema: Any) -> dict[str, Any]:
     return out
 
 
-def _strictify(node: Any, result: _StrictResult) -> Any:
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in STRICT_UNSUPPORTED:
-            if key not in ("$schema", "$id", "examples", "default"):
+def _strictify(schema: Any, result: _StrictResult) -> Any:
+    """The schema under OpenAI strict rules (`result.relaxed` set when something was lost)."""
+
+    def strict_node(node: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in STRICT_UNSUPPORTED:
+                if key not in ("$schema", "$id", "examples", "default"):
+                    result.relaxed = True
+                continue
+            if key == "oneOf" and isinstance(value, list):
+                out["anyOf"] = value  # strict mode has no oneOf: served as anyOf, checked afterwards
                 result.relaxed = True
-            continue
-        if key in _CHILD_MAPS and isinstance(value, dict):
-            out[key] = {k: _strictify(v, result) for k, v in value.items()}
-        elif key in _CHILD_LISTS and isinstance(value, list):
-            out["anyOf" if key == "oneOf" else key] = [_strictify(v, result) for v in value]
-            if key == "oneOf":
-                result.relaxed = True
-        elif key in _CHILD_SINGLE:
-            out[key] = _strictify(value, result)
-        else:
-            out[key] = copy.deepcopy(value)
-    is_object = out.get("type") == "object" or "properties" in out
-    if is_object:
-        extra = node.get("additionalProperties")
-        if extra not in (None, False):
-            result.relaxed = True  # free-form maps cannot be strict; keys beyond properties are lost
-        props: dict[str, Any] = out.get("properties", {})
-        required = set(node.get("required", ()))
-        out["properties"] = {k: (v if k in required else _nullable(v)) for k, v in props.items()}
-        out["required"] = list(props)
-        out["additionalProperties"] = False
-        out.setdefault("type", "object")
-    return out
+            elif key in _STRICT_CHILDREN:
+                out[key] = value  # already transformed by the walk
+            else:
+                out[key] = copy.deepcopy(value)
+        if out.get("type") == "object" or "properties" in out:
+            extra = node.get("additionalProperties")
+            if extra not in (None, False):
+                result.relaxed = True  # free-form maps cannot be strict; keys beyond properties are lost
+            props: dict[str, Any] = out.get("properties", {})
+            required = set(node.get("required", ()))
+            out["properties"] = {k: (v if k in required else _nullable(v)) for k, v in props.items()}
+            out["required"] = list(props)
+            out["additionalProperties"] = False
+            out.setdefault("type", "object")
+        return out
+
+    return schemas.rewrite(schema, strict_node, descend=lambda keyword: keyword in _STRICT_CHILDREN)
 
 
 def openai_strict_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], bool, bool]:
