@@ -26,7 +26,7 @@ COPY pyproject.toml README.md ./
 COPY server server
 COPY clients/python clients/python
 RUN pip install --find-links /wheels ./clients/python ".[${EXTRAS}]" \
-    && python -c "import gengate.cli, gengate.api.server, gengate_client, grpc_health.v1.health" \
+    && python -c "import gengate.cli, gengate.api.server, gengate_client, gengate_proto.v1.generation_pb2, grpc_health.v1.health" \
     && if echo ",${EXTRAS}," | grep -q ",llamacpp,"; then python -c "import llama_cpp"; fi
 
 # ---- runtime: no compilers, non-root, the tiny model prebuilt ----------------------------------

@@ -26,7 +26,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hostile"))
 from common import gengate_server, percentile
 from corpus import CASES, SERVER_CONFIG, Case
-from gengate_client._proto.gengate.v1 import (
+from gengate_proto.v1 import (
     generation_pb2,
     generation_pb2_grpc,
 )

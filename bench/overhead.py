@@ -176,8 +176,8 @@ Pair = tuple[RunStats, RunStats]  # (measured, its peer)
 def raw_stub_unary(channel: grpc.aio.Channel) -> Callable[[int], Awaitable[int]]:
     """gengate's Generate through the bare generated stub: the server's cost without the client library."""
     from gengate_client import _convert
-    from gengate_client._proto.gengate.v1 import generation_pb2_grpc
     from gengate_client.types import Request
+    from gengate_proto.v1 import generation_pb2_grpc
 
     stub = generation_pb2_grpc.GenerationServiceStub(channel)
     request, _ = _convert.build_request(Request(model="echo", prompt=ECHO_PROMPT, max_tokens=MAX_TOKENS))

@@ -1,8 +1,9 @@
 """buf plugins in one file, so one buf.gen.yaml generates Python, Go and TypeScript.
 
 Default mode runs grpc_tools.protoc on buf's request: it writes the request's descriptors to a
-descriptor set, emits the message, gRPC and mypy stubs for the gengate/ files, rewrites their
-imports to live under ``gengate_client._proto`` and answers with every file, ``__init__.py``
+descriptor set, emits the message, gRPC and mypy stubs for the gengate/ files as the public
+package ``gengate_proto`` (``gengate/v1/x.proto`` -> ``gengate_proto.v1.x_pb2``, imported by both
+the server and the client SDK) and answers with every file, ``__init__.py`` and ``py.typed``
 included. ``--filter PREFIX PLUGIN...`` instead passes the request to another plugin with only
 the files under PREFIX to generate (google/rpc stays an import, never generated code).
 """
@@ -18,15 +19,15 @@ from pathlib import Path
 from google.protobuf import descriptor_pb2
 from google.protobuf.compiler import plugin_pb2
 
-PACKAGE = "gengate_client._proto"
+PACKAGE = "gengate_proto"
 _FROM = re.compile(r"^from gengate\.v1 import", re.M)
 _IMPORT = re.compile(r"^import gengate\.v1\.([a-z_]+_pb2)", re.M)
 
 
 def _rewrite(text: str) -> str:
-    """Makes generated imports of gengate.v1 absolute under the client's private package."""
-    text = _FROM.sub(f"from {PACKAGE}.gengate.v1 import", text)
-    return _IMPORT.sub(rf"import {PACKAGE}.gengate.v1.\1", text)
+    """Makes generated imports of gengate.v1 absolute in the gengate_proto package."""
+    text = _FROM.sub(f"from {PACKAGE}.v1 import", text)
+    return _IMPORT.sub(rf"import {PACKAGE}.v1.\1", text)
 
 
 def _camel(name: str) -> str:
@@ -71,12 +72,13 @@ def _python(request: plugin_pb2.CodeGeneratorRequest) -> plugin_pb2.CodeGenerato
             return response
         packages = {"__init__.py"}
         for path in sorted(p for p in out.rglob("*") if p.is_file()):
-            name = path.relative_to(out).as_posix()
+            name = path.relative_to(out / "gengate").as_posix()  # gengate/v1/x -> v1/x
             response.file.add(name=name, content=_rewrite(path.read_text()))
             parts = name.split("/")[:-1]
             packages.update("/".join(parts[: i + 1]) + "/__init__.py" for i in range(len(parts)))
         for name in sorted(packages):
             response.file.add(name=name, content="")
+        response.file.add(name="py.typed", content="")  # PEP 561: the .pyi stubs are the types
     return response
 
 

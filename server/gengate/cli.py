@@ -33,7 +33,7 @@ from gengate_client import (
     StreamFrame,
     StreamStart,
 )
-from gengate_client._proto.gengate.v1 import generation_pb2
+from gengate_proto.v1 import generation_pb2
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field
 

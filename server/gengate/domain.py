@@ -231,6 +231,16 @@ class Timings:
     time_to_first_token_s: float | None = None
     total_s: float | None = None
 
+    def later(self, seconds: float, *, queued: bool = False) -> Timings:
+        """These timings seen from `seconds` earlier (a queue, or work that came first): the
+        first token and the end come that much later; `queued` counts the seconds as queue_s."""
+        ttft, total = self.time_to_first_token_s, self.total_s
+        return Timings(
+            queue_s=(self.queue_s or 0.0) + seconds if queued else self.queue_s,
+            time_to_first_token_s=None if ttft is None else ttft + seconds,
+            total_s=None if total is None else total + seconds,
+        )
+
 
 @dataclass(frozen=True)
 class Generation:

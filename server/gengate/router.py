@@ -1,17 +1,29 @@
-"""Model name → backend, with per-model concurrency limits and a bounded queue."""
+"""Model name → backend, with per-model concurrency limits and a bounded queue. A call through a
+route (`Route.generate`, `Route.generate_stream`) is the one way anything calls a model: the
+service for callers, composites for their members."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from gengate.backend import Backend
+from gengate.backend import Backend, aclose_stream
 from gengate.config import ModelConfig, ServerConfig
-from gengate.domain import ModelInfo
+from gengate.deadline import iterate_within_deadline, within_deadline
+from gengate.domain import (
+    GenerationEnd,
+    GenerationRequest,
+    GenerationResult,
+    ModelCapabilities,
+    ModelInfo,
+    StreamEvent,
+)
 from gengate.errors import ECHO_CHARS, ConfigError, InvalidArgument, NotFound, ResourceExhausted, echo
+from gengate.telemetry import backend_span
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +53,32 @@ class Route:
         demand (a batch holds at most max_concurrency items of a model in flight).
         """
         return RouteSlot(self, bounded)
+
+    async def generate(self, request: GenerationRequest, *, bounded: bool = True) -> GenerationResult:
+        """One routed call: a concurrency slot, a backend span and the request's deadline; the
+        time spent queueing for the slot is in the result's timings."""
+        with backend_span(self.name, self.config.backend, request) as span:
+            async with self.slot(bounded=bounded) as queued_s:
+                result = await within_deadline(self.backend.generate(request), request)
+            span.record_result(result)
+        return dataclasses.replace(result, timings=result.timings.later(queued_s, queued=True))
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """One routed stream: as `generate`, each event awaited under the deadline, each end's
+        timings counting the time queued."""
+        with backend_span(self.name, self.config.backend, request, current=False) as span:
+            async with self.slot() as queued_s:
+                stream = self.backend.generate_stream(request)
+                try:
+                    async for event in iterate_within_deadline(span.events(stream), request):
+                        if isinstance(event, GenerationEnd):
+                            span.record_end(event)
+                            event = dataclasses.replace(
+                                event, timings=event.timings.later(queued_s, queued=True)
+                            )
+                        yield event
+                finally:
+                    await aclose_stream(stream)
 
 
 class RouteSlot:
@@ -76,6 +114,38 @@ class RouteSlot:
         route.in_flight -= 1
         route.served += 1
         route.slots.release()
+
+
+class MemberBackend:
+    """The handle a composite gets on a member model: calls go through the member's route, so
+    its max_concurrency and max_queue bind composites too (a full queue is RESOURCE_EXHAUSTED,
+    which a fallback moves past) and each gets its own span under the composite's."""
+
+    def __init__(self, route: Route) -> None:
+        self._route = route
+        self.name = route.name
+        self.kind = route.config.backend
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """The member's current capabilities (engines settle theirs when they load)."""
+        return self._route.backend.capabilities
+
+    @capabilities.setter
+    def capabilities(self, value: ModelCapabilities) -> None:
+        raise AttributeError("a member's capabilities belong to the member")
+
+    async def start(self) -> None:
+        """The router starts the member itself."""
+
+    async def aclose(self) -> None:
+        """The router closes the member itself."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await self._route.generate(request)
+
+    def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        return self._route.generate_stream(request)
 
 
 BackendFactory = Callable[[ModelConfig], Backend]
@@ -133,8 +203,6 @@ class Router:
             binding.append(route.name)
 
             def lookup(name: str) -> Backend:
-                from gengate.composites.members import MemberBackend
-
                 member = self._routes.get(name)
                 if member is None:
                     known = ", ".join(sorted(self._routes))

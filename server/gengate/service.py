@@ -12,9 +12,8 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from gengate.backend import aclose_stream
 from gengate.checks import prepare
@@ -32,11 +31,9 @@ from gengate.domain import (
     StreamEvent,
     StreamStart,
     StructuredOutput,
-    Timings,
 )
 from gengate.errors import (
     Aborted,
-    DeadlineExceeded,
     GengateError,
     Internal,
     InvalidArgument,
@@ -44,7 +41,6 @@ from gengate.errors import (
 )
 from gengate.limits import LIMIT_REASON, RequestLimits
 from gengate.router import Route, Router
-from gengate.telemetry import backend_span
 
 log = logging.getLogger(__name__)
 # An output nested past what the validator can walk: not shown valid, so never a success, but
@@ -108,52 +104,37 @@ class GenerationCore:
     async def generate(self, request: GenerationRequest, *, queue_bounded: bool = True) -> GenerationResult:
         arrived = time.monotonic()
         route, request = await self._prepare(request)
-        with backend_span(route, request) as span:
-            async with route.slot(bounded=queue_bounded) as queued_s:
-                result = await _with_deadline(route.backend.generate(request), request)
-            span.record_result(result)
+        result = await route.generate(request, bounded=queue_bounded)
         for generation in result.generations:
             await self.validator.check(request.structured_output, generation, result.enforcement.value)
-        total = time.monotonic() - arrived
-        ttft = result.timings.time_to_first_token_s
-        timings = Timings(
-            queue_s=queued_s + (result.timings.queue_s or 0.0),
-            time_to_first_token_s=None if ttft is None else ttft + queued_s,
-            total_s=total,
-        )
+        timings = dataclasses.replace(result.timings, total_s=time.monotonic() - arrived)
         return dataclasses.replace(result, request_id=request.request_id, model=route.name, timings=timings)
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         arrived = time.monotonic()
         route, request = await self._prepare(request)
-        with backend_span(route, request, current=False) as span:
-            async with route.slot() as queued_s:
-                texts: dict[int, list[str]] = {}
-                enforcement = "none"
-                stream = route.backend.generate_stream(request)
-                try:
-                    async for event in _iter_with_deadline(span.events(stream), request):
-                        if isinstance(event, StreamStart):
-                            enforcement = event.enforcement.value
-                            event = dataclasses.replace(
-                                event, request_id=request.request_id, model=route.name
-                            )
-                        elif isinstance(event, GenerationDelta):
-                            texts.setdefault(event.index, []).append(event.text)
-                        elif isinstance(event, GenerationEnd):
-                            generation = Generation(
-                                index=event.index,
-                                text="".join(texts.pop(event.index, [])),
-                                finish_reason=event.finish_reason,
-                            )
-                            await self.validator.check(request.structured_output, generation, enforcement)
-                            span.record_end(event)
-                            event = dataclasses.replace(
-                                event, timings=_shift(event.timings, queued_s, time.monotonic() - arrived)
-                            )
-                        yield event
-                finally:
-                    await aclose_stream(stream)
+        texts: dict[int, list[str]] = {}
+        enforcement = "none"
+        stream = route.generate_stream(request)
+        try:
+            async for event in stream:
+                if isinstance(event, StreamStart):
+                    enforcement = event.enforcement.value
+                    event = dataclasses.replace(event, request_id=request.request_id, model=route.name)
+                elif isinstance(event, GenerationDelta):
+                    texts.setdefault(event.index, []).append(event.text)
+                elif isinstance(event, GenerationEnd):
+                    generation = Generation(
+                        index=event.index,
+                        text="".join(texts.pop(event.index, [])),
+                        finish_reason=event.finish_reason,
+                    )
+                    await self.validator.check(request.structured_output, generation, enforcement)
+                    timings = dataclasses.replace(event.timings, total_s=time.monotonic() - arrived)
+                    event = dataclasses.replace(event, timings=timings)
+                yield event
+        finally:
+            await aclose_stream(stream)
 
     def check_batch_size(self, count: int) -> None:
         """Refuses a batch over max_batch_items, before any item is converted or checked."""
@@ -203,15 +184,6 @@ class GenerationCore:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _shift(timings: Timings, queued_s: float, total_s: float) -> Timings:
-    ttft = timings.time_to_first_token_s
-    return Timings(
-        queue_s=queued_s + (timings.queue_s or 0.0),
-        time_to_first_token_s=None if ttft is None else ttft + queued_s,
-        total_s=total_s,
-    )
 
 
 class OutputValidator:
@@ -281,55 +253,3 @@ class OutputValidator:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-_DEADLINE_PASSED = "the request's deadline passed before the model finished"
-
-
-async def _with_deadline(
-    awaitable: Coroutine[Any, Any, GenerationResult], request: GenerationRequest
-) -> GenerationResult:
-    """Awaits the backend call in this task, under the request's deadline.
-
-    asyncio.timeout instead of asyncio.wait_for: wait_for runs the call in a new task (py3.11),
-    which costs a task and extra event-loop turns per request. A deadline already past never
-    starts the call, as with wait_for(timeout=0).
-    """
-    left = request.time_left()
-    if left is None:
-        return await awaitable
-    if left <= 0:
-        awaitable.close()
-        raise DeadlineExceeded(_DEADLINE_PASSED)
-    try:
-        async with asyncio.timeout(left) as scope:
-            return await awaitable
-    except TimeoutError as exc:
-        if scope.expired():
-            raise DeadlineExceeded(_DEADLINE_PASSED) from exc
-        raise
-
-
-async def _iter_with_deadline(
-    stream: AsyncIterator[StreamEvent], request: GenerationRequest
-) -> AsyncIterator[StreamEvent]:
-    """The stream's events, each awaited under the request's deadline (not while the caller
-    consumes it); one asyncio.timeout per event rather than a wait_for task per event."""
-    while True:
-        left = request.time_left()
-        try:
-            if left is None:
-                event = await anext(stream)
-            elif left <= 0:
-                raise DeadlineExceeded(_DEADLINE_PASSED)
-            else:
-                try:
-                    async with asyncio.timeout(left) as scope:
-                        event = await anext(stream)
-                except TimeoutError as exc:
-                    if scope.expired():  # our deadline; a backend's own TimeoutError is its error
-                        raise DeadlineExceeded(_DEADLINE_PASSED) from exc
-                    raise
-        except StopAsyncIteration:
-            return
-        yield event

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -33,30 +33,12 @@ from opentelemetry.util.types import Attributes
 from gengate.domain import GenerationEnd, GenerationRequest, GenerationResult
 from gengate.errors import GengateError
 from gengate.redaction import redact
-
-if TYPE_CHECKING:
-    from gengate.router import Route
+from gengate.registry import KINDS
 
 T = TypeVar("T")
 
 log = logging.getLogger("gengate")
 tracer = trace.get_tracer("gengate")
-
-_PROVIDER_NAMES = {
-    "llamacpp": "llama.cpp",
-    "transformers": "transformers",
-    "vllm": "vllm",
-    "scripted": "gengate.scripted",
-    "openai": "openai",
-    "azure_openai": "azure.ai.openai",
-    "anthropic": "anthropic",
-    "cohere": "cohere",
-    "mistral": "mistral_ai",
-    "gemini": "gcp.gemini",
-    "tgi": "huggingface.tgi",
-    "ollama": "ollama",
-    "litellm": "litellm",
-}
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -279,8 +261,11 @@ _NO_SPAN = BackendSpan(trace.INVALID_SPAN)
 
 
 @contextlib.contextmanager
-def backend_span(route: Route, request: GenerationRequest, *, current: bool = True) -> Iterator[BackendSpan]:
-    """A CLIENT-kind span around one backend call, child of the current RPC span.
+def backend_span(
+    model: str, kind: str, request: GenerationRequest, *, current: bool = True
+) -> Iterator[BackendSpan]:
+    """A CLIENT-kind span around one call to `model` (a backend of `kind`), child of the current
+    RPC span.
 
     `current`: the span is the current one inside the block (a unary call, awaited in one task).
     A stream passes False and produces its events through `BackendSpan.events` instead.
@@ -293,8 +278,8 @@ def backend_span(route: Route, request: GenerationRequest, *, current: bool = Tr
     operation = "chat" if request.messages is not None else "text_completion"
     attributes: dict[str, str | int | float] = {
         "gen_ai.operation.name": operation,
-        "gen_ai.provider.name": _PROVIDER_NAMES.get(route.config.backend, route.config.backend),
-        "gen_ai.request.model": route.name,
+        "gen_ai.provider.name": KINDS[kind].provider_name if kind in KINDS else kind,
+        "gen_ai.request.model": model,
         "gengate.request.id": request.request_id,
         "gen_ai.request.choice.count": request.n,
     }
@@ -312,7 +297,7 @@ def backend_span(route: Route, request: GenerationRequest, *, current: bool = Tr
         attributes["gengate.constraint.kind"] = request.structured_output.constraint.kind.value
     if trace_content() and request.prompt is not None:
         attributes["gen_ai.input.messages"] = redact(request.prompt)
-    span = tracer.start_span(f"{operation} {route.name}", kind=trace.SpanKind.CLIENT, attributes=attributes)
+    span = tracer.start_span(f"{operation} {model}", kind=trace.SpanKind.CLIENT, attributes=attributes)
     scope = (
         trace.use_span(span, record_exception=False, set_status_on_exception=False)
         if current

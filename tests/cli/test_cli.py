@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fake_gengate import RunningFake
 from gengate.cli import main
-from gengate_client._proto.gengate.v1 import types_pb2
+from gengate_proto.v1 import types_pb2
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from gengate_client._proto.gengate.v1 import generation_pb2, generation_pb2_grpc, types_pb2
+from gengate_proto.v1 import generation_pb2, generation_pb2_grpc, types_pb2
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status

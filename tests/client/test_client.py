@@ -28,7 +28,7 @@ from gengate_client import (
     TruncatedOutputError,
     UnavailableError,
 )
-from gengate_client._proto.gengate.v1 import generation_pb2, types_pb2
+from gengate_proto.v1 import generation_pb2, types_pb2
 from pydantic import BaseModel, Field
 
 

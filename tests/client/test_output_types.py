@@ -11,8 +11,8 @@ from typing import Literal
 
 import pytest
 from gengate_client import Choice, Grammar, JsonObject, JsonSchema, OutputValidationError, Regex
-from gengate_client._proto.gengate.v1 import types_pb2
 from gengate_client.output_types import resolve_output_type
+from gengate_proto.v1 import types_pb2
 from pydantic import BaseModel, Field
 
 

@@ -16,7 +16,7 @@ from gengate.service import GenerationCore
 
 @pytest.fixture(autouse=True)
 def member_kind(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(registry.BACKEND_CLASSES, KIND, TARGET)
+    monkeypatch.setitem(registry.KINDS, KIND, registry.KindSpec(KIND, TARGET, "engine"))
 
 
 @pytest.fixture

@@ -32,8 +32,8 @@ from gengate.domain import (
 )
 from gengate.errors import DeadlineExceeded, Unavailable
 from gengate.service import GenerationCore
-from gengate_client._proto.gengate.v1 import generation_pb2 as g
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import generation_pb2_grpc
 
 PERSON = {
     "type": "object",

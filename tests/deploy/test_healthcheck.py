@@ -14,7 +14,7 @@ import grpc
 import pytest
 from gengate.api.server import RunningServer, model_health_name, start_server
 from gengate.config import parse_config
-from gengate_client._proto.gengate.v1 import generation_pb2, generation_pb2_grpc
+from gengate_proto.v1 import generation_pb2, generation_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "docker" / "healthcheck.py"

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from gengate_client._proto.gengate.v1 import generation_pb2 as g
-from gengate_client._proto.gengate.v1 import types_pb2 as t
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import types_pb2 as t
 from google.protobuf import struct_pb2
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

@@ -16,8 +16,8 @@ import pytest
 from corpus import CASES, SERVER_CONFIG, Case, req
 from gengate.api.server import RunningServer, model_health_name, start_server
 from gengate.config import parse_config
-from gengate_client._proto.gengate.v1 import generation_pb2 as g
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import generation_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status

@@ -28,9 +28,9 @@ import pytest
 import regex as regex_module
 import yaml
 from corpus import SERVER_CONFIG, VALIDATED_TEXT
-from gengate_client._proto.gengate.v1 import generation_pb2 as g
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
-from gengate_client._proto.gengate.v1 import types_pb2 as t
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import generation_pb2_grpc
+from gengate_proto.v1 import types_pb2 as t
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -13,8 +13,8 @@ import pytest
 from corpus import chain_lark, lark, ref_chain, req, schema
 from gengate.api.server import RunningServer, start_server
 from gengate.config import parse_config
-from gengate_client._proto.gengate.v1 import generation_pb2 as g
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import generation_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 

@@ -9,7 +9,7 @@ import grpc
 import pytest
 from gengate.api.server import RunningServer, start_server
 from gengate.config import parse_config
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
+from gengate_proto.v1 import generation_pb2_grpc
 
 ServerFactory = Callable[[dict[str, Any]], Awaitable[RunningServer]]
 

@@ -6,9 +6,9 @@ import asyncio
 
 import grpc
 import pytest
-from gengate_client._proto.gengate.v1 import generation_pb2 as g
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
-from gengate_client._proto.gengate.v1 import types_pb2 as t
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import generation_pb2_grpc
+from gengate_proto.v1 import types_pb2 as t
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 

@@ -22,8 +22,8 @@ import fake_mistral
 import fake_openai
 import fake_tgi
 from fakehttp import Fault
-from gengate_client._proto.gengate.v1 import generation_pb2 as g
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import generation_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 

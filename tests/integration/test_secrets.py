@@ -22,8 +22,8 @@ from gengate.domain import GenerationRequest
 from gengate.providers.openai import OpenAIBackend, OpenAIOptions
 from gengate.redaction import MAX_LOG_MESSAGE, register_secret
 from gengate.telemetry import RedactingSpanProcessor
-from gengate_client._proto.gengate.v1 import generation_pb2 as g
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import generation_pb2_grpc
 from grpc_status import rpc_status
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor

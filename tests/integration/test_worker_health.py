@@ -14,8 +14,8 @@ import grpc
 import pytest
 from gengate.api.server import model_health_name
 from gengate.workers.backend import WorkerBackend
-from gengate_client._proto.gengate.v1 import generation_pb2 as g
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import generation_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status

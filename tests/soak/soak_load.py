@@ -19,12 +19,12 @@ from typing import Any, cast
 import grpc
 import jsonschema
 from gengate_client import errors as client_errors
-from gengate_client._proto.gengate.v1 import generation_pb2 as g
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
-from gengate_client._proto.gengate.v1 import types_pb2 as t
 from gengate_client.aio import AsyncClient
 from gengate_client.output_types import Choice, JsonSchema, Regex
 from gengate_client.types import FinishReason, StreamDelta, StreamEnd, StreamFrame, StreamStart
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import generation_pb2_grpc
+from gengate_proto.v1 import types_pb2 as t
 
 SLACK_S = 5.0  # a call that outlives its own deadline by this much is a hang
 CALL_TIMEOUT_S = 30.0  # deadline of every ordinary call: generous, so DEADLINE_EXCEEDED there is a failure

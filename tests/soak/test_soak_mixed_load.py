@@ -32,9 +32,9 @@ import pytest
 from gengate.api.server import RunningServer, model_health_name, start_server
 from gengate.config import parse_config
 from gengate.workers.backend import WorkerBackend
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
 from gengate_client.aio import AsyncClient
 from gengate_client.types import StreamDelta
+from gengate_proto.v1 import generation_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from soak_load import (
     ALL_MODELS,

@@ -6,8 +6,8 @@ import pytest
 from gengate import domain as d
 from gengate.api import convert
 from gengate.errors import InvalidArgument
-from gengate_client._proto.gengate.v1 import generation_pb2 as g
-from gengate_client._proto.gengate.v1 import types_pb2 as t
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import types_pb2 as t
 
 REQUESTS = [
     d.GenerationRequest(model="m", prompt="hi"),

@@ -9,9 +9,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
+from gengate_proto.v1 import generation_pb2, types_pb2
 from google.protobuf import duration_pb2
 
-from gengate_client._proto.gengate.v1 import generation_pb2, types_pb2
 from gengate_client.errors import OutputError, TruncatedOutputError, error_from_status
 from gengate_client.output_types import OutputSpec, resolve_output_type
 from gengate_client.types import (

@@ -6,11 +6,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar, Unpack
 
 import grpc
+from gengate_proto.v1 import generation_pb2, generation_pb2_grpc
 
 from gengate_client import _convert as convert
 from gengate_client._convert import BaseOptions, CallSettings, GenerateOptions, MetadataLike
 from gengate_client._progress import BatchProgress
-from gengate_client._proto.gengate.v1 import generation_pb2, generation_pb2_grpc
 from gengate_client.errors import error_from_rpc
 from gengate_client.types import ItemResult, ModelInfo, Request, Response, StreamFrame
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pydantic
+from gengate_proto.v1 import types_pb2
 
-from gengate_client._proto.gengate.v1 import types_pb2
 from gengate_client.errors import OutputValidationError
 
 GrammarSyntaxName = Literal["lark", "gbnf", "ebnf"]

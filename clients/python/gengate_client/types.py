@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gengate_client._proto.gengate.v1 import generation_pb2, types_pb2
+from gengate_proto.v1 import generation_pb2, types_pb2
 
 
 class FinishReason(enum.StrEnum):

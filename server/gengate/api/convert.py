@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gengate_client._proto.gengate.v1 import generation_pb2 as gpb
-from gengate_client._proto.gengate.v1 import types_pb2 as pb
+from gengate_proto.v1 import generation_pb2 as gpb
+from gengate_proto.v1 import types_pb2 as pb
 from google.protobuf import duration_pb2, struct_pb2
 from google.protobuf.json_format import MessageToDict
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from gengate_client._proto.gengate.v1 import generation_pb2
+from gengate_proto.v1 import generation_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from gengate_client._proto.gengate.v1 import generation_pb2 as gpb
-from gengate_client._proto.gengate.v1 import generation_pb2_grpc
+from gengate_proto.v1 import generation_pb2 as gpb
+from gengate_proto.v1 import generation_pb2_grpc
 
 from gengate.api import convert
 from gengate.api.status import abort, to_rpc_status

@@ -126,10 +126,7 @@ class FallbackBackend(CompositeBackend):
             timings = result.timings
             if attempt and timings.time_to_first_token_s is not None:
                 # The time spent on failed members is part of the caller's wait.
-                waited = time.monotonic() - began - (timings.total_s or 0.0)
-                timings = dataclasses.replace(
-                    timings, time_to_first_token_s=timings.time_to_first_token_s + waited
-                )
+                timings = timings.later(time.monotonic() - began - (timings.total_s or 0.0))
             return dataclasses.replace(
                 result, request_id=request.request_id, model=self.name, timings=timings
             )

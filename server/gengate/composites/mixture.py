@@ -38,7 +38,6 @@ from gengate.domain import (
     StreamEvent,
     StreamStart,
     TextPart,
-    Timings,
     Usage,
 )
 from gengate.errors import ConfigError
@@ -231,7 +230,7 @@ class MixtureOfAgentsBackend(CompositeBackend):
             request_id=request.request_id,
             model=self.name,
             usage=result.usage + usage,
-            timings=_after(result.timings, proposing_s),
+            timings=result.timings.later(proposing_s),  # the proposals came first
         )
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
@@ -256,19 +255,8 @@ class MixtureOfAgentsBackend(CompositeBackend):
                 elif isinstance(event, GenerationEnd):
                     extra, pending = pending or Usage(), None
                     event = dataclasses.replace(
-                        event, usage=event.usage + extra, timings=_after(event.timings, proposing_s)
+                        event, usage=event.usage + extra, timings=event.timings.later(proposing_s)
                     )
                 yield event
         finally:
             await aclose_stream(stream)
-
-
-def _after(timings: Timings, seconds: float) -> Timings:
-    """The aggregator's timings seen from the composite's start: the proposals came first."""
-    return Timings(
-        queue_s=timings.queue_s,
-        time_to_first_token_s=None
-        if timings.time_to_first_token_s is None
-        else timings.time_to_first_token_s + seconds,
-        total_s=None if timings.total_s is None else timings.total_s + seconds,
-    )

@@ -14,8 +14,7 @@ from typing import Any
 from llguidance import LLMatcher, LLTokenizer
 
 from gengate import errors
-from gengate.constraints import lowering
-from gengate.constraints.lowering import field_of
+from gengate.constraints.lowering import LoweredConstraint, field_of, lower
 from gengate.constraints.matcher import ConstraintMatcher
 from gengate.constraints.validation import quiet_limits
 from gengate.domain import ConstraintKind, Enforcement, StructuredOutput
@@ -32,7 +31,7 @@ class CompiledConstraint:
     """A constraint compiled for one tokenizer; `new_matcher()` gives each generation its own state."""
 
     structured: StructuredOutput
-    lowered: lowering.LoweredConstraint
+    lowered: LoweredConstraint
     _template: LLMatcher = field(repr=False)
     _vocab_size: int = field(repr=False)
 
@@ -181,7 +180,7 @@ class ConstraintCompiler:
             ) from None
 
     def _compile(self, structured: StructuredOutput, field_name: str) -> CompiledConstraint:
-        lowered = lowering.lower(structured)
+        lowered = lower(structured)
         error = LLMatcher.validate_grammar(lowered.grammar, self.ll_tokenizer, limits=quiet_limits())
         if error:
             raise errors.InvalidArgument.field(

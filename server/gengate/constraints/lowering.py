@@ -55,6 +55,7 @@ def field_of(kind: ConstraintKind) -> str:
     """The request field (relative to the request) that holds a constraint of this kind."""
     return _FIELD_BY_KIND[kind]
 
+
 # Keywords whose value is one subschema, a list of subschemas, or a map name -> subschema.
 _SCHEMA_VALUED = (
     "additionalProperties",

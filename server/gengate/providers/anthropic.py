@@ -134,7 +134,6 @@ class AnthropicBackend(ProviderBackend):
     }
     native_n: ClassVar[bool] = False
     image_input: ClassVar[bool] = True
-    default_api_key_envs: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY",)
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)

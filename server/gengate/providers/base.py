@@ -56,6 +56,7 @@ from gengate.providers.errors import (
 )
 from gengate.providers.retry import RetryPolicy, call_with_retries, stream_with_retries
 from gengate.redaction import register_secret
+from gengate.registry import KINDS
 
 log = logging.getLogger("gengate.providers")
 
@@ -247,15 +248,14 @@ class ProviderBackend(abc.ABC):
     image_input: ClassVar[bool] = False
     seed_supported: ClassVar[bool] = False
     requires_api_key: ClassVar[bool] = True
-    # Standard key variables read when the config names neither api_key nor api_key_env.
-    default_api_key_envs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         self.name = name
         self.options = options
         self.api_key = options.resolve_api_key()
         if self.api_key is None and options.api_key is None and options.api_key_env is None:
-            found = next((v for v in map(os.environ.get, self.default_api_key_envs) if v), None)
+            # the kind's standard variables (registry.KindSpec.key_envs), as its own SDK would read
+            found = next((v for v in map(os.environ.get, self.default_api_key_envs()) if v), None)
             register_secret(found)
             self.api_key = found
         self.retry_policy = RetryPolicy(max_retries=options.max_retries)
@@ -304,9 +304,15 @@ class ProviderBackend(abc.ABC):
 
     # --- Backend protocol ----------------------------------------------------------------------
 
+    @classmethod
+    def default_api_key_envs(cls) -> tuple[str, ...]:
+        """The key variables read when the config names neither api_key nor api_key_env."""
+        spec = KINDS.get(cls.kind)
+        return spec.key_envs if spec is not None else ()
+
     async def start(self) -> None:
         if self.requires_api_key and not self.api_key:
-            where = self.options.api_key_env or "api_key"
+            where = self.options.api_key_env or " or ".join((*self.default_api_key_envs(), "api_key"))
             raise errors.ConfigError(f"model {self.name!r}: no API key for {self.label} (set {where})")
 
     async def aclose(self) -> None:

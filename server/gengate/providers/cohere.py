@@ -90,7 +90,6 @@ class CohereBackend(ProviderBackend):
     logprobs_supported: ClassVar[bool] = True
     image_input: ClassVar[bool] = True
     seed_supported: ClassVar[bool] = True
-    default_api_key_envs: ClassVar[tuple[str, ...]] = ("CO_API_KEY", "COHERE_API_KEY")
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)

@@ -174,7 +174,6 @@ class GeminiBackend(ProviderBackend):
     native_n: ClassVar[bool] = True
     image_input: ClassVar[bool] = True
     seed_supported: ClassVar[bool] = True
-    default_api_key_envs: ClassVar[tuple[str, ...]] = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)

@@ -77,7 +77,6 @@ class MistralBackend(ProviderBackend):
     native_n: ClassVar[bool] = True
     image_input: ClassVar[bool] = True
     seed_supported: ClassVar[bool] = True
-    default_api_key_envs: ClassVar[tuple[str, ...]] = ("MISTRAL_API_KEY",)
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)

@@ -115,7 +115,6 @@ class TGIBackend(ProviderBackend):
     max_top_logprobs: ClassVar[int] = 5
     seed_supported: ClassVar[bool] = True
     requires_api_key: ClassVar[bool] = False  # a local TGI needs none; Inference Endpoints do
-    default_api_key_envs: ClassVar[tuple[str, ...]] = ("HF_TOKEN",)
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)

@@ -30,8 +30,9 @@ from pydantic import BaseModel
 
 import gengate
 from gengate import errors
+from gengate.deadline import within_deadline
 from gengate.domain import GenerationRequest, GenerationResult, ModelCapabilities, StreamEvent
-from gengate.registry import BACKEND_CLASSES
+from gengate.registry import kind_spec
 from gengate.workers.placement import DeviceProvider, DeviceRequest, Lease, PlacementError, PlacementFile
 from gengate.workers.protocol import (
     Abort,
@@ -133,7 +134,7 @@ class WorkerBackend:
         self.name = name
         self.kind = kind
         self.capabilities = ModelCapabilities()
-        self._target = target or BACKEND_CLASSES[kind]
+        self._target = target or kind_spec(kind).target
         self._options = options.model_dump() if isinstance(options, BaseModel) else dict(options)
         self._gpu = gpu
         self._hide_gpus = hide_gpus
@@ -476,20 +477,12 @@ class WorkerBackend:
         return worker
 
     async def _next(self, call: _Call, request: GenerationRequest) -> Event | Done | Failed:
-        left = request.time_left()
-        try:
-            if left is None:
-                message = await call.inbox.get()
-            elif left <= 0:
-                raise TimeoutError
-            else:
-                # asyncio.timeout, not wait_for: no task and no extra loop turns per message.
-                async with asyncio.timeout(left):
-                    message = await call.inbox.get()
-        except TimeoutError:
-            raise errors.DeadlineExceeded(
-                f"model {self.name!r} did not answer within the request's deadline", reason="DEADLINE"
-            ) from None
+        message = await within_deadline(
+            call.inbox.get(),
+            request,
+            f"model {self.name!r} did not answer within the request's deadline",
+            reason="DEADLINE",
+        )
         if isinstance(message, errors.GengateError):
             raise message
         if isinstance(message, Failed):

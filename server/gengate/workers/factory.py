@@ -12,21 +12,19 @@ from dataclasses import replace
 from gengate.backend import Backend
 from gengate.config import ModelConfig, ServerConfig
 from gengate.errors import ConfigError
-from gengate.registry import backend_class
+from gengate.registry import backend_class, kinds_where
 from gengate.workers.backend import GpuRequest, WorkerBackend
 from gengate.workers.placement import DeviceProvider, DeviceRequest, PlacementFile
 
-# Engines hosted by gengate itself, which can run in a worker process.
-LOCAL_ENGINES = frozenset({"scripted", "llamacpp", "transformers", "vllm"})
-# Run in a worker process unless the config says `isolation: inline`. `scripted` loads no model,
-# so it stays inline unless asked (it is what tests of the service layer use).
-PROCESS_BY_DEFAULT = frozenset({"llamacpp", "transformers", "vllm"})
-# Engines that need a GPU unless the config says `devices: cpu` (vLLM's CPU build): they get GPUs
-# placed (devices: auto by default).
-GPU_BY_DEFAULT = frozenset({"vllm"})
+# Engines hosted by gengate itself, which can run in a worker process (`scripted` loads no model,
+# so it stays inline unless asked: it is what tests of the service layer use).
+LOCAL_ENGINES = kinds_where("engine")
+PROCESS_BY_DEFAULT = kinds_where("engine", process_by_default=True)
+# Need a GPU unless the config says `devices: cpu` (vLLM's CPU build): GPUs placed (devices: auto).
+GPU_BY_DEFAULT = kinds_where("engine", gpu_by_default=True)
 # Engines whose compute threads `cpu_threads` sets (vLLM's CPU build binds cores itself:
 # `cpu_threads_bind`).
-CPU_THREADED = frozenset({"llamacpp", "transformers"})
+CPU_THREADED = kinds_where("engine", cpu_threaded=True)
 # The thread-pool variables of the math libraries an engine may use (OpenMP: torch, llama.cpp's
 # default here; MKL, OpenBLAS; rayon: Hugging Face tokenizers).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS")

@@ -12,7 +12,7 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +32,7 @@ from gengate.domain import (
     StreamStart,
 )
 from gengate.engines.options import ENGINE_OPTIONS, engine_options
+from gengate.engines.transformers.loaded import Loaded
 
 MAX_TOP_LOGPROBS = 20
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
@@ -60,18 +61,6 @@ class TransformersOptions(BaseModel):
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError("'dtype' must be one of auto, float32, float16, bfloat16")
         return self
-
-
-@dataclass
-class Loaded:
-    """Everything start() loads; the scheduler thread owns `model`."""
-
-    tokenizer: Any
-    scheduler: Any
-    compiler: Any
-    eos_token_ids: frozenset[int]
-    vocab_size: int
-    context_length: int
 
 
 class TransformersBackend:

@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gengate import errors
 from gengate.constraints import CompiledConstraint, validate_output
@@ -31,6 +31,7 @@ from gengate.domain import (
 from gengate.engines.decoding import SequenceDecoder
 from gengate.engines.options import NO_OPTIONS, EngineOptions
 from gengate.engines.resampling import VALIDATION_RETRIES, retry_seed, validation_failed
+from gengate.engines.transformers.loaded import Loaded
 from gengate.engines.transformers.scheduler import (
     Admitted,
     Failed,
@@ -39,9 +40,6 @@ from gengate.engines.transformers.scheduler import (
     Stepped,
     asyncio_sink,
 )
-
-if TYPE_CHECKING:
-    from gengate.engines.transformers.backend import Loaded
 
 
 @dataclass(eq=False)

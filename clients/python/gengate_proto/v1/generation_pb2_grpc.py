@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from gengate_client._proto.gengate.v1 import generation_pb2 as gengate_dot_v1_dot_generation__pb2
+from gengate_proto.v1 import generation_pb2 as gengate_dot_v1_dot_generation__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -22,7 +22,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from gengate_client._proto.gengate.v1 import types_pb2 as gengate_dot_v1_dot_types__pb2
+from gengate_proto.v1 import types_pb2 as gengate_dot_v1_dot_types__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 

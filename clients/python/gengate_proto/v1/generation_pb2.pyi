@@ -4,7 +4,7 @@ isort:skip_file
 """
 
 from collections import abc as _abc
-from gengate_client._proto.gengate.v1 import types_pb2 as _types_pb2
+from gengate_proto.v1 import types_pb2 as _types_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers

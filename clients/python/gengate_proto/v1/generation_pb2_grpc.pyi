@@ -4,7 +4,7 @@ isort:skip_file
 """
 
 from collections import abc as _abc
-from gengate_client._proto.gengate.v1 import generation_pb2 as _generation_pb2
+from gengate_proto.v1 import generation_pb2 as _generation_pb2
 from grpc import aio as _aio
 import abc as _abc_1
 import grpc as _grpc
