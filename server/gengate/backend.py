@@ -7,8 +7,8 @@ NotImplementedError for a feature.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol, runtime_checkable
 
 from gengate.domain import (
     Generation,
@@ -49,6 +49,36 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Release the model, worker processes and connections."""
+        ...
+
+
+# A composite's view of the other served models: name -> backend (the router's member handles).
+MemberLookup = Callable[[str], Backend]
+
+
+@runtime_checkable
+class Composite(Protocol):
+    """A backend built from other served models (fallback, mixture, preset): the router binds
+    its members once every backend is built, and starts it after them."""
+
+    def bind(self, lookup: MemberLookup) -> None:
+        """Resolves the members by name; ConfigError when one is not served."""
+        ...
+
+
+ServingListener = Callable[[bool], Any]
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    """A backend that can stop serving on its own (a worker process that died): it tells the
+    health service when it goes down and when it is back."""
+
+    @property
+    def serving(self) -> bool: ...
+
+    def add_serving_listener(self, listener: ServingListener) -> None:
+        """`listener(serving)` on every change, from any thread."""
         ...
 
 

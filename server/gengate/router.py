@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from gengate.backend import Backend, aclose_stream
+from gengate.backend import Backend, Composite, aclose_stream
 from gengate.config import ModelConfig, ServerConfig
 from gengate.deadline import iterate_within_deadline, within_deadline
 from gengate.domain import (
@@ -210,16 +210,17 @@ class Router:
                         f"model {route.name!r} ({route.config.backend}): member {name!r} is not a "
                         f"configured model (configured: {known})"
                     )
-                if hasattr(member.backend, "bind"):
+                if isinstance(member.backend, Composite):
                     bind(member)
                 return MemberBackend(member)
 
-            route.backend.bind(lookup)  # type: ignore[attr-defined]
+            assert isinstance(route.backend, Composite)
+            route.backend.bind(lookup)
             binding.pop()
             bound.append(route.name)
 
         for route in self._routes.values():
-            if hasattr(route.backend, "bind"):
+            if isinstance(route.backend, Composite):
                 bind(route)
         return bound
 

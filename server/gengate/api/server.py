@@ -17,6 +17,7 @@ from gengate.api.auth import BearerTokenInterceptor, TokenCheck, tokens_from_env
 from gengate.api.health import GuardedHealthServicer
 from gengate.api.servicer import GenerationServicer, add_to_server
 from gengate.api.tracing import tracing_interceptor
+from gengate.backend import ReportsHealth
 from gengate.config import ServerConfig, ServerSettings
 from gengate.errors import ConfigError
 from gengate.redaction import install_log_redaction
@@ -174,8 +175,7 @@ async def start_server(
 
 def _watch_model_health(backend: object, name: str, servicer: health.aio.HealthServicer) -> None:
     """Backends that can go down (worker processes) report it; health follows per model."""
-    add_listener = getattr(backend, "add_serving_listener", None)
-    if add_listener is None:
+    if not isinstance(backend, ReportsHealth):
         return
     loop = asyncio.get_running_loop()
 
@@ -187,7 +187,7 @@ def _watch_model_health(backend: object, name: str, servicer: health.aio.HealthS
             lambda: asyncio.ensure_future(servicer.set(model_health_name(name), status))
         )
 
-    add_listener(changed)
+    backend.add_serving_listener(changed)
 
 
 def serve(config: ServerConfig, host: str | None = None, port: int | None = None) -> None:

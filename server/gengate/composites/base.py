@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 from opentelemetry import trace
 from pydantic import BaseModel
 
-from gengate.backend import Backend
+from gengate.backend import Backend, MemberLookup
 from gengate.checks import prepare
 from gengate.domain import (
     ConstraintKind,
@@ -23,7 +23,6 @@ from gengate.domain import (
 from gengate.errors import ConfigError, GengateError, Internal, StatusCode
 
 # The router's lookup: another configured model's backend by its served name.
-Lookup = Callable[[str], Backend]
 
 # Weakest first: a composite promises only what its weakest member guarantees.
 _STRENGTH = {Enforcement.NONE: 0, Enforcement.VALIDATED: 1, Enforcement.NATIVE: 2, Enforcement.ENGINE: 3}
@@ -99,7 +98,7 @@ class CompositeBackend(abc.ABC):
     def derive_capabilities(self) -> ModelCapabilities:
         """This composite's capabilities from its bound members' current ones."""
 
-    def bind(self, lookup: Lookup) -> None:
+    def bind(self, lookup: MemberLookup) -> None:
         """Resolves every member through the router; ConfigError names this model and the member."""
         for name in dict.fromkeys(self.member_names()):
             if name == self.name:

@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 import gengate
 from gengate import errors
+from gengate.backend import ServingListener
 from gengate.deadline import within_deadline
 from gengate.domain import GenerationRequest, GenerationResult, ModelCapabilities, StreamEvent
 from gengate.registry import kind_spec
@@ -53,7 +54,6 @@ from gengate.workers.protocol import (
 
 log = logging.getLogger(__name__)
 
-ServingListener = Callable[[bool], Any]
 OUTPUT_TAIL_LINES = 60
 ABORT_ACK_TIMEOUT_S = 1.0
 
