@@ -11,6 +11,7 @@ import math
 import secrets
 from typing import Any
 
+from gengate.constraints.kinds import constraint_violations
 from gengate.domain import (
     ChoiceConstraint,
     GenerationRequest,
@@ -24,7 +25,7 @@ from gengate.domain import (
     StoppingCriteria,
 )
 from gengate.errors import FieldViolation, InvalidArgument, Unimplemented, echo
-from gengate.limits import LIMIT_REASON, RequestLimits, request_violations
+from gengate.limits import LIMIT_REASON, RequestLimits, text_violations
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_LIMITS = RequestLimits()
@@ -104,6 +105,17 @@ def prepare(
     if request_id is not None and not request.request_id:
         changes["request_id"] = request_id
     return dataclasses.replace(request, **changes) if changes else request
+
+
+def request_violations(
+    request: GenerationRequest, limits: RequestLimits, prefix: str = ""
+) -> list[FieldViolation]:
+    """Every limit the request exceeds (empty when none); cheap and linear in the request size:
+    its texts' (gengate.limits) and its constraint's (its kind's spec)."""
+    out = text_violations(request, limits)
+    if request.structured_output is not None:
+        out += constraint_violations(request.structured_output.constraint, limits)
+    return [FieldViolation(prefix + v.field, v.description) for v in out] if prefix else out
 
 
 def _input_violations(request: GenerationRequest, caps: ModelCapabilities) -> list[FieldViolation]:

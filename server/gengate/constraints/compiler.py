@@ -19,7 +19,6 @@ from gengate.constraints.lowering import LoweredConstraint
 from gengate.constraints.matcher import ConstraintMatcher
 from gengate.constraints.validation import quiet_limits
 from gengate.domain import Enforcement, StructuredOutput
-from gengate.limits import constraint_weight
 from gengate.lru import LruCache
 
 # What the compiled-constraint cache may hold, in constraint_weight units (~330 MB of grammar
@@ -158,7 +157,7 @@ class ConstraintCompiler:
         if done.cancelled() or done.exception() is not None:
             return
         compiled = done.result()
-        self._cache.put(key, compiled, constraint_weight(compiled.structured.constraint))
+        self._cache.put(key, compiled, kinds.constraint_weight(compiled.structured.constraint))
 
     def compile_sync(self, structured: StructuredOutput) -> CompiledConstraint:
         """Lowers and compiles in the calling thread (no cache); raises InvalidArgument, whatever

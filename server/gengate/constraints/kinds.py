@@ -2,11 +2,11 @@
 the kind, in one place.
 
 A spec owns, for its kind: the request fields that name it (the `structured_output` oneof field,
-and the field holding its content), the reason a grammar engine's refusal carries, the
-content's syntax check (run in the sandbox), lowering to an llguidance grammar, and validation
-of a finished output. The generic parts stay helpers where they were: JSON Schema relaxation
-and the grammar checks in lowering, the linear-time matchers in validation, in syntax the regex
-reader.
+and the field holding its content), the reason a grammar engine's refusal carries, the request
+limits of its content and its weight in caches, the content's syntax check (run in the
+sandbox), lowering to an llguidance grammar, and validation of a finished output. The generic parts stay
+helpers where they were: the linear scanners in gengate.limits, JSON Schema relaxation and the
+grammar checks in lowering, the linear-time matchers in validation, in syntax the regex reader.
 
 Adding a kind is one ConstraintSpec subclass and its row in SPECS (plus its domain class, its
 contract message and its conversion). Which kinds a backend serves natively, and how, stays the
@@ -31,14 +31,31 @@ from gengate.domain import (
     Constraint,
     ConstraintKind,
     GrammarConstraint,
+    GrammarSyntax,
     JsonObjectConstraint,
     JsonSchemaConstraint,
     RegexConstraint,
     StructuredOutput,
 )
-from gengate.limits import schema_patterns
+from gengate.errors import FieldViolation
+from gengate.limits import (
+    RequestLimits,
+    grammar_parts,
+    grammar_rule_count,
+    json_shape,
+    over_constraint_bytes,
+    over_limit,
+    regex_shape,
+    regex_violations,
+    schema_patterns,
+    text_bytes,
+    texts_bytes,
+)
 
 C = TypeVar("C", bound=Constraint)
+
+# Weights saturate here (constraint_weight): a cache weighs, it does not need exact sizes.
+_WEIGHT_CAP = 10**9
 
 
 class ConstraintSpec(ABC, Generic[C]):
@@ -63,6 +80,15 @@ class ConstraintSpec(ABC, Generic[C]):
         if not isinstance(c, self.constraint_type):
             raise TypeError(f"the {self.kind.value} spec was given a {c.kind.value} constraint")
         return c
+
+    def limit_violations(self, constraint: C, limits: RequestLimits) -> list[FieldViolation]:
+        """The size, count, nesting and expansion limits the content exceeds (at most one).
+        Linear in the content and safe on the event loop (gengate.limits' scanners)."""
+        return []
+
+    def weight(self, constraint: C) -> int:
+        """About the grammar-engine states the compiled constraint holds, for weighing caches."""
+        return 1
 
     def check_syntax(self, structured: StructuredOutput) -> None:
         """Refuses content that is not well-formed (InvalidArgument naming the field). Runs
@@ -89,6 +115,33 @@ class JsonSchemaSpec(ConstraintSpec[JsonSchemaConstraint]):
     field = "structured_output.json_schema"
     content_field = "structured_output.json_schema.schema"
     invalid_reason = "UNSUPPORTED_SCHEMA"
+
+    def limit_violations(
+        self, constraint: JsonSchemaConstraint, limits: RequestLimits
+    ) -> list[FieldViolation]:
+        field, schema = self.content_field, constraint.schema
+        shape = json_shape(schema, stop_at_bytes=limits.max_constraint_bytes)
+        if shape.size > limits.max_constraint_bytes:
+            what = "the schema's size in bytes (as JSON)"
+            return [over_constraint_bytes(field, what, shape.size, limits)]
+        if shape.depth > limits.max_schema_depth:
+            what = "the schema's nesting depth"
+            return [over_limit(field, what, shape.depth, "max_schema_depth", limits.max_schema_depth)]
+        if shape.refs > limits.max_schema_refs:
+            what = "the number of $ref in the schema"
+            return [over_limit(field, what, shape.refs, "max_schema_refs", limits.max_schema_refs)]
+        if shape.unreadable:
+            return [FieldViolation(field, "holds a value that is not JSON (a number too long, or not JSON)")]
+        for where, pattern in schema_patterns(schema):
+            found = regex_violations(f"{field}{where}", pattern, limits, check_bytes=False)
+            if found:
+                return found
+        return []
+
+    def weight(self, constraint: JsonSchemaConstraint) -> int:
+        schema = constraint.schema
+        patterns = sum(regex_shape(p, cap=_WEIGHT_CAP).expansion for _, p in schema_patterns(schema))
+        return max(1, json_shape(schema).size // 64 + patterns)
 
     def check_syntax(self, structured: StructuredOutput) -> None:
         schema = self.constraint(structured).schema
@@ -148,6 +201,12 @@ class RegexSpec(ConstraintSpec[RegexConstraint]):
     content_field = "structured_output.regex.pattern"
     invalid_reason = "INVALID_REGEX"
 
+    def limit_violations(self, constraint: RegexConstraint, limits: RequestLimits) -> list[FieldViolation]:
+        return regex_violations(self.content_field, constraint.pattern, limits, check_bytes=True)
+
+    def weight(self, constraint: RegexConstraint) -> int:
+        return max(1, regex_shape(constraint.pattern, cap=_WEIGHT_CAP).expansion)
+
     def check_syntax(self, structured: StructuredOutput) -> None:
         problem = syntax.regex_syntax_error(self.constraint(structured).pattern)
         if problem is not None:
@@ -176,6 +235,24 @@ class ChoiceSpec(ConstraintSpec[ChoiceConstraint]):
     content_field = "structured_output.choice.choices"
     invalid_reason = "INVALID_CHOICES"
 
+    def limit_violations(self, constraint: ChoiceConstraint, limits: RequestLimits) -> list[FieldViolation]:
+        count = len(constraint.choices)
+        if count > limits.max_choices:
+            return [
+                over_limit(
+                    self.content_field, "the number of choices", count, "max_choices", limits.max_choices
+                )
+            ]
+        size = texts_bytes(constraint.choices, limits.max_constraint_bytes)
+        if size > limits.max_constraint_bytes:
+            return [
+                over_constraint_bytes(self.content_field, "the choices' total size in bytes", size, limits)
+            ]
+        return []
+
+    def weight(self, constraint: ChoiceConstraint) -> int:
+        return max(1, sum(len(c) for c in constraint.choices) // 8)
+
     def lower(self, structured: StructuredOutput, *, syntax_checked: bool = False) -> LoweredConstraint:
         choices = self.constraint(structured).choices
         if not choices:
@@ -202,6 +279,41 @@ class GrammarSpec(ConstraintSpec[GrammarConstraint]):
     field = "structured_output.grammar"
     content_field = "structured_output.grammar.definition"
     invalid_reason = "INVALID_GRAMMAR"
+
+    def limit_violations(self, constraint: GrammarConstraint, limits: RequestLimits) -> list[FieldViolation]:
+        field, definition = self.content_field, constraint.definition
+        size = text_bytes(definition, limits.max_constraint_bytes)
+        if size > limits.max_constraint_bytes:
+            return [over_constraint_bytes(field, "the grammar's size in bytes", size, limits)]
+        body, regexes = grammar_parts(definition, lark=constraint.syntax is GrammarSyntax.LARK)
+        for pattern in regexes:
+            found = regex_violations(field, pattern, limits, check_bytes=False)
+            if found:
+                return found
+        shape = regex_shape(body, cap=limits.max_regex_expansion + 1)
+        if shape.expansion > limits.max_regex_expansion:
+            return [
+                over_limit(
+                    field,
+                    "the grammar's size with counted repetitions expanded",
+                    shape.expansion,
+                    "max_regex_expansion",
+                    limits.max_regex_expansion,
+                )
+            ]
+        rules = grammar_rule_count(definition)
+        if rules > limits.max_grammar_rules:
+            return [
+                over_limit(
+                    field, "the number of grammar rules", rules, "max_grammar_rules", limits.max_grammar_rules
+                )
+            ]
+        return []
+
+    def weight(self, constraint: GrammarConstraint) -> int:
+        body, regexes = grammar_parts(constraint.definition, lark=constraint.syntax is GrammarSyntax.LARK)
+        expansion = regex_shape(body, cap=_WEIGHT_CAP).expansion
+        return max(1, expansion + sum(regex_shape(r, cap=_WEIGHT_CAP).expansion for r in regexes))
 
     def check_syntax(self, structured: StructuredOutput) -> None:
         c = self.constraint(structured)
@@ -257,6 +369,18 @@ def spec_of(what: StructuredOutput | Constraint | ConstraintKind) -> ConstraintS
 def field_of(kind: ConstraintKind) -> str:
     """The request field (relative to the request) that holds a constraint of this kind."""
     return spec_of(kind).content_field
+
+
+def constraint_violations(constraint: Constraint, limits: RequestLimits) -> list[FieldViolation]:
+    """Size, count, nesting and expansion limits of one constraint (gengate.checks asks)."""
+    return spec_of(constraint).limit_violations(constraint, limits)
+
+
+def constraint_weight(constraint: Constraint) -> int:
+    """About the grammar-engine states a compiled constraint holds, for weighing caches of them:
+    expanded regex states, a grammar's expanded rules, a schema's size / 64, choice bytes / 8.
+    (`a{99999}` holds ~33 MB once compiled and used: a cache must not keep hundreds.)"""
+    return spec_of(constraint).weight(constraint)
 
 
 def check_constraint_syntax(structured: StructuredOutput) -> None:
