@@ -3,8 +3,9 @@ the kind, in one place.
 
 A spec owns, for its kind: the request fields that name it (the `structured_output` oneof field,
 and the field holding its content), the reason a grammar engine's refusal carries, the request
-limits of its content and its weight in caches, the content's syntax check (run in the
-sandbox), lowering to an llguidance grammar, and validation of a finished output. The generic parts stay
+limits of its content, the cheap shape checks done before anything reads the content, the
+content's syntax check (run in the sandbox), lowering to an llguidance grammar, and validation
+of a finished output. The generic parts stay
 helpers where they were: the linear scanners in gengate.limits, JSON Schema relaxation and the
 grammar checks in lowering, the linear-time matchers in validation, in syntax the regex reader.
 
@@ -34,6 +35,7 @@ from gengate.domain import (
     GrammarSyntax,
     JsonObjectConstraint,
     JsonSchemaConstraint,
+    ModelCapabilities,
     RegexConstraint,
     StructuredOutput,
 )
@@ -89,6 +91,10 @@ class ConstraintSpec(ABC, Generic[C]):
     def weight(self, constraint: C) -> int:
         """About the grammar-engine states the compiled constraint holds, for weighing caches."""
         return 1
+
+    def check_shape(self, structured: StructuredOutput, caps: ModelCapabilities) -> None:
+        """Refuses a constraint malformed on its face (empty, or options it cannot take); cheap,
+        reads no content beyond its size. Runs once the model has declared the kind."""
 
     def check_syntax(self, structured: StructuredOutput) -> None:
         """Refuses content that is not well-formed (InvalidArgument naming the field). Runs
@@ -181,6 +187,14 @@ class JsonObjectSpec(ConstraintSpec[JsonObjectConstraint]):
     content_field = "structured_output.json_schema.schema"
     invalid_reason = "UNSUPPORTED_SCHEMA"
 
+    def check_shape(self, structured: StructuredOutput, caps: ModelCapabilities) -> None:
+        if structured.additional_properties is False:
+            raise errors.InvalidArgument.field(
+                "structured_output.options.additional_properties",
+                "must not be false for json_object (an object without properties could only be {})",
+                reason="INVALID_OPTIONS",
+            )
+
     def lower(self, structured: StructuredOutput, *, syntax_checked: bool = False) -> LoweredConstraint:
         schema: dict[str, Any] = {"type": "object"}
         grammar = LLMatcher.grammar_from_json_schema(schema, overrides=lowering.json_options(structured))
@@ -206,6 +220,12 @@ class RegexSpec(ConstraintSpec[RegexConstraint]):
 
     def weight(self, constraint: RegexConstraint) -> int:
         return max(1, regex_shape(constraint.pattern, cap=_WEIGHT_CAP).expansion)
+
+    def check_shape(self, structured: StructuredOutput, caps: ModelCapabilities) -> None:
+        if not self.constraint(structured).pattern:
+            raise errors.InvalidArgument.field(
+                self.content_field, "must not be empty", reason="INVALID_REGEX"
+            )
 
     def check_syntax(self, structured: StructuredOutput) -> None:
         problem = syntax.regex_syntax_error(self.constraint(structured).pattern)
@@ -252,6 +272,17 @@ class ChoiceSpec(ConstraintSpec[ChoiceConstraint]):
 
     def weight(self, constraint: ChoiceConstraint) -> int:
         return max(1, sum(len(c) for c in constraint.choices) // 8)
+
+    def check_shape(self, structured: StructuredOutput, caps: ModelCapabilities) -> None:
+        choices = self.constraint(structured).choices
+        if not choices:
+            raise errors.InvalidArgument.field(
+                self.content_field, "must list at least one choice", reason="EMPTY_CHOICES"
+            )
+        if any(c == "" for c in choices):
+            raise errors.InvalidArgument.field(
+                self.content_field, "choices must not be empty strings", reason="EMPTY_CHOICES"
+            )
 
     def lower(self, structured: StructuredOutput, *, syntax_checked: bool = False) -> LoweredConstraint:
         choices = self.constraint(structured).choices
@@ -314,6 +345,20 @@ class GrammarSpec(ConstraintSpec[GrammarConstraint]):
         body, regexes = grammar_parts(constraint.definition, lark=constraint.syntax is GrammarSyntax.LARK)
         expansion = regex_shape(body, cap=_WEIGHT_CAP).expansion
         return max(1, expansion + sum(regex_shape(r, cap=_WEIGHT_CAP).expansion for r in regexes))
+
+    def check_shape(self, structured: StructuredOutput, caps: ModelCapabilities) -> None:
+        c = self.constraint(structured)
+        if not c.definition.strip():
+            raise errors.InvalidArgument.field(
+                self.content_field, "must not be empty", reason="INVALID_GRAMMAR"
+            )
+        if c.syntax not in caps.grammar_syntaxes:
+            served = ", ".join(sorted(s.value for s in caps.grammar_syntaxes)) or "none"
+            raise errors.Unimplemented(
+                f"grammar syntax {c.syntax.value} is not supported by this model (supported: {served})",
+                reason="GRAMMAR_SYNTAX_UNSUPPORTED",
+                violations=[FieldViolation(f"{self.field}.syntax", "not supported by this model")],
+            )
 
     def check_syntax(self, structured: StructuredOutput) -> None:
         c = self.constraint(structured)
