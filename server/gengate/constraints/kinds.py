@@ -4,8 +4,8 @@ the kind, in one place.
 A spec owns, for its kind: the request fields that name it (the `structured_output` oneof field,
 and the field holding its content), the reason a grammar engine's refusal carries, the request
 limits of its content, the cheap shape checks done before anything reads the content, the
-content's syntax check (run in the sandbox), lowering to an llguidance grammar, and validation
-of a finished output. The generic parts stay
+content's syntax check (run in the sandbox), lowering to an llguidance grammar, validation of a
+finished output, and the prompt text for providers that only validate. The generic parts stay
 helpers where they were: the linear scanners in gengate.limits, JSON Schema relaxation and the
 grammar checks in lowering, the linear-time matchers in validation, in syntax the regex reader.
 
@@ -18,6 +18,7 @@ The functions at the end are what other modules call; each asks the kind's spec.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 
@@ -114,6 +115,11 @@ class ConstraintSpec(ABC, Generic[C]):
         whatever the constraint holds, so it may run inline."""
         return False
 
+    @abstractmethod
+    def instructions(self, structured: StructuredOutput) -> str:
+        """The system-prompt paragraph describing the constraint, for a provider that does not
+        enforce it (the answer is validated)."""
+
 
 class JsonSchemaSpec(ConstraintSpec[JsonSchemaConstraint]):
     kind = ConstraintKind.JSON_SCHEMA
@@ -178,6 +184,13 @@ class JsonSchemaSpec(ConstraintSpec[JsonSchemaConstraint]):
         c = self.constraint(structured)
         return validation.validate_json(text, validation.schema_validator(c, structured))
 
+    def instructions(self, structured: StructuredOutput) -> str:
+        schema = self.constraint(structured).schema
+        return (
+            "Answer with only one JSON value that is valid against this JSON Schema: no prose, "
+            "no Markdown code fences.\nJSON Schema:\n" + json.dumps(schema, indent=None, sort_keys=True)
+        )
+
 
 class JsonObjectSpec(ConstraintSpec[JsonObjectConstraint]):
     kind = ConstraintKind.JSON_OBJECT
@@ -206,6 +219,9 @@ class JsonObjectSpec(ConstraintSpec[JsonObjectConstraint]):
 
     def validates_cheaply(self, structured: StructuredOutput) -> bool:
         return True
+
+    def instructions(self, structured: StructuredOutput) -> str:
+        return "Answer with only one valid JSON object: no prose, no Markdown code fences."
 
 
 class RegexSpec(ConstraintSpec[RegexConstraint]):
@@ -246,6 +262,12 @@ class RegexSpec(ConstraintSpec[RegexConstraint]):
     def validates_cheaply(self, structured: StructuredOutput) -> bool:
         # RE2 is linear; a pattern only llguidance reads is walked byte by byte, in the pool.
         return validation.compile_regex(self.constraint(structured).pattern) is not None
+
+    def instructions(self, structured: StructuredOutput) -> str:
+        return (
+            "Answer with only text that fully matches this regular expression, nothing before or after "
+            f"it: {ascii_shorthands(self.constraint(structured).pattern)}"
+        )
 
 
 class ChoiceSpec(ConstraintSpec[ChoiceConstraint]):
@@ -302,6 +324,11 @@ class ChoiceSpec(ConstraintSpec[ChoiceConstraint]):
 
     def validates_cheaply(self, structured: StructuredOutput) -> bool:
         return True
+
+    def instructions(self, structured: StructuredOutput) -> str:
+        return "Answer with exactly one of these options, verbatim, and nothing else: " + json.dumps(
+            list(self.constraint(structured).choices)
+        )
 
 
 class GrammarSpec(ConstraintSpec[GrammarConstraint]):
@@ -378,6 +405,13 @@ class GrammarSpec(ConstraintSpec[GrammarConstraint]):
     def validate(self, structured: StructuredOutput, text: str) -> str | None:
         return validation.validate_grammar(self.constraint(structured), text, field=self.content_field)
 
+    def instructions(self, structured: StructuredOutput) -> str:
+        c = self.constraint(structured)
+        return (
+            f"Answer with only text that is a sentence of this {c.syntax.value.upper()} grammar, nothing "
+            f"else:\n{c.definition}"
+        )
+
     def _grammar(self, c: GrammarConstraint) -> str:
         """The llguidance grammar of the definition (GBNF and EBNF converted to Lark)."""
         return LLMatcher.grammar_from_lark(
@@ -446,3 +480,8 @@ def validate_output(structured: StructuredOutput, text: str) -> str | None:
 def cheap_to_validate(structured: StructuredOutput, text: str) -> bool:
     """True when validating `text` costs microseconds whatever the constraint holds."""
     return len(text) <= validation.CHEAP_TEXT_CHARS and spec_of(structured).validates_cheaply(structured)
+
+
+def constraint_instructions(structured: StructuredOutput) -> str:
+    """A system-prompt paragraph describing the constraint, for providers that do not enforce it."""
+    return spec_of(structured).instructions(structured)
