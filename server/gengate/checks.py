@@ -11,20 +11,17 @@ import math
 import secrets
 from typing import Any
 
+from gengate.constraints.kinds import constraint_violations, spec_of
 from gengate.domain import (
-    ChoiceConstraint,
     GenerationRequest,
-    GrammarConstraint,
     ImagePart,
-    JsonObjectConstraint,
     Modality,
     ModelCapabilities,
-    RegexConstraint,
     SamplingParams,
     StoppingCriteria,
 )
 from gengate.errors import FieldViolation, InvalidArgument, Unimplemented, echo
-from gengate.limits import LIMIT_REASON, RequestLimits, request_violations
+from gengate.limits import LIMIT_REASON, RequestLimits, text_violations
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_LIMITS = RequestLimits()
@@ -106,6 +103,17 @@ def prepare(
     return dataclasses.replace(request, **changes) if changes else request
 
 
+def request_violations(
+    request: GenerationRequest, limits: RequestLimits, prefix: str = ""
+) -> list[FieldViolation]:
+    """Every limit the request exceeds (empty when none); cheap and linear in the request size:
+    its texts' (gengate.limits) and its constraint's (its kind's spec)."""
+    out = text_violations(request, limits)
+    if request.structured_output is not None:
+        out += constraint_violations(request.structured_output.constraint, limits)
+    return [FieldViolation(prefix + v.field, v.description) for v in out] if prefix else out
+
+
 def _input_violations(request: GenerationRequest, caps: ModelCapabilities) -> list[FieldViolation]:
     if request.prompt is None and request.messages is None:
         return [FieldViolation("input", "set either prompt or messages")]
@@ -160,57 +168,21 @@ def _stopping_violations(stopping: StoppingCriteria, caps: ModelCapabilities) ->
 
 
 def _check_structured_output(request: GenerationRequest, caps: ModelCapabilities) -> None:
-    """Refuses a constraint the model did not declare, or one that is malformed on its face.
-
-    Backend-specific checks (what a grammar engine can compile) happen in the backend.
+    """Refuses a constraint the model did not declare, or one that is malformed on its face (its
+    kind's shape checks). Backend-specific checks (what a grammar engine can compile) happen in
+    the backend.
     """
-    if request.structured_output is None:
+    structured = request.structured_output
+    if structured is None:
         return
-    constraint = request.structured_output.constraint
-    kind = constraint.kind
+    spec = spec_of(structured)
+    kind = spec.kind
     if kind not in caps.constraints:
         served = ", ".join(sorted(k.value for k in caps.constraints)) or "none"
         raise Unimplemented(
             f"model {request.model!r} cannot enforce {kind.value} output (it enforces: {served})",
             reason="CONSTRAINT_UNSUPPORTED",
-            violations=[FieldViolation(f"structured_output.{kind.value}", "not supported by this model")],
+            violations=[FieldViolation(spec.field, "not supported by this model")],
             metadata={"constraint_kind": kind.value},
         )
-    if isinstance(constraint, JsonObjectConstraint):
-        if request.structured_output.additional_properties is False:
-            raise InvalidArgument.field(
-                "structured_output.options.additional_properties",
-                "must not be false for json_object (an object without properties could only be {})",
-                reason="INVALID_OPTIONS",
-            )
-    elif isinstance(constraint, RegexConstraint):
-        if not constraint.pattern:
-            raise InvalidArgument.field(
-                "structured_output.regex.pattern", "must not be empty", reason="INVALID_REGEX"
-            )
-    elif isinstance(constraint, ChoiceConstraint):
-        if not constraint.choices:
-            raise InvalidArgument.field(
-                "structured_output.choice.choices", "must list at least one choice", reason="EMPTY_CHOICES"
-            )
-        if any(c == "" for c in constraint.choices):
-            raise InvalidArgument.field(
-                "structured_output.choice.choices",
-                "choices must not be empty strings",
-                reason="EMPTY_CHOICES",
-            )
-    elif isinstance(constraint, GrammarConstraint):
-        if not constraint.definition.strip():
-            raise InvalidArgument.field(
-                "structured_output.grammar.definition", "must not be empty", reason="INVALID_GRAMMAR"
-            )
-        if constraint.syntax not in caps.grammar_syntaxes:
-            served = ", ".join(sorted(s.value for s in caps.grammar_syntaxes)) or "none"
-            raise Unimplemented(
-                f"grammar syntax {constraint.syntax.value} is not supported by this model "
-                f"(supported: {served})",
-                reason="GRAMMAR_SYNTAX_UNSUPPORTED",
-                violations=[
-                    FieldViolation("structured_output.grammar.syntax", "not supported by this model")
-                ],
-            )
+    spec.check_shape(structured, caps)

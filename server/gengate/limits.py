@@ -15,15 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gengate.domain import (
-    ChoiceConstraint,
-    GenerationRequest,
-    GrammarConstraint,
-    GrammarSyntax,
-    JsonSchemaConstraint,
-    RegexConstraint,
-    TextPart,
-)
+from gengate.domain import GenerationRequest, TextPart
 from gengate.errors import FieldViolation
 
 LIMIT_REASON = "LIMIT_EXCEEDED"
@@ -62,26 +54,6 @@ class RequestLimits(BaseModel):
     validation_timeout_s: float = Field(default=10.0, gt=0)
 
 
-def constraint_weight(constraint: object) -> int:
-    """About the grammar-engine states a compiled constraint holds, for weighing caches of them:
-    expanded regex states, a grammar's expanded rules, a schema's size / 64, choice bytes / 8.
-    (`a{99999}` holds ~33 MB once compiled and used: a cache must not keep hundreds.)"""
-    cap = 10**9
-    if isinstance(constraint, RegexConstraint):
-        return max(1, regex_shape(constraint.pattern, cap=cap).expansion)
-    if isinstance(constraint, GrammarConstraint):
-        body, regexes = grammar_parts(constraint.definition, lark=constraint.syntax is GrammarSyntax.LARK)
-        return max(
-            1, regex_shape(body, cap=cap).expansion + sum(regex_shape(r, cap=cap).expansion for r in regexes)
-        )
-    if isinstance(constraint, ChoiceConstraint):
-        return max(1, sum(len(c) for c in constraint.choices) // 8)
-    if isinstance(constraint, JsonSchemaConstraint):
-        patterns = sum(regex_shape(p, cap=cap).expansion for _, p in schema_patterns(constraint.schema))
-        return max(1, json_shape(constraint.schema).size // 64 + patterns)
-    return 1
-
-
 def over_limit(field: str, what: str, value: int, name: str, limit: int) -> FieldViolation:
     """The violation for `what` (measured as `value`) over `server.limits.<name>`. A size known
     only from below (a text's length in characters, not encoded) is `at least` that value."""
@@ -89,10 +61,10 @@ def over_limit(field: str, what: str, value: int, name: str, limit: int) -> Fiel
     return FieldViolation(field, f"{what} {measured}, over the limit of {limit} (server.limits.{name})")
 
 
-def request_violations(
-    request: GenerationRequest, limits: RequestLimits, prefix: str = ""
-) -> list[FieldViolation]:
-    """Every limit the request exceeds (empty when none); cheap and linear in the request size."""
+def text_violations(request: GenerationRequest, limits: RequestLimits) -> list[FieldViolation]:
+    """Every limit the request's texts exceed (prompt, messages, stop sequences; empty when none),
+    cheap and linear in their size. A constraint's own limits are its kind's
+    (gengate.constraints.kinds); gengate.checks.request_violations asks both."""
     out: list[FieldViolation] = []
     if request.prompt is not None:
         size = text_bytes(request.prompt, limits.max_prompt_bytes)
@@ -155,16 +127,15 @@ def request_violations(
                     limits.max_stop_bytes,
                 )
             )
-    if request.structured_output is not None:
-        out += constraint_violations(request.structured_output.constraint, limits)
-    return [FieldViolation(prefix + v.field, v.description) for v in out] if prefix else out
+    return out
 
 
 class AtLeast(int):
     """A size known only from below: over its limit by the text's length alone."""
 
 
-def _over_constraint_bytes(field: str, what: str, size: int, limits: RequestLimits) -> FieldViolation:
+def over_constraint_bytes(field: str, what: str, size: int, limits: RequestLimits) -> FieldViolation:
+    """The violation for a constraint text (`what`, of `size` bytes) over max_constraint_bytes."""
     return over_limit(field, what, size, "max_constraint_bytes", limits.max_constraint_bytes)
 
 
@@ -184,55 +155,6 @@ def texts_bytes(texts: Iterable[str], limit: int) -> int:
     if 4 * length <= limit:
         return length  # within the limit whatever the characters; the exact size is not needed
     return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
-
-
-def constraint_violations(constraint: object, limits: RequestLimits) -> list[FieldViolation]:
-    """Size, count, nesting and expansion limits of one constraint."""
-    if isinstance(constraint, JsonSchemaConstraint):
-        return _schema_violations(constraint.schema, limits)
-    if isinstance(constraint, RegexConstraint):
-        return _regex_violations(
-            "structured_output.regex.pattern", constraint.pattern, limits, check_bytes=True
-        )
-    if isinstance(constraint, ChoiceConstraint):
-        field = "structured_output.choice.choices"
-        count = len(constraint.choices)
-        if count > limits.max_choices:
-            return [over_limit(field, "the number of choices", count, "max_choices", limits.max_choices)]
-        size = texts_bytes(constraint.choices, limits.max_constraint_bytes)
-        if size > limits.max_constraint_bytes:
-            return [_over_constraint_bytes(field, "the choices' total size in bytes", size, limits)]
-        return []
-    if isinstance(constraint, GrammarConstraint):
-        field = "structured_output.grammar.definition"
-        size = text_bytes(constraint.definition, limits.max_constraint_bytes)
-        if size > limits.max_constraint_bytes:
-            return [_over_constraint_bytes(field, "the grammar's size in bytes", size, limits)]
-        body, regexes = grammar_parts(constraint.definition, lark=constraint.syntax is GrammarSyntax.LARK)
-        for pattern in regexes:
-            found = _regex_violations(field, pattern, limits, check_bytes=False)
-            if found:
-                return found
-        shape = regex_shape(body, cap=limits.max_regex_expansion + 1)
-        if shape.expansion > limits.max_regex_expansion:
-            return [
-                over_limit(
-                    field,
-                    "the grammar's size with counted repetitions expanded",
-                    shape.expansion,
-                    "max_regex_expansion",
-                    limits.max_regex_expansion,
-                )
-            ]
-        rules = grammar_rule_count(constraint.definition)
-        if rules > limits.max_grammar_rules:
-            return [
-                over_limit(
-                    field, "the number of grammar rules", rules, "max_grammar_rules", limits.max_grammar_rules
-                )
-            ]
-        return []
-    return []
 
 
 _RULE_START = re.compile(
@@ -279,28 +201,6 @@ def grammar_parts(definition: str, *, lark: bool = True) -> tuple[str, list[str]
 def grammar_rule_count(definition: str) -> int:
     """Rules and terminals defined (`name:` in Lark, `name ::=` in GBNF/EBNF), one per line start."""
     return sum(1 for _ in _RULE_START.finditer(definition))
-
-
-def _schema_violations(schema: Any, limits: RequestLimits) -> list[FieldViolation]:
-    field = "structured_output.json_schema.schema"
-    shape = json_shape(schema, stop_at_bytes=limits.max_constraint_bytes)
-    if shape.size > limits.max_constraint_bytes:
-        what = "the schema's size in bytes (as JSON)"
-        return [over_limit(field, what, shape.size, "max_constraint_bytes", limits.max_constraint_bytes)]
-    if shape.depth > limits.max_schema_depth:
-        what = "the schema's nesting depth"
-        return [over_limit(field, what, shape.depth, "max_schema_depth", limits.max_schema_depth)]
-    if shape.refs > limits.max_schema_refs:
-        what = "the number of $ref in the schema"
-        return [over_limit(field, what, shape.refs, "max_schema_refs", limits.max_schema_refs)]
-    if shape.unreadable:
-        return [FieldViolation(field, "holds a value that is not JSON (a number too long, or not JSON)")]
-    out: list[FieldViolation] = []
-    for where, pattern in schema_patterns(schema):
-        out += _regex_violations(f"{field}{where}", pattern, limits, check_bytes=False)
-        if out:
-            break
-    return out
 
 
 @dataclass
@@ -382,13 +282,15 @@ def _pointer(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def _regex_violations(
+def regex_violations(
     field: str, pattern: str, limits: RequestLimits, *, check_bytes: bool
 ) -> list[FieldViolation]:
+    """The first limit a regex exceeds (its size in bytes when `check_bytes`, group nesting,
+    expansion), as a one-item list; empty when none."""
     if check_bytes:
         size = text_bytes(pattern, limits.max_constraint_bytes)
         if size > limits.max_constraint_bytes:
-            return [_over_constraint_bytes(field, "the regex's size in bytes", size, limits)]
+            return [over_constraint_bytes(field, "the regex's size in bytes", size, limits)]
     shape = regex_shape(pattern, cap=max(limits.max_regex_expansion, limits.max_regex_depth) + 1)
     if shape.depth > limits.max_regex_depth:
         return [

@@ -205,8 +205,7 @@ class OutputValidator:
         """Raises INTERNAL (enforced) or ABORTED (validated) when a complete generation is invalid."""
         if structured is None or generation.finish_reason is not FinishReason.STOP:
             return
-        from gengate.constraints import validate_output
-        from gengate.constraints.validation import cheap_to_validate
+        from gengate.constraints import cheap_to_validate, validate_output
 
         if cheap_to_validate(structured, generation.text):
             self._judge(structured, generation, enforcement, validate_output(structured, generation.text))

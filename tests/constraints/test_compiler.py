@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from gengate import errors
-from gengate.constraints import ConstraintCompiler, lowering
+from gengate.constraints import ConstraintCompiler, kinds, lowering
 from gengate.domain import (
     ChoiceConstraint,
     Enforcement,
@@ -55,13 +55,13 @@ async def test_cache_is_bounded(ll_tokenizer: LLTokenizer) -> None:
 
 def slow_lowering(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """Every lowering takes `seconds` longer: a compile that runs long, on demand."""
-    real_lower = lowering.lower
+    real_lower = kinds.lower
 
     def slow_lower(structured: StructuredOutput) -> lowering.LoweredConstraint:
         time.sleep(seconds)
         return real_lower(structured)
 
-    monkeypatch.setattr(lowering, "lower", slow_lower)
+    monkeypatch.setattr(kinds, "lower", slow_lower)
 
 
 async def test_timeout_is_invalid_argument(
@@ -177,7 +177,7 @@ async def test_library_failures_while_compiling_are_the_callers_input_error(
             "Exceeds the limit (4300 digits) for integer string conversion\n  internal state: ..."
         )
 
-    monkeypatch.setattr(lowering, "lower", broken)
+    monkeypatch.setattr(kinds, "lower", broken)
     with pytest.raises(errors.InvalidArgument) as info:
         await compiler.compile(StructuredOutput(RegexConstraint("e+")))
     assert info.value.reason == "INVALID_CONSTRAINT"

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from gengate.checks import prepare
+from gengate.checks import prepare, request_violations
 from gengate.domain import (
     ChatMessage,
     ChoiceConstraint,
@@ -33,7 +33,6 @@ from gengate.limits import (
     json_depth,
     json_shape,
     regex_shape,
-    request_violations,
     text_bytes,
 )
 from hypothesis import given, settings
@@ -352,7 +351,7 @@ def test_data_named_pattern_is_not_a_regex() -> None:
 
 
 def test_constraint_weight_grows_with_what_the_grammar_engine_builds() -> None:
-    from gengate.limits import constraint_weight
+    from gengate.constraints.kinds import constraint_weight
 
     assert constraint_weight(RegexConstraint("a{99999}")) == 99_999
     assert constraint_weight(RegexConstraint("[0-9]{3}")) == 3

@@ -14,12 +14,11 @@ from typing import Any
 from llguidance import LLMatcher, LLTokenizer
 
 from gengate import errors
-from gengate.constraints import lowering
-from gengate.constraints.lowering import field_of
+from gengate.constraints import kinds
+from gengate.constraints.lowering import LoweredConstraint
 from gengate.constraints.matcher import ConstraintMatcher
 from gengate.constraints.validation import quiet_limits
-from gengate.domain import ConstraintKind, Enforcement, StructuredOutput
-from gengate.limits import constraint_weight
+from gengate.domain import Enforcement, StructuredOutput
 from gengate.lru import LruCache
 
 # What the compiled-constraint cache may hold, in constraint_weight units (~330 MB of grammar
@@ -32,7 +31,7 @@ class CompiledConstraint:
     """A constraint compiled for one tokenizer; `new_matcher()` gives each generation its own state."""
 
     structured: StructuredOutput
-    lowered: lowering.LoweredConstraint
+    lowered: LoweredConstraint
     _template: LLMatcher = field(repr=False)
     _vocab_size: int = field(repr=False)
 
@@ -139,7 +138,7 @@ class ConstraintCompiler:
             if began is None or time.monotonic() - began < self.timeout_s / 2:
                 raise self._busy() from None
             raise errors.InvalidArgument.field(
-                field_of(structured.constraint.kind),
+                kinds.field_of(structured.constraint.kind),
                 f"the constraint is too complex: it did not compile within {self.timeout_s:g} s",
                 reason="CONSTRAINT_COMPILE_TIMEOUT",
             ) from None
@@ -158,13 +157,13 @@ class ConstraintCompiler:
         if done.cancelled() or done.exception() is not None:
             return
         compiled = done.result()
-        self._cache.put(key, compiled, constraint_weight(compiled.structured.constraint))
+        self._cache.put(key, compiled, kinds.constraint_weight(compiled.structured.constraint))
 
     def compile_sync(self, structured: StructuredOutput) -> CompiledConstraint:
         """Lowers and compiles in the calling thread (no cache); raises InvalidArgument, whatever
         the library raised on the caller's constraint."""
         self.stats.lowerings += 1
-        field_name = field_of(structured.constraint.kind)
+        field_name = kinds.field_of(structured.constraint.kind)
         try:
             return self._compile(structured, field_name)
         except errors.GengateError:
@@ -181,32 +180,23 @@ class ConstraintCompiler:
             ) from None
 
     def _compile(self, structured: StructuredOutput, field_name: str) -> CompiledConstraint:
-        lowered = lowering.lower(structured)
+        lowered = kinds.lower(structured)
+        reason = kinds.spec_of(lowered.kind).invalid_reason
         error = LLMatcher.validate_grammar(lowered.grammar, self.ll_tokenizer, limits=quiet_limits())
         if error:
             raise errors.InvalidArgument.field(
                 field_name,
                 f"not supported by the grammar engine: {errors.brief(error)}",
-                reason=_reason(lowered.kind),
+                reason=reason,
             )
         template = LLMatcher(self.ll_tokenizer, lowered.grammar, log_level=0, limits=quiet_limits())
         if template.is_error():
             raise errors.InvalidArgument.field(
                 field_name,
                 f"not supported by the grammar engine: {errors.brief(template.get_error())}",
-                reason=_reason(lowered.kind),
+                reason=reason,
             )
         return CompiledConstraint(structured, lowered, template, self.ll_tokenizer.vocab_size)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _reason(kind: ConstraintKind) -> str:
-    return {
-        ConstraintKind.JSON_SCHEMA: "UNSUPPORTED_SCHEMA",
-        ConstraintKind.JSON_OBJECT: "UNSUPPORTED_SCHEMA",
-        ConstraintKind.REGEX: "INVALID_REGEX",
-        ConstraintKind.CHOICE: "INVALID_CHOICES",
-        ConstraintKind.GRAMMAR: "INVALID_GRAMMAR",
-    }[kind]

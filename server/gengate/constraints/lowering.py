@@ -1,10 +1,12 @@
-"""Lowering: a domain StructuredOutput becomes one llguidance grammar string.
+"""Lowering helpers: what turning a constraint into one llguidance grammar string takes.
 
-Pure and tokenizer-free: the result is checked with `LLMatcher.validate_grammar` (no tokenizer),
-so a bad constraint is refused here with a field violation; the compiler checks it again
-against a real tokenizer. JSON Schemas llguidance cannot enforce exactly are relaxed (oneOf as
-anyOf, unknown formats, uniqueItems, dependencies dropped) and marked VALIDATED: the result is
-then checked against the original schema after generation.
+Each kind's `lower` is its spec's (gengate.constraints.kinds); what is here is shared or large:
+the lowered result, grammar checks, Lark text for grammars and choices, and JSON Schema lowering.
+Pure and tokenizer-free: a result is checked with `LLMatcher.validate_grammar` (no tokenizer),
+so a bad constraint is refused with a field violation; the compiler checks it again against a
+real tokenizer. JSON Schemas llguidance cannot enforce exactly are relaxed (oneOf as anyOf,
+unknown formats, uniqueItems, dependencies dropped) and marked VALIDATED: the result is then
+checked against the original schema after generation. Field paths are the caller's (the spec's).
 """
 
 from __future__ import annotations
@@ -22,38 +24,17 @@ from llguidance.gbnf_to_lark import any_to_lark
 from gengate import errors
 from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.constraints.schemas import all_subschemas, keyword_sites
-
-if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions
 from gengate.domain import (
-    ChoiceConstraint,
     ConstraintKind,
     Enforcement,
-    GrammarConstraint,
     GrammarSyntax,
-    JsonObjectConstraint,
     JsonSchemaConstraint,
-    RegexConstraint,
     StructuredOutput,
     Whitespace,
 )
 
-FIELD_SCHEMA = "structured_output.json_schema.schema"
-FIELD_REGEX = "structured_output.regex.pattern"
-FIELD_CHOICES = "structured_output.choice.choices"
-FIELD_GRAMMAR = "structured_output.grammar.definition"
-_FIELD_BY_KIND = {
-    ConstraintKind.JSON_SCHEMA: FIELD_SCHEMA,
-    ConstraintKind.JSON_OBJECT: FIELD_SCHEMA,
-    ConstraintKind.REGEX: FIELD_REGEX,
-    ConstraintKind.CHOICE: FIELD_CHOICES,
-    ConstraintKind.GRAMMAR: FIELD_GRAMMAR,
-}
-
-
-def field_of(kind: ConstraintKind) -> str:
-    """The request field (relative to the request) that holds a constraint of this kind."""
-    return _FIELD_BY_KIND[kind]
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 
 # Keywords llguidance reports as unimplemented that can be dropped and checked afterwards.
@@ -89,69 +70,34 @@ class LoweredConstraint:
         return self.grammar
 
 
-def lower(structured: StructuredOutput) -> LoweredConstraint:
-    """Lowers a domain structured-output request to an llguidance grammar, or raises InvalidArgument."""
-    c = structured.constraint
-    if isinstance(c, JsonSchemaConstraint):
-        return _lower_json_schema(c, structured)
-    if isinstance(c, JsonObjectConstraint):
-        schema: dict[str, Any] = {"type": "object"}
-        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=_json_options(structured))
-        _check(grammar, FIELD_SCHEMA, "INVALID_SCHEMA")
-        return LoweredConstraint(ConstraintKind.JSON_OBJECT, grammar, schema=schema, generate_schema=schema)
-    if isinstance(c, RegexConstraint):
-        grammar = LLMatcher.grammar_from_regex(ascii_shorthands(c.pattern))
-        _check(grammar, FIELD_REGEX, "INVALID_REGEX", what="invalid regex")
-        return LoweredConstraint(ConstraintKind.REGEX, grammar)
-    if isinstance(c, ChoiceConstraint):
-        return _lower_choice(c)
-    if isinstance(c, GrammarConstraint):
-        return _lower_grammar(c)
-    raise errors.InvalidArgument.field("structured_output", f"unknown constraint {c!r}", reason="UNSUPPORTED")
-
-
 def choice_lark(choices: tuple[str, ...] | list[str]) -> str:
     """A Lark grammar matching exactly one of `choices` (JSON string escaping is valid Lark)."""
     return "start: " + " | ".join(json.dumps(choice) for choice in choices)
 
 
-def grammar_to_lark(syntax: GrammarSyntax, definition: str) -> str:
-    """Lark text for a grammar constraint; GBNF and EBNF (`::=` rules) go through llguidance's converter."""
+def grammar_to_lark(syntax: GrammarSyntax, definition: str, *, field: str) -> str:
+    """Lark text for a grammar constraint; GBNF and EBNF (`::=` rules) go through llguidance's
+    converter (a definition it cannot read is refused naming `field`)."""
     if syntax is GrammarSyntax.LARK:
         return definition
     try:
         return any_to_lark(definition)
     except Exception as exc:  # the converter raises plain exceptions of several types
         raise errors.InvalidArgument.field(
-            FIELD_GRAMMAR,
+            field,
             f"invalid {syntax.value.upper()} grammar: {errors.brief(str(exc))}",
             reason="INVALID_GRAMMAR",
         ) from exc
 
 
-def _lower_choice(c: ChoiceConstraint) -> LoweredConstraint:
-    if not c.choices:
-        raise errors.InvalidArgument.field(FIELD_CHOICES, "the choice list is empty", reason="EMPTY_CHOICES")
-    grammar = LLMatcher.grammar_from_lark(choice_lark(c.choices))
-    _check(grammar, FIELD_CHOICES, "INVALID_CHOICES")
-    return LoweredConstraint(ConstraintKind.CHOICE, grammar)
-
-
-def _lower_grammar(c: GrammarConstraint) -> LoweredConstraint:
-    if not c.definition.strip():
-        raise errors.InvalidArgument.field(FIELD_GRAMMAR, "the grammar is empty", reason="INVALID_GRAMMAR")
-    grammar = LLMatcher.grammar_from_lark(grammar_to_lark(c.syntax, c.definition))
-    _check(grammar, FIELD_GRAMMAR, "INVALID_GRAMMAR", what=f"invalid {c.syntax.value.upper()} grammar")
-    return LoweredConstraint(ConstraintKind.GRAMMAR, grammar)
-
-
-def _check(grammar: str, field: str, reason: str, *, what: str = "not supported") -> None:
+def check_grammar(grammar: str, field: str, reason: str, *, what: str = "not supported") -> None:
+    """Refuses an llguidance grammar its engine would not take, naming `field`."""
     error = LLMatcher.validate_grammar(grammar)
     if error:
         raise errors.InvalidArgument.field(field, f"{what}: {errors.brief(error)}", reason=reason)
 
 
-def _json_options(structured: StructuredOutput) -> JsonCompileOptions:
+def json_options(structured: StructuredOutput) -> JsonCompileOptions:
     """llguidance JSON compile options; whitespace defaults to compact (fewer wasted tokens)."""
     return {"whitespace_flexible": structured.whitespace is Whitespace.FLEXIBLE}
 
@@ -164,13 +110,16 @@ def effective_schema(c: JsonSchemaConstraint, structured: StructuredOutput) -> d
     return schema
 
 
-def _lower_json_schema(c: JsonSchemaConstraint, structured: StructuredOutput) -> LoweredConstraint:
+def lower_json_schema(
+    c: JsonSchemaConstraint, structured: StructuredOutput, *, field: str, metaschema: bool = True
+) -> LoweredConstraint:
+    """The grammar for a JSON Schema constraint; `metaschema` False when check_schema has
+    already passed on it (the sandbox checks it before lowering: once per path is enough)."""
     if not isinstance(c.schema, dict):
-        raise errors.InvalidArgument.field(
-            FIELD_SCHEMA, "the schema must be a JSON object", reason="INVALID_SCHEMA"
-        )
+        raise errors.InvalidArgument.field(field, "the schema must be a JSON object", reason="INVALID_SCHEMA")
     schema = effective_schema(c, structured)
-    check_schema(schema)
+    if metaschema:
+        check_schema(schema, field)
     if structured.additional_properties is None:
         # Generate only the listed properties unless asked otherwise: every such output is still
         # valid against the caller's schema, and models do not wander off into invented keys.
@@ -178,10 +127,10 @@ def _lower_json_schema(c: JsonSchemaConstraint, structured: StructuredOutput) ->
         closed = copy.deepcopy(schema)
         _apply_additional_properties(closed, False)
         try:
-            return _enforce_json_schema(c, closed, structured, validate_against=schema)
+            return _enforce_json_schema(c, closed, structured, field=field, validate_against=schema)
         except errors.InvalidArgument:
             pass
-    return _enforce_json_schema(c, schema, structured, validate_against=schema)
+    return _enforce_json_schema(c, schema, structured, field=field, validate_against=schema)
 
 
 def _enforce_json_schema(
@@ -189,10 +138,11 @@ def _enforce_json_schema(
     generate: dict[str, Any],
     structured: StructuredOutput,
     *,
+    field: str,
     validate_against: dict[str, Any],
 ) -> LoweredConstraint:
     """Grammar for `generate`, relaxed round by round where the engine refuses a keyword."""
-    options = _json_options(structured)
+    options = json_options(structured)
     relaxed = copy.deepcopy(generate)
     relaxed.pop("x-guidance", None)
     for _, node in all_subschemas(relaxed):
@@ -218,30 +168,32 @@ def _enforce_json_schema(
             break
         if c.strict:
             raise errors.InvalidArgument.field(
-                FIELD_SCHEMA,
+                field,
                 f"unsupported by the grammar engine and strict is set: {errors.brief(error)}",
                 reason="UNSUPPORTED_SCHEMA",
             )
         relaxations.extend(found)
     raise errors.InvalidArgument.field(
-        FIELD_SCHEMA,
+        field,
         f"unsupported by the grammar engine: {errors.brief(error)}",
         reason="UNSUPPORTED_SCHEMA",
     )
 
 
-def check_schema(schema: dict[str, Any]) -> None:
-    """Checks the schema against its metaschema ($schema, else Draft 2020-12)."""
-    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+def check_schema(schema: Any, field: str) -> None:
+    """Checks a schema against its metaschema ($schema, else Draft 2020-12), refusing it naming
+    `field`: the one metaschema check, for the sandbox's syntax check and for lowering alike."""
     try:
-        validator.check_schema(schema)
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(
+            schema
+        )
     except jsonschema.SchemaError as exc:
-        where = "/" + "/".join(str(p) for p in exc.path)
+        path = "/".join(str(p) for p in exc.path) or "<root>"
         raise errors.InvalidArgument.field(
-            FIELD_SCHEMA,
-            f"not a valid JSON Schema at {where}: {errors.brief(exc.message)}",
+            field,
+            f"not a valid JSON Schema at {path}: {errors.brief(exc.message)}",
             reason="INVALID_SCHEMA",
-        ) from exc
+        ) from None
 
 
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")

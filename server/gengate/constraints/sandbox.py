@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from gengate import errors
-from gengate.constraints.lowering import field_of
+from gengate.constraints import kinds
 from gengate.domain import StructuredOutput
 from gengate.limits import RequestLimits
 from gengate.lru import LruCache
@@ -149,7 +149,7 @@ class ConstraintSandbox:
         if work is None:
             job = (structured, trial_compile)
             payload = await asyncio.to_thread(pickle.dumps, job) if off_loop else pickle.dumps(job)
-            work = asyncio.ensure_future(self._run(payload, field_of(structured.constraint.kind)))
+            work = asyncio.ensure_future(self._run(payload, kinds.field_of(structured.constraint.kind)))
             self._inflight[key] = work
             work.add_done_callback(lambda done: self._finished(key, done))
         verdict = await asyncio.shield(work)
@@ -315,11 +315,9 @@ async def _exit_code(checker: _Checker) -> int | None:
 def judge(structured: StructuredOutput, trial_compile: bool) -> Verdict:
     """The whole check, in this process: syntax and metaschema, lowering, optionally a trial
     compile over a byte vocabulary. Any exception is the caller's input problem, said briefly."""
-    from gengate.constraints.syntax import check_constraint_syntax
-
-    field = field_of(structured.constraint.kind)
+    field = kinds.field_of(structured.constraint.kind)
     try:
-        check_constraint_syntax(structured)
+        kinds.check_constraint_syntax(structured)
         if trial_compile:
             _trial_compile(structured)
     except errors.GengateError as exc:
@@ -344,26 +342,26 @@ def judge(structured: StructuredOutput, trial_compile: bool) -> Verdict:
 
 
 def _trial_compile(structured: StructuredOutput) -> None:
+    """Lowers (what the syntax check checked is not checked again) and compiles over bytes."""
     from llguidance import LLMatcher
 
-    from gengate.constraints import lowering
     from gengate.constraints.validation import byte_tokenizer, quiet_limits
 
-    lowered = lowering.lower(structured)
+    lowered = kinds.lower(structured, syntax_checked=True)
     matcher = LLMatcher(byte_tokenizer(), lowered.grammar, log_level=0, limits=quiet_limits())
     if not matcher.is_error():
         matcher.compute_bitmask()
     if matcher.is_error():
         raise errors.InvalidArgument.field(
-            field_of(lowered.kind),
+            kinds.field_of(lowered.kind),
             f"not supported by the grammar engine: {errors.brief(matcher.get_error())}",
             reason="INVALID_CONSTRAINT",
         )
 
 
 def sandbox_warmup() -> None:
-    """Imports and builds once what every check needs (before READY, not inside a check's budget)."""
-    from gengate.constraints import syntax  # noqa: F401
+    """Imports and builds once what every check needs (before READY, not inside a check's budget):
+    the specs' modules are imported with this one."""
     from gengate.constraints.validation import byte_tokenizer
 
     byte_tokenizer()

@@ -1,4 +1,6 @@
-"""Checks a finished output against the ORIGINAL constraint, independently of the grammar engine.
+"""Validation helpers: a finished output checked against the ORIGINAL constraint, independently
+of the grammar engine. Each kind's `validate` is its spec's (gengate.constraints.kinds), built
+from these.
 
 No backtracking matcher runs anywhere: regexes (constraints, and `pattern` / `patternProperties`
 in schemas) are matched by RE2, linear in the text, whose syntax is closest to llguidance's Rust
@@ -26,53 +28,17 @@ from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
 from gengate.constraints.lowering import choice_lark, effective_schema, grammar_to_lark
 from gengate.constraints.regex_dialect import ascii_shorthands
-from gengate.domain import (
-    ChoiceConstraint,
-    GrammarConstraint,
-    GrammarSyntax,
-    JsonObjectConstraint,
-    JsonSchemaConstraint,
-    RegexConstraint,
-    StructuredOutput,
-)
+from gengate.domain import GrammarConstraint, GrammarSyntax, JsonSchemaConstraint, StructuredOutput
 from gengate.lru import LruCache
 
 _MAX_REASON = 300
 
 
-def validate_output(structured: StructuredOutput, text: str) -> str | None:
-    """None when `text` satisfies the constraint, else a short human-readable reason."""
-    c = structured.constraint
-    if isinstance(c, JsonSchemaConstraint):
-        return _validate_json(text, _schema_validator(c, structured))
-    if isinstance(c, JsonObjectConstraint):
-        return _validate_json(text, _any_object_validator())
-    if isinstance(c, RegexConstraint):
-        return _validate_regex(c.pattern, text)
-    if isinstance(c, ChoiceConstraint):
-        return None if text in c.choices else f"{_short(text)} is not one of the {len(c.choices)} choices"
-    if isinstance(c, GrammarConstraint):
-        return _validate_grammar(c, text)
-    return f"unknown constraint {c!r}"
-
-
 # Outputs up to this size are validated inline (on the caller's thread) when the work is
-# provably small: a regex matched by RE2 (linear), a choice, any JSON object. Everything else
-# (schemas, whose cost grows with output x schema; grammars) goes to a thread pool with a time
-# budget (gengate.service.OutputValidator).
+# provably small, as each kind's spec says (a regex matched by RE2, a choice, any JSON object;
+# gengate.constraints.kinds.cheap_to_validate). Everything else (schemas, whose cost grows with
+# output x schema; grammars) goes to a thread pool with a time budget (service.OutputValidator).
 CHEAP_TEXT_CHARS = 4096
-
-
-def cheap_to_validate(structured: StructuredOutput, text: str) -> bool:
-    """True when validating `text` costs microseconds whatever the constraint holds."""
-    if len(text) > CHEAP_TEXT_CHARS:
-        return False
-    c = structured.constraint
-    if isinstance(c, ChoiceConstraint | JsonObjectConstraint):
-        return True
-    if isinstance(c, RegexConstraint):
-        return _compile_regex(c.pattern) is not None  # RE2; the llguidance walk goes to the pool
-    return False
 
 
 def _build_validator(schema: dict[str, Any]) -> Validator:
@@ -96,7 +62,7 @@ def _linear_validator_class(cls: Any) -> Any:
 
 
 def _search(pattern: str, text: str) -> bool:
-    compiled = _compile_regex(pattern)
+    compiled = compile_regex(pattern)
     if compiled is None:  # refused before generation (syntax checks); never matches here
         return False
     return compiled.search(text) is not None
@@ -104,7 +70,7 @@ def _search(pattern: str, text: str) -> bool:
 
 def _pattern_keyword(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
     if validator.is_type(instance, "string") and not _search(pattern, instance):
-        yield ValidationError(f"{_short(instance)} does not match {_short(pattern)}")
+        yield ValidationError(f"{short(instance)} does not match {short(pattern)}")
 
 
 def _pattern_properties_keyword(
@@ -132,10 +98,10 @@ def _additional_properties_keyword(
     elif not allowed and extras:
         # jsonschema's own wording, with the names cut (an output's keys can be long)
         names = sorted(extras)
-        joined = ", ".join(_short(k, 40) for k in names[:5]) + (", ..." if len(names) > 5 else "")
+        joined = ", ".join(short(k, 40) for k in names[:5]) + (", ..." if len(names) > 5 else "")
         if patterns:
             verb = "does" if len(names) == 1 else "do"
-            regexes = ", ".join(_short(p, 40) for p in sorted(patterns))
+            regexes = ", ".join(short(p, 40) for p in sorted(patterns))
             yield ValidationError(f"{joined} {verb} not match any of the regexes: {regexes}")
         else:
             verb = "was" if len(names) == 1 else "were"
@@ -143,7 +109,7 @@ def _additional_properties_keyword(
 
 
 @functools.lru_cache(maxsize=1)
-def _any_object_validator() -> Validator:
+def any_object_validator() -> Validator:
     return _build_validator({"type": "object"})
 
 
@@ -151,7 +117,7 @@ def _any_object_validator() -> Validator:
 _validators: LruCache[str, Validator] = LruCache(256, max_weight=16 << 20)
 
 
-def _schema_validator(c: JsonSchemaConstraint, structured: StructuredOutput) -> Validator:
+def schema_validator(c: JsonSchemaConstraint, structured: StructuredOutput) -> Validator:
     """Validators by schema text (the schema and additional_properties as JSON, key order kept):
     building one, and the schema copy it holds, cost more than validating a small output."""
     try:
@@ -165,7 +131,7 @@ def _schema_validator(c: JsonSchemaConstraint, structured: StructuredOutput) -> 
     return validator
 
 
-def _validate_json(text: str, validator: Validator) -> str | None:
+def validate_json(text: str, validator: Validator) -> str | None:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -189,7 +155,7 @@ def quiet_limits() -> LLParserLimits:
 
 
 @functools.lru_cache(maxsize=256)
-def _compile_regex(pattern: str) -> Any:
+def compile_regex(pattern: str) -> Any:
     """The RE2 program for a pattern (ASCII `\\d \\w`, as everywhere), or None if RE2 cannot read it."""
     try:
         return re2.compile(ascii_shorthands(pattern), _RE2_OPTIONS)
@@ -208,13 +174,13 @@ def linear_regex_error(pattern: str) -> str | None:
     return None
 
 
-def _validate_regex(pattern: str, text: str) -> str | None:
-    compiled = _compile_regex(pattern)
+def validate_regex(pattern: str, text: str) -> str | None:
+    compiled = compile_regex(pattern)
     if compiled is not None:
         ok = compiled.fullmatch(text) is not None
     else:
         ok = _llguidance_accepts(LLMatcher.grammar_from_regex(ascii_shorthands(pattern)), text)
-    return None if ok else f"{_short(text)} does not fully match the pattern"
+    return None if ok else f"{short(text)} does not fully match the pattern"
 
 
 @functools.lru_cache(maxsize=64)
@@ -225,7 +191,8 @@ def _lark_parser(definition: str) -> lark.Lark | None:
         return None
 
 
-def _validate_grammar(c: GrammarConstraint, text: str) -> str | None:
+def validate_grammar(c: GrammarConstraint, text: str, *, field: str) -> str | None:
+    """Lark text parsed by the `lark` package where it reads the grammar, else an llguidance walk."""
     if c.syntax is GrammarSyntax.LARK:
         parser = _lark_parser(c.definition)
         if parser is not None:
@@ -234,7 +201,7 @@ def _validate_grammar(c: GrammarConstraint, text: str) -> str | None:
             except lark.exceptions.LarkError as exc:
                 return _clip(f"does not match the grammar: {exc}")
             return None
-    grammar = LLMatcher.grammar_from_lark(grammar_to_lark(c.syntax, c.definition))
+    grammar = LLMatcher.grammar_from_lark(grammar_to_lark(c.syntax, c.definition, field=field))
     return None if _llguidance_accepts(grammar, text) else "does not match the grammar"
 
 
@@ -272,5 +239,6 @@ def _clip(message: str, limit: int = _MAX_REASON) -> str:
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
-def _short(text: str, limit: int = 80) -> str:
+def short(text: str, limit: int = 80) -> str:
+    """`text` quoted for a reason, cut at `limit` characters."""
     return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."

@@ -37,7 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from gengate import errors
 from gengate.backend import collect_stream
 from gengate.constraints.compiler import constraint_key
-from gengate.constraints.lowering import LoweredConstraint, lower
+from gengate.constraints.kinds import lower
+from gengate.constraints.lowering import LoweredConstraint
 from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     SAMPLING_FIELDS,

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gengate import errors
-from gengate.constraints import schemas
-from gengate.constraints.regex_dialect import ascii_shorthands
+from gengate.constraints import kinds, schemas
 from gengate.domain import (
     ChoiceConstraint,
     ConstraintKind,
@@ -25,7 +24,6 @@ from gengate.domain import (
     GrammarSyntax,
     JsonObjectConstraint,
     JsonSchemaConstraint,
-    RegexConstraint,
 )
 from gengate.domain import (
     StructuredOutput as StructuredOutput,
@@ -101,28 +99,9 @@ def check_supported(
 
 
 def constraint_instructions(structured: StructuredOutput) -> str:
-    """A system-prompt paragraph describing the constraint, for providers that do not enforce it."""
-    c = structured.constraint
-    if isinstance(c, JsonSchemaConstraint):
-        return (
-            "Answer with only one JSON value that is valid against this JSON Schema: no prose, "
-            "no Markdown code fences.\nJSON Schema:\n" + json.dumps(c.schema, indent=None, sort_keys=True)
-        )
-    if isinstance(c, JsonObjectConstraint):
-        return "Answer with only one valid JSON object: no prose, no Markdown code fences."
-    if isinstance(c, RegexConstraint):
-        return (
-            "Answer with only text that fully matches this regular expression, nothing before or after "
-            f"it: {ascii_shorthands(c.pattern)}"
-        )
-    if isinstance(c, ChoiceConstraint):
-        return "Answer with exactly one of these options, verbatim, and nothing else: " + json.dumps(
-            list(c.choices)
-        )
-    return (
-        f"Answer with only text that is a sentence of this {c.syntax.value.upper()} grammar, nothing "
-        f"else:\n{c.definition}"
-    )
+    """A system-prompt paragraph describing the constraint, for providers that do not enforce it
+    (its kind's spec writes it)."""
+    return kinds.constraint_instructions(structured)
 
 
 def reask_message(error: str) -> str:
