@@ -62,6 +62,28 @@ class ModelConfig:
     cpu_threads: int | None = None
 
 
+def default_data_dir() -> str:
+    """Where the server keeps what must outlive it (the job store): $GENGATE_DATA_DIR, else
+    ~/.local/share/gengate."""
+    return os.environ.get("GENGATE_DATA_DIR") or str(Path.home() / ".local" / "share" / "gengate")
+
+
+class JobSettings(BaseModel):
+    """`server.jobs`: durable batch jobs (README "Batch jobs")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # sqlite:///relative.db (under data_dir), sqlite:////absolute/path.db, or postgresql://...
+    store: str = "sqlite:///jobs.db"
+    data_dir: str = Field(default_factory=default_data_dir)
+    # Items in flight at once across this server's jobs, and the most items one job may hold.
+    concurrency: int = Field(default=8, gt=0, le=100_000)
+    max_items: int = Field(default=10_000_000, gt=0)
+    # A runner that dies leaves its items to the others after this many seconds.
+    lease_s: float = Field(default=60.0, gt=0)
+    poll_s: float = Field(default=1.0, gt=0)
+
+
 class ServerSettings(BaseModel):
     """The `server:` section: where to listen, limits, TLS and caller authentication."""
 
@@ -85,6 +107,7 @@ class ServerSettings(BaseModel):
     auth_tokens_env: str | None = None
     # What one request may ask for, checked before any work (gengate.limits; README "Limits").
     limits: RequestLimits = Field(default_factory=RequestLimits)
+    jobs: JobSettings = Field(default_factory=JobSettings)
 
     @model_validator(mode="after")
     def _tls_pairs(self) -> ServerSettings:

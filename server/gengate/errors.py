@@ -86,6 +86,11 @@ class NotFound(GengateError):
     default_reason = "NOT_FOUND"
 
 
+class FailedPrecondition(GengateError):
+    code = StatusCode.FAILED_PRECONDITION
+    default_reason = "FAILED_PRECONDITION"
+
+
 class Unimplemented(GengateError):
     code = StatusCode.UNIMPLEMENTED
     default_reason = "UNSUPPORTED"

@@ -11,14 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,7 +20,6 @@ import jsonschema
 import lark as lark_module
 import pytest
 import regex as regex_module
-import yaml
 from corpus import SERVER_CONFIG, VALIDATED_TEXT
 from gengate_proto.v1 import generation_pb2 as g
 from gengate_proto.v1 import generation_pb2_grpc
@@ -35,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
+from serve_process import ServerProcess
 
 EXAMPLES = int(os.environ.get("GENGATE_FUZZ_EXAMPLES", "1000"))
 # What a caller may get back for any input; INTERNAL and UNKNOWN would be our bugs.
@@ -52,54 +46,6 @@ FUZZ_SETTINGS = settings(
     derandomize=os.environ.get("GENGATE_FUZZ_RANDOM") != "1",
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
-
-
-class ServerProcess:
-    """`gengate serve` on a free port, its log collected for the worker's start and restart lines."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="gengate-fuzz-")
-        path = Path(self._dir.name) / "config.yaml"
-        path.write_text(yaml.safe_dump(config))
-        self.log: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gengate", "serve", "--config", str(path), "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.address = self._wait()
-
-    def _wait(self) -> str:
-        assert self.proc.stdout is not None
-        found: list[str] = []
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.log.append(line)
-                if m := re.search(r"serving on (\S+)", line):
-                    found.append(m.group(1))
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        ready.wait(180)
-        if not found:
-            self.stop()
-            raise RuntimeError("server did not start:\n" + "".join(self.log[-30:]))
-        return found[0]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._dir.cleanup()
 
 
 @pytest.fixture(scope="module")

@@ -2,31 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from gengate.api.server import RunningServer, start_server
-from gengate.config import parse_config
+from gengate.api.server import RunningServer
 from gengate_proto.v1 import generation_pb2_grpc
-
-ServerFactory = Callable[[dict[str, Any]], Awaitable[RunningServer]]
-
-
-@pytest.fixture
-async def make_server() -> AsyncIterator[ServerFactory]:
-    """Starts servers from config dicts; stops them all at the end of the test."""
-    started: list[RunningServer] = []
-
-    async def make(config: dict[str, Any]) -> RunningServer:
-        server = await start_server(parse_config(config), host="127.0.0.1", port=0)
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        await server.stop(grace=0.5)
+from observe import ServerFactory
 
 
 @pytest.fixture

@@ -10,12 +10,14 @@ import json
 from typing import Any
 
 from gengate_proto.v1 import generation_pb2 as gpb
+from gengate_proto.v1 import jobs_pb2 as jpb
 from gengate_proto.v1 import types_pb2 as pb
-from google.protobuf import duration_pb2, struct_pb2
+from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 from google.protobuf.json_format import MessageToDict
 
 from gengate import domain as d
 from gengate.errors import InvalidArgument, brief
+from gengate.jobs.model import Job, JobOptions, JobState
 
 _ROLE_FROM_PB = {
     pb.ROLE_SYSTEM: d.Role.SYSTEM,
@@ -487,4 +489,53 @@ def model_info_to_pb(info: d.ModelInfo) -> pb.ModelInfo:
             chat=caps.chat,
             backend_options=sorted(caps.backend_options),
         ),
+    )
+
+
+# -- batch jobs ------------------------------------------------------------------------------
+
+_JOB_STATES = {
+    JobState.QUEUED: jpb.BATCH_JOB_STATE_QUEUED,
+    JobState.RUNNING: jpb.BATCH_JOB_STATE_RUNNING,
+    JobState.SUCCEEDED: jpb.BATCH_JOB_STATE_SUCCEEDED,
+    JobState.FAILED: jpb.BATCH_JOB_STATE_FAILED,
+    JobState.CANCELLED: jpb.BATCH_JOB_STATE_CANCELLED,
+}
+
+
+def _timestamp(seconds: float | None) -> timestamp_pb2.Timestamp | None:
+    if seconds is None:
+        return None
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromNanoseconds(int(seconds * 1e9))
+    return stamp
+
+
+def job_options_from_pb(msg: jpb.BatchJobOptions) -> JobOptions:
+    return JobOptions(offline=msg.offline, priority=msg.priority, max_concurrency=msg.max_concurrency)
+
+
+def job_to_pb(job: Job) -> jpb.BatchJob:
+    return jpb.BatchJob(
+        id=job.id,
+        display_name=job.display_name,
+        state=_JOB_STATES[job.state],
+        total=job.total,
+        done=job.done,
+        failed=job.failed,
+        create_time=_timestamp(job.create_time),
+        start_time=_timestamp(job.start_time),
+        end_time=_timestamp(job.end_time),
+        usage=jpb.BatchJobUsage(
+            input_tokens=job.usage.input_tokens,
+            output_tokens=job.usage.output_tokens,
+            cached_input_tokens=job.usage.cached_input_tokens,
+        ),
+        options=jpb.BatchJobOptions(
+            offline=job.options.offline,
+            priority=job.options.priority,
+            max_concurrency=job.options.max_concurrency,
+        ),
+        idempotency_key=job.idempotency_key,
+        error=job.error,
     )

@@ -9,17 +9,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from gengate_proto.v1 import generation_pb2
+from gengate_proto.v1 import generation_pb2, jobs_pb2, jobs_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gengate.api.auth import BearerTokenInterceptor, TokenCheck, tokens_from_env
 from gengate.api.health import GuardedHealthServicer
-from gengate.api.servicer import GenerationServicer, add_to_server
+from gengate.api.jobs import BatchJobServicer, ItemCodec
+from gengate.api.servicer import GenerationServicer, add_guarded, add_to_server
 from gengate.api.tracing import tracing_interceptor
 from gengate.backend import ReportsHealth
 from gengate.config import ServerConfig, ServerSettings
 from gengate.errors import ConfigError
+from gengate.jobs.runner import JobRunner, RunnerSettings
+from gengate.jobs.store import JobStore, open_store
 from gengate.redaction import install_log_redaction
 from gengate.router import Router
 from gengate.service import GenerationCore
@@ -28,6 +31,7 @@ from gengate.telemetry import configure_tracing
 log = logging.getLogger("gengate")
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name
+JOBS_SERVICE_NAME = jobs_pb2.DESCRIPTOR.services_by_name["BatchJobService"].full_name
 
 
 def model_health_name(model: str) -> str:
@@ -45,6 +49,8 @@ class RunningServer:
     host: str
     port: int
     core: GenerationCore | None = None
+    jobs: JobRunner | None = None
+    job_store: JobStore | None = None
 
     @property
     def address(self) -> str:
@@ -53,7 +59,11 @@ class RunningServer:
     async def stop(self, grace: float = 5.0) -> None:
         """Stops taking calls, lets in-flight ones finish for `grace` seconds, closes backends."""
         await self.health.enter_graceful_shutdown()
+        if self.jobs is not None:  # first: items in flight go back to the store unfinished
+            await self.jobs.aclose()
         await self.server.stop(grace)
+        if self.job_store is not None:
+            await self.job_store.close()
         await self.router.close_all()
         if self.core is not None:
             await self.core.aclose()
@@ -122,11 +132,14 @@ async def start_server(
     credentials = _server_credentials(settings)
     from gengate.workers.factory import with_cpu_thread_shares
 
+    job_store = open_store(settings.jobs.store, Path(settings.jobs.data_dir).expanduser())
+    await job_store.open()  # a store that cannot be opened stops the start, in one line
     router = Router.from_config(with_cpu_thread_shares(config))
     try:
         await router.start_all()
     except BaseException:
         await router.close_all()  # the models that did start (worker processes) go too
+        await job_store.close()
         raise
     max_bytes = settings.max_message_mb * 1024 * 1024
     server = grpc.aio.server(
@@ -141,11 +154,27 @@ async def start_server(
     core = GenerationCore(router, max_batch_items=settings.max_batch_items, limits=settings.limits)
     servicer = GenerationServicer(core, default_timeout_s=settings.request_timeout_s)
     add_to_server(servicer, server)
+    codec = ItemCodec(settings.limits.max_constraint_bytes)
+    jobs = settings.jobs
+    runner = JobRunner(
+        job_store,
+        lambda request: core.generate(request, queue_bounded=False),
+        codec,
+        RunnerSettings(concurrency=jobs.concurrency, lease_s=jobs.lease_s, poll_s=jobs.poll_s),
+    )
+    add_guarded(server, jobs_pb2_grpc.add_BatchJobServiceServicer_to_server,
+                BatchJobServicer(job_store, runner, codec, jobs),
+                jobs_pb2.DESCRIPTOR.services_by_name["BatchJobService"].full_name)  # fmt: skip
     # Overall and service health stay open for probes; a single model's needs the caller token.
     health_servicer = GuardedHealthServicer(tokens, open_names=("", SERVICE_NAME))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        (
+            SERVICE_NAME,
+            JOBS_SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
         server,
     )
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
@@ -160,8 +189,10 @@ async def start_server(
     if bound == 0:
         await router.close_all()
         await core.aclose()
+        await job_store.close()
         raise OSError(f"cannot bind {host}:{port}")
     await server.start()
+    await runner.start()
     serving = health_pb2.HealthCheckResponse.SERVING
     await health_servicer.set("", serving)
     await health_servicer.set(SERVICE_NAME, serving)
@@ -169,7 +200,14 @@ async def start_server(
         await health_servicer.set(model_health_name(route.name), serving)
         _watch_model_health(route.backend, route.name, health_servicer)
     return RunningServer(
-        server=server, router=router, health=health_servicer, host=host, port=bound, core=core
+        server=server,
+        router=router,
+        health=health_servicer,
+        host=host,
+        port=bound,
+        core=core,
+        jobs=runner,
+        job_store=job_store,
     )
 
 

@@ -201,6 +201,19 @@ def _guarded(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[
             return await unary(request, context)  # type: ignore[arg-type]
 
         return handler._replace(request_deserializer=deserializer, unary_unary=call)  # type: ignore[attr-defined,no-any-return]
+    if handler.stream_unary is not None:
+        upload = handler.stream_unary
+
+        async def call_upload(requests: AsyncIterator[Any], context: Context) -> Any:
+            async def checked() -> AsyncIterator[Any]:
+                async for request in requests:
+                    if isinstance(request, MalformedRequest):
+                        await abort(context, _malformed(request))
+                    yield request
+
+            return await upload(checked(), context)  # type: ignore[arg-type]
+
+        return handler._replace(request_deserializer=deserializer, stream_unary=call_upload)  # type: ignore[attr-defined,no-any-return]
     assert handler.unary_stream is not None
     stream = handler.unary_stream
 
@@ -228,10 +241,18 @@ class _HandlerCapture:
 
 def add_to_server(servicer: GenerationServicer, server: grpc.aio.Server) -> None:
     """Registers the service as the generated code does, every method behind a safe deserializer."""
+    add_guarded(server, generation_pb2_grpc.add_GenerationServiceServicer_to_server, servicer,
+                gpb.DESCRIPTOR.services_by_name["GenerationService"].full_name)  # fmt: skip
+
+
+def add_guarded(
+    server: grpc.aio.Server, add: Callable[[Any, Any], None], servicer: object, service: str
+) -> None:
+    """Registers `servicer` with the generated `add_...Servicer_to_server` function `add`, each
+    method behind a deserializer that never raises (malformed bytes: INVALID_ARGUMENT)."""
     capture = _HandlerCapture()
-    generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, capture)  # type: ignore[arg-type]
+    add(servicer, capture)
     handlers = {name: _guarded(handler) for name, handler in capture.handlers.items()}
-    service = gpb.DESCRIPTOR.services_by_name["GenerationService"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
     server.add_registered_method_handlers(service, handlers)
 

@@ -1,0 +1,68 @@
+"""A batch job as the store and the runner see it, apart from protobuf (api/convert.py maps it)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class JobState(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    offline: bool = False
+    priority: int = 0
+    max_concurrency: int = 0  # 0: the server's default
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    display_name: str
+    state: JobState
+    total: int
+    done: int = 0
+    failed: int = 0
+    create_time: float = 0.0
+    start_time: float | None = None
+    end_time: float | None = None
+    usage: JobUsage = field(default_factory=JobUsage)
+    options: JobOptions = field(default_factory=JobOptions)
+    idempotency_key: str = ""
+    error: str = ""
+    sealed: bool = True  # False while an upload is still adding items
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """One item's stored result: the encoded response or status, and whether it is an error."""
+
+    index: int
+    payload: bytes
+    failed: bool
+    usage: JobUsage = field(default_factory=JobUsage)
+
+
+@dataclass(frozen=True)
+class LeasedItem:
+    """An item a runner holds: its index and its encoded request."""
+
+    index: int
+    request: bytes

@@ -1,0 +1,196 @@
+"""Works through queued jobs: leases items from the store, runs each through the service core
+(the same routing, limits, validation and engine batching as online calls, waiting for a slot
+instead of failing on a full queue), and writes each result the moment it is finished.
+
+Runners on several replicas share a store: each item is leased to one runner at a time, leases
+are renewed while items run and expire when a runner dies, so its items go to the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gengate.domain import GenerationRequest, GenerationResult
+from gengate.errors import GengateError, Internal
+from gengate.jobs.model import ItemResult, Job, JobUsage, LeasedItem
+from gengate.jobs.store import JobStore, runner_identity
+
+log = logging.getLogger("gengate.jobs")
+
+Generate = Callable[[GenerationRequest], Awaitable[GenerationResult]]
+
+
+class JobCodec(Protocol):
+    """How items are stored: the api layer's protobuf encoding, kept out of the jobs layer."""
+
+    def decode_request(self, data: bytes, index: int) -> GenerationRequest:
+        """The item's request; a GengateError (with `requests[i].` fields) makes it that item's error."""
+        ...
+
+    def encode_result(self, result: GenerationResult) -> bytes: ...
+
+    def encode_error(self, error: GengateError, index: int) -> bytes: ...
+
+    def cancelled(self) -> bytes:
+        """The status stored for items a cancel (or a failed job) ends."""
+        ...
+
+
+@dataclass
+class RunnerSettings:
+    """`server.jobs`: how many items run at once and how leases behave."""
+
+    concurrency: int = 8  # items in flight across all jobs of this server
+    lease_s: float = 60.0  # a dead runner's items go back to the others after this
+    poll_s: float = 1.0  # how often to look for work when nothing woke the runner
+
+
+@dataclass
+class _Running:
+    job: Job
+    tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+
+
+class JobRunner:
+    """Runs the store's jobs in the background of one server."""
+
+    def __init__(
+        self, store: JobStore, generate: Generate, codec: JobCodec, settings: RunnerSettings | None = None
+    ) -> None:
+        self.store = store
+        self.generate = generate
+        self.codec = codec
+        self.settings = settings or RunnerSettings()
+        self.owner = runner_identity()
+        self._running: dict[str, _Running] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.finished_items = 0  # results this runner stored (for tests and logs)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(r.tasks) for r in self._running.values())
+
+    async def start(self) -> None:
+        released = await self.store.release_dead_local()
+        if released:
+            log.info("jobs: took back the items of %d runner(s) of this host that died", released)
+        self._tasks = [
+            asyncio.create_task(self._loop(), name="gengate-jobs"),
+            asyncio.create_task(self._heartbeat(), name="gengate-jobs-leases"),
+        ]
+
+    def wake(self) -> None:
+        """Something changed (a job was created or cancelled): look for work now."""
+        self._wake.set()
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        items = [(job_id, list(r.tasks)) for job_id, r in self._running.items()]
+        for running in self._running.values():
+            for task in running.tasks.values():
+                task.cancel()
+        await asyncio.gather(
+            *(t for r in self._running.values() for t in r.tasks.values()), return_exceptions=True
+        )
+        for job_id, indices in items:  # unfinished: another runner (or this one restarted) takes them now
+            with contextlib.suppress(Exception):
+                await self.store.release(job_id, self.owner, indices)
+        self._running.clear()
+
+    async def cancel(self, job_id: str) -> None:
+        """Stops this runner's items of a job (the store already holds their CANCELLED results)."""
+        running = self._running.pop(job_id, None)
+        if running is not None:
+            for task in running.tasks.values():
+                task.cancel()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self._fill()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("jobs: scheduling failed; trying again")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.poll_s):
+                    await self._wake.wait()
+
+    async def _fill(self) -> None:
+        """Leases items for the runnable jobs, by priority, up to the concurrency limits."""
+        for job in await self.store.runnable():
+            free = self.settings.concurrency - self.in_flight
+            if free <= 0:
+                return
+            running = self._running.setdefault(job.id, _Running(job))
+            running.job = job
+            cap = job.options.max_concurrency or self.settings.concurrency
+            want = min(free, cap - len(running.tasks))
+            if want <= 0:
+                continue
+            items = await self.store.lease(job.id, self.owner, want, self.settings.lease_s)
+            if not items:
+                if not running.tasks:
+                    self._running.pop(job.id, None)
+                    await self.store.finish_if_complete(job.id)
+                continue
+            if job.start_time is None:
+                running.job = await self.store.mark_running(job.id)
+            for item in items:
+                running.tasks[item.index] = asyncio.create_task(self._run_item(job.id, item))
+
+    async def _run_item(self, job_id: str, item: LeasedItem) -> None:
+        try:
+            result = await self._outcome(item)
+            stored = await self.store.complete(job_id, result)
+            if stored:
+                self.finished_items += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("jobs: storing item %d of %s failed; it will run again", item.index, job_id)
+        finally:
+            running = self._running.get(job_id)
+            if running is not None:
+                running.tasks.pop(item.index, None)
+            self._wake.set()
+
+    async def _outcome(self, item: LeasedItem) -> ItemResult:
+        """The item's result, as BatchGenerate would answer it: a response or its own error."""
+        try:
+            request = self.codec.decode_request(item.request, item.index)
+            result = await self.generate(request)
+        except GengateError as exc:
+            return ItemResult(item.index, self.codec.encode_error(exc, item.index), failed=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # one broken item never fails the job
+            log.exception("jobs: item %d failed", item.index)
+            error = Internal(
+                f"item failed: unexpected server error ({type(exc).__name__})", reason="UNEXPECTED"
+            )
+            return ItemResult(item.index, self.codec.encode_error(error, item.index), failed=True)
+        u = result.usage
+        usage = JobUsage(u.input_tokens, u.output_tokens, u.cached_input_tokens)
+        return ItemResult(item.index, self.codec.encode_result(result), failed=False, usage=usage)
+
+    async def _heartbeat(self) -> None:
+        """Keeps this runner's leases alive while their items run."""
+        while True:
+            await asyncio.sleep(self.settings.lease_s / 3)
+            if self.in_flight:
+                try:
+                    await self.store.renew(self.owner, self.settings.lease_s)
+                except Exception:
+                    log.exception("jobs: renewing leases failed")
