@@ -20,7 +20,12 @@ from observe import ServerFactory, until
 
 MODELS: list[dict[str, Any]] = [
     {"name": "echo", "backend": "scripted"},
-    {"name": "slow", "backend": "scripted", "text": " ".join(f"w{i}" for i in range(200)), "tokens_per_s": 50},
+    {
+        "name": "slow",
+        "backend": "scripted",
+        "text": " ".join(f"w{i}" for i in range(200)),
+        "tokens_per_s": 50,
+    },
 ]
 
 
@@ -81,7 +86,9 @@ async def test_a_job_runs_every_item_and_streams_results_in_index_order(
     assert items[2].error.code == grpc.StatusCode.NOT_FOUND.value[0]
     done = (await jobs.GetBatchJob(j.GetBatchJobRequest(id=created.id))).job
     assert (done.state, done.total, done.done, done.failed) == (j.BATCH_JOB_STATE_SUCCEEDED, 12, 12, 2)
-    assert done.usage.output_tokens == sum(i.response.usage.output_tokens for i in items if i.HasField("response"))
+    assert done.usage.output_tokens == sum(
+        i.response.usage.output_tokens for i in items if i.HasField("response")
+    )
     assert done.usage.output_tokens > 0
     assert done.end_time.seconds >= done.start_time.seconds >= done.create_time.seconds > 0
 
@@ -117,9 +124,13 @@ async def test_without_follow_results_stop_at_the_first_unfinished_item(
 async def test_a_retried_create_with_the_same_key_makes_no_second_job(
     jobs: jobs_pb2_grpc.BatchJobServiceStub,
 ) -> None:
-    first = (await jobs.CreateBatchJob(j.CreateBatchJobRequest(requests=[ask("a")], idempotency_key="k1"))).job
+    first = (
+        await jobs.CreateBatchJob(j.CreateBatchJobRequest(requests=[ask("a")], idempotency_key="k1"))
+    ).job
     second = (
-        await jobs.CreateBatchJob(j.CreateBatchJobRequest(requests=[ask("a"), ask("b")], idempotency_key="k1"))
+        await jobs.CreateBatchJob(
+            j.CreateBatchJobRequest(requests=[ask("a"), ask("b")], idempotency_key="k1")
+        )
     ).job
     assert second.id == first.id and second.total == 1
     listed = (await jobs.ListBatchJobs(j.ListBatchJobsRequest())).jobs
@@ -141,7 +152,9 @@ async def test_upload_streams_a_large_job_in(jobs: jobs_pb2_grpc.BatchJobService
 
 
 async def test_list_pages_newest_first(jobs: jobs_pb2_grpc.BatchJobServiceStub) -> None:
-    made = [(await jobs.CreateBatchJob(j.CreateBatchJobRequest(requests=[ask("x")]))).job.id for _ in range(5)]
+    made = [
+        (await jobs.CreateBatchJob(j.CreateBatchJobRequest(requests=[ask("x")]))).job.id for _ in range(5)
+    ]
     seen: list[str] = []
     token = ""
     while True:
@@ -169,7 +182,11 @@ async def test_bad_calls_get_precise_statuses(jobs: jobs_pb2_grpc.BatchJobServic
             grpc.StatusCode.INVALID_ARGUMENT,
             "INVALID_FIELD",
         ),
-        (jobs.CancelBatchJob(j.CancelBatchJobRequest(id="job-nope")), grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND"),
+        (
+            jobs.CancelBatchJob(j.CancelBatchJobRequest(id="job-nope")),
+            grpc.StatusCode.NOT_FOUND,
+            "JOB_NOT_FOUND",
+        ),
     ]
     for call, code, why in cases:
         with pytest.raises(grpc.aio.AioRpcError) as caught:

@@ -42,8 +42,12 @@ def test_a_killed_server_resumes_the_job_with_one_result_per_item(tmp_path: Path
     channel.close()
     first.kill()
     with sqlite3.connect(tmp_path / "jobs.db") as db:
-        (stored_before,) = db.execute("SELECT COUNT(*) FROM gengate_job_items WHERE result IS NOT NULL").fetchone()
-        (leased,) = db.execute("SELECT COUNT(*) FROM gengate_job_items WHERE lease_owner IS NOT NULL").fetchone()
+        (stored_before,) = db.execute(
+            "SELECT COUNT(*) FROM gengate_job_items WHERE result IS NOT NULL"
+        ).fetchone()
+        (leased,) = db.execute(
+            "SELECT COUNT(*) FROM gengate_job_items WHERE lease_owner IS NOT NULL"
+        ).fetchone()
     assert 6 <= stored_before < ITEMS and leased > 0  # killed mid-job, holding leases
 
     second = ServerProcess(CONFIG, env=env)
@@ -59,5 +63,7 @@ def test_a_killed_server_resumes_the_job_with_one_result_per_item(tmp_path: Path
     assert (job.state, job.done, job.failed, job.total) == (j.BATCH_JOB_STATE_SUCCEEDED, ITEMS, 0, ITEMS)
     assert job.usage.output_tokens == 8 * ITEMS  # no item counted twice
     with sqlite3.connect(tmp_path / "jobs.db") as db:
-        rows = db.execute("SELECT COUNT(*), COUNT(result), COUNT(lease_owner) FROM gengate_job_items").fetchone()
+        rows = db.execute(
+            "SELECT COUNT(*), COUNT(result), COUNT(lease_owner) FROM gengate_job_items"
+        ).fetchone()
     assert rows == (ITEMS, ITEMS, 0)
