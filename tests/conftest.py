@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,10 @@ from gengate.api.server import RunningServer, start_server
 from gengate.config import parse_config
 from gengate.models.tiny import TinyModelPaths, build_tiny_model
 from require_extras import strict_importorskip
+
+# Servers started before any test's own folder is set (module-scoped fixtures, processes) keep
+# their job store here, never in the home directory.
+os.environ.setdefault("GENGATE_DATA_DIR", tempfile.mkdtemp(prefix="gengate-tests-data-"))
 
 if os.environ.get("GENGATE_REQUIRE_EXTRAS") == "1":
     pytest.importorskip = strict_importorskip(pytest.importorskip)

@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import socket
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Literal
 
 from gengate_client import (
     AsyncClient,
-    Choice,
     Client,
     GengateError,
-    Grammar,
-    JsonObject,
-    JsonSchema,
     OutputError,
     Regex,
     Response,
@@ -37,99 +32,16 @@ from gengate_proto.v1 import generation_pb2
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field
 
-EXIT_RPC_ERROR = 1
-EXIT_USAGE = 2
-
-
-class CliError(Exception):
-    """A problem with the command line or its input files: printed, exit status 2."""
-
-
-def _print_rpc_error(error: GengateError, out: TextIO) -> None:
-    print(f"{error.code_name}: {error.message}", file=out)
-    for violation in error.field_violations:
-        print(f"  {violation.field}: {violation.description}", file=out)
-    if error.reason:
-        print(f"  reason: {error.reason}", file=out)
-    if error.retry_after is not None:
-        print(f"  retry after: {error.retry_after:g}s", file=out)
-
-
-def _read_json(path: str, what: str) -> Any:
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as exc:
-        raise CliError(f"{what}: cannot read {path}: {exc.strerror}") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{what}: {path} is not valid JSON: {exc}") from exc
-
-
-def _output_type(args: argparse.Namespace) -> Any:
-    if args.json_schema:
-        schema = _read_json(args.json_schema, "--json-schema")
-        if not isinstance(schema, dict):
-            raise CliError("--json-schema: the file must hold a JSON object")
-        return JsonSchema(schema)
-    if args.regex is not None:
-        return Regex(args.regex)
-    if args.choice:
-        return Choice(args.choice)
-    if args.grammar:
-        try:
-            definition = Path(args.grammar).read_text()
-        except OSError as exc:
-            raise CliError(f"--grammar: cannot read {args.grammar}: {exc.strerror}") from exc
-        return Grammar(definition, syntax=args.grammar_syntax)
-    if args.json_object:
-        return JsonObject()
-    return None
-
-
-def _metadata(pairs: Sequence[str]) -> list[tuple[str, str]]:
-    result = []
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise CliError(f"--metadata: expected KEY=VALUE, got {pair!r}")
-        result.append((key.strip().lower(), value))
-    return result
-
-
-def _generate_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "max_tokens": args.max_tokens,
-        "n": args.n,
-        "seed": args.seed,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "stop": args.stop or None,
-        "logprobs": args.logprobs,
-        "request_id": args.request_id,
-        "output_type": _output_type(args),
-    }
-    if args.option:
-        kwargs["backend_options"] = dict(_backend_option(o) for o in args.option)
-    if args.messages:
-        messages = _read_json(args.messages, "--messages")
-        if not isinstance(messages, list):
-            raise CliError("--messages: the file must hold a JSON list of {role, content} objects")
-        kwargs["messages"] = messages
-    return kwargs
-
-
-def _backend_option(text: str) -> tuple[str, str | int | float | bool]:
-    """KEY=VALUE: a JSON number or true/false stays typed, anything else is a string."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise CliError(f"--option {text!r}: expected KEY=VALUE")
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return key, raw
-    return key, value if isinstance(value, bool | int | float) else raw
+from gengate.cli_options import (
+    EXIT_RPC_ERROR,
+    EXIT_USAGE,
+    CliError,
+    add_client_options,
+    add_request_options,
+    call_metadata,
+    generate_kwargs,
+    print_rpc_error,
+)
 
 
 def _frame_json(frame: StreamFrame) -> str:
@@ -171,8 +83,8 @@ def _stream(client: Client, model: str, prompt: str | None, kwargs: dict[str, An
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    kwargs = _generate_kwargs(args)
-    metadata = _metadata(args.metadata or [])
+    kwargs = generate_kwargs(args)
+    metadata = call_metadata(args.metadata or [])
     with Client(args.address, metadata=metadata or None, timeout=args.timeout) as client:
         try:
             if args.stream:
@@ -188,7 +100,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 response = exc.response
             _print_response(response, args.json)
         except GengateError as exc:
-            _print_rpc_error(exc, sys.stderr)
+            print_rpc_error(exc, sys.stderr)
             return EXIT_RPC_ERROR
     return 0
 
@@ -225,12 +137,12 @@ def _format_models_table(models: Sequence[Any]) -> str:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    metadata = _metadata(args.metadata or [])
+    metadata = call_metadata(args.metadata or [])
     with Client(args.address, metadata=metadata or None, timeout=args.timeout) as client:
         try:
             models = client.list_models()
         except GengateError as exc:
-            _print_rpc_error(exc, sys.stderr)
+            print_rpc_error(exc, sys.stderr)
             return EXIT_RPC_ERROR
     if args.json:
         print(json_format.MessageToJson(generation_pb2.ListModelsResponse(models=[m.raw for m in models])))
@@ -410,7 +322,7 @@ async def _demo() -> int:
         async with AsyncClient(server.address, timeout=120) as client:
             await _demo_calls(client)
     except GengateError as exc:
-        _print_rpc_error(exc, sys.stderr)
+        print_rpc_error(exc, sys.stderr)
         return EXIT_RPC_ERROR
     finally:
         await server.stop(grace=1.0)
@@ -420,18 +332,6 @@ async def _demo() -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     return asyncio.run(_demo())
-
-
-def _add_client_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", required=True, help="server address, HOST:PORT")
-    parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
-    parser.add_argument(
-        "--metadata",
-        action="append",
-        metavar="KEY=VALUE",
-        help="gRPC metadata sent with the call (repeatable)",
-    )
-    parser.add_argument("--json", action="store_true", help="print protobuf JSON instead of text")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -447,44 +347,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     gen = sub.add_parser("generate", help="ask a served model for text or structured output")
-    _add_client_options(gen)
+    add_client_options(gen)
     gen.add_argument("--model", required=True)
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="raw prompt text")
     source.add_argument("--messages", metavar="FILE", help="JSON list of {role, content} ('-' for stdin)")
-    shape = gen.add_mutually_exclusive_group()
-    shape.add_argument("--json-schema", metavar="FILE", help="JSON Schema file the output must satisfy")
-    shape.add_argument("--regex", metavar="RE", help="regular expression the output must fully match")
-    shape.add_argument(
-        "--choice", action="append", metavar="X", help="allowed output (repeat for each choice)"
-    )
-    shape.add_argument("--grammar", metavar="FILE", help="grammar file the output must be a sentence of")
-    shape.add_argument("--json-object", action="store_true", help="output must be some JSON object")
-    gen.add_argument("--grammar-syntax", choices=("lark", "gbnf", "ebnf"), default="lark")
-    gen.add_argument("--max-tokens", type=int)
-    gen.add_argument("--n", type=int, help="number of generations")
-    gen.add_argument("--seed", type=int)
-    gen.add_argument("--temperature", type=float)
-    gen.add_argument("--top-p", type=float)
-    gen.add_argument("--top-k", type=int)
-    gen.add_argument("--stop", action="append", metavar="STR", help="stop string (repeatable)")
-    gen.add_argument("--logprobs", type=int, metavar="K", help="return logprobs with K alternatives")
-    gen.add_argument(
-        "--option",
-        action="append",
-        metavar="KEY=VALUE",
-        help="backend option (repeatable; see the model's OPTIONS in `gengate models`), e.g. min_tokens=20",
-    )
+    add_request_options(gen)
     gen.add_argument("--request-id")
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     gen.set_defaults(func=cmd_generate)
 
     models = sub.add_parser("models", help="list served models and their capabilities")
-    _add_client_options(models)
+    add_client_options(models)
     models.set_defaults(func=cmd_models)
 
     demo = sub.add_parser("demo", help="start the server on the tiny model in-process and show each feature")
     demo.set_defaults(func=cmd_demo)
+
+    from gengate.cli_batch import add_batch_commands
+
+    add_batch_commands(sub)
     return parser
 
 

@@ -26,6 +26,7 @@ from gengate_client.errors import (
     UnavailableError,
     UnimplementedError,
 )
+from gengate_client.jobs import BatchJob, BatchJobs, JobUsage
 from gengate_client.output_types import Choice, Grammar, JsonObject, JsonSchema, Regex
 from gengate_client.types import (
     ConstraintKind,
@@ -57,6 +58,8 @@ from gengate_client.types import (
 __all__ = [
     "AbortedError",
     "AsyncClient",
+    "BatchJob",
+    "BatchJobs",
     "CancelledCallError",
     "Choice",
     "Client",
@@ -75,6 +78,7 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "ItemResult",
+    "JobUsage",
     "JsonObject",
     "JsonSchema",
     "Message",

@@ -12,7 +12,7 @@ from typing import Any
 from gengate_proto.v1 import generation_pb2 as gpb
 from gengate_proto.v1 import jobs_pb2 as jpb
 from gengate_proto.v1 import types_pb2 as pb
-from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
 from google.protobuf.json_format import MessageToDict
 
 from gengate import domain as d
@@ -539,3 +539,69 @@ def job_to_pb(job: Job) -> jpb.BatchJob:
         idempotency_key=job.idempotency_key,
         error=job.error,
     )
+
+
+_ROLES = {"system": "ROLE_SYSTEM", "user": "ROLE_USER", "assistant": "ROLE_ASSISTANT"}
+_TOP_LEVEL_SAMPLING = ("seed", "temperature", "top_p", "top_k")
+
+
+def request_from_json_line(line: str, index: int) -> gpb.GenerateRequest:
+    """A JSONL item of a batch job: GenerateRequest fields in protobuf's JSON mapping, with
+    `prompt` text, `messages` as [{"role", "content"}] and sampling/max_tokens shorthands.
+    InvalidArgument (field `requests[i]`) when the line is not one."""
+    field = f"requests[{index}]"
+    try:
+        raw = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument.field(
+            field, f"the line is not JSON: {brief(str(exc))}", reason="INVALID_JSON_LINE"
+        ) from None
+    if not isinstance(raw, dict):
+        raise InvalidArgument.field(field, "the line must be a JSON object", reason="INVALID_JSON_LINE")
+    sampling = dict(raw.pop("sampling", None) or {})
+    for key in _TOP_LEVEL_SAMPLING:
+        if key in raw:
+            sampling[key] = raw.pop(key)
+    if sampling:
+        raw["sampling"] = sampling
+    if "max_tokens" in raw or "maxTokens" in raw:
+        stopping = dict(raw.pop("stopping", None) or {})
+        stopping["maxTokens"] = raw.pop("max_tokens", raw.pop("maxTokens", None))
+        raw["stopping"] = stopping
+    if isinstance(raw.get("messages"), list):
+        raw["messages"] = {"messages": [_friendly_message(m) for m in raw["messages"]]}
+    try:
+        return json_format.ParseDict(raw, gpb.GenerateRequest())
+    except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise InvalidArgument.field(
+            field, f"not a GenerateRequest: {brief(str(exc))}", reason="INVALID_JSON_LINE"
+        ) from None
+
+
+def _friendly_message(message: Any) -> Any:
+    """{"role": "user", "content": "text"} as protobuf JSON; anything else is left for ParseDict."""
+    if not isinstance(message, dict):
+        return message
+    out = dict(message)
+    role = out.get("role")
+    if isinstance(role, str) and role.lower() in _ROLES:
+        out["role"] = _ROLES[role.lower()]
+    if isinstance(out.get("content"), str):
+        out["content"] = [{"text": out["content"]}]
+    return out
+
+
+def merged_request(defaults: gpb.GenerateRequest, item: gpb.GenerateRequest) -> gpb.GenerateRequest:
+    """`item` over `defaults`: fields the item sets win; lists (messages, stop strings) and the
+    structured output are replaced whole rather than appended to."""
+    out = gpb.GenerateRequest()
+    out.CopyFrom(defaults)
+    out.MergeFrom(item)
+    if item.HasField("messages"):
+        out.messages.CopyFrom(item.messages)
+    if item.stopping.stop:
+        del out.stopping.stop[:]
+        out.stopping.stop.extend(item.stopping.stop)
+    if item.HasField("structured_output"):
+        out.structured_output.CopyFrom(item.structured_output)
+    return out

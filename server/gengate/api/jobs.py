@@ -58,9 +58,13 @@ class ItemCodec:
         error = Cancelled("the batch job was cancelled before this item finished", reason="JOB_CANCELLED")
         return bytes(to_rpc_status(error).SerializeToString())
 
-    def refused(self, item: gpb.GenerateRequest, index: int) -> tuple[bytes | None, ItemResult | None]:
+    def refused(
+        self, item: gpb.GenerateRequest | GengateError, index: int
+    ) -> tuple[bytes | None, ItemResult | None]:
         """What the store keeps for one item at create time: its bytes, or its error now."""
         try:
+            if isinstance(item, GengateError):
+                raise item
             self.decode_request_message(item, index)
         except GengateError as exc:
             return None, ItemResult(index, self.encode_error(exc, index), failed=True)
@@ -112,7 +116,7 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
             )
 
     async def _items(
-        self, requests: Sequence[gpb.GenerateRequest], start: int
+        self, requests: Sequence[gpb.GenerateRequest | GengateError], start: int
     ) -> list[tuple[bytes | None, ItemResult | None]]:
         def convert_all() -> list[tuple[bytes | None, ItemResult | None]]:
             return [self.codec.refused(item, start + i) for i, item in enumerate(requests)]
@@ -129,7 +133,7 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
             self._check_size(count)
             if count == 0:
                 raise InvalidArgument.field("requests", "must contain at least one request")
-            items = await self._items(request.requests, 0)
+            items = await self._items(list(request.requests), 0)
             job, _ = await self.store.create_job(
                 display_name=request.display_name,
                 idempotency_key=request.idempotency_key,
@@ -159,14 +163,24 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
             )
             if not created:  # a retried upload: the first one's job, whatever this one sends
                 return jpb.UploadBatchJobResponse(job=convert.job_to_pb(job))
-            chunk: list[gpb.GenerateRequest] = []
+            defaults = header.defaults if header.HasField("defaults") else None
+            chunk: list[gpb.GenerateRequest | GengateError] = []
             total = 0
             async for message in request_iterator:
-                if not message.HasField("request"):
-                    raise InvalidArgument.field(
-                        f"requests[{total + len(chunk)}]", "only the first message is a header"
-                    )
-                chunk.append(message.request)
+                index = total + len(chunk)
+                part = message.WhichOneof("part")
+                if part == "request":
+                    item: gpb.GenerateRequest | GengateError = message.request
+                elif part == "json_line":
+                    try:
+                        item = convert.request_from_json_line(message.json_line, index)
+                    except GengateError as bad_line:
+                        item = bad_line
+                else:
+                    raise InvalidArgument.field(f"requests[{index}]", "only the first message is a header")
+                if defaults is not None and not isinstance(item, GengateError):
+                    item = convert.merged_request(defaults, item)
+                chunk.append(item)
                 if len(chunk) >= _CONVERT_CHUNK:
                     total = await self._append(job.id, chunk, total)
                     chunk = []
@@ -191,7 +205,7 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
             raise
         raise AssertionError("unreachable")
 
-    async def _append(self, job_id: str, chunk: list[gpb.GenerateRequest], start: int) -> int:
+    async def _append(self, job_id: str, chunk: list[gpb.GenerateRequest | GengateError], start: int) -> int:
         self._check_size(start + len(chunk))
         return await self.store.add_items(job_id, start, await self._items(chunk, start))
 

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15gengate/v1/jobs.proto\x12\ngengate.v1\x1a\x1bgengate/v1/generation.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"M\n\x0f\x42\x61tchJobOptions\x12\x0f\n\x07offline\x18\x01 \x01(\x08\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12\x17\n\x0fmax_concurrency\x18\x03 \x01(\r\"\xa3\x01\n\x15\x43reateBatchJobRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.gengate.v1.GenerateRequest\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12,\n\x07options\x18\x04 \x01(\x0b\x32\x1b.gengate.v1.BatchJobOptions\"m\n\x0e\x42\x61tchJobHeader\x12\x14\n\x0c\x64isplay_name\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12,\n\x07options\x18\x03 \x01(\x0b\x32\x1b.gengate.v1.BatchJobOptions\"}\n\x15UploadBatchJobRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.gengate.v1.BatchJobHeaderH\x00\x12.\n\x07request\x18\x02 \x01(\x0b\x32\x1b.gengate.v1.GenerateRequestH\x00\x42\x06\n\x04part\"Y\n\rBatchJobUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x03 \x01(\x04\"\x92\x03\n\x08\x42\x61tchJob\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.gengate.v1.BatchJobState\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64one\x18\x05 \x01(\x04\x12\x0e\n\x06\x66\x61iled\x18\x06 \x01(\x04\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x05usage\x18\n \x01(\x0b\x32\x19.gengate.v1.BatchJobUsage\x12,\n\x07options\x18\x0b \x01(\x0b\x32\x1b.gengate.v1.BatchJobOptions\x12\x17\n\x0fidempotency_key\x18\x0c \x01(\t\x12\r\n\x05\x65rror\x18\r \x01(\t\" \n\x12GetBatchJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\"=\n\x14ListBatchJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"T\n\x15ListBatchJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.gengate.v1.BatchJob\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"#\n\x15\x43\x61ncelBatchJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\"d\n\x1cStreamBatchJobResultsRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x18\n\x0b\x61\x66ter_index\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x42\x0e\n\x0c_after_index\";\n\x16\x43reateBatchJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.gengate.v1.BatchJob\";\n\x16UploadBatchJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.gengate.v1.BatchJob\"8\n\x13GetBatchJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.gengate.v1.BatchJob\";\n\x16\x43\x61ncelBatchJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.gengate.v1.BatchJob\"\x8f\x01\n\x1dStreamBatchJobResultsResponse\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x30\n\x08response\x18\x02 \x01(\x0b\x32\x1c.gengate.v1.GenerateResponseH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\x08\n\x06result*\xc3\x01\n\rBatchJobState\x12\x1f\n\x1b\x42\x41TCH_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x42\x41TCH_JOB_STATE_QUEUED\x10\x01\x12\x1b\n\x17\x42\x41TCH_JOB_STATE_RUNNING\x10\x02\x12\x1d\n\x19\x42\x41TCH_JOB_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16\x42\x41TCH_JOB_STATE_FAILED\x10\x04\x12\x1d\n\x19\x42\x41TCH_JOB_STATE_CANCELLED\x10\x05\x32\xb4\x04\n\x0f\x42\x61tchJobService\x12W\n\x0e\x43reateBatchJob\x12!.gengate.v1.CreateBatchJobRequest\x1a\".gengate.v1.CreateBatchJobResponse\x12Y\n\x0eUploadBatchJob\x12!.gengate.v1.UploadBatchJobRequest\x1a\".gengate.v1.UploadBatchJobResponse(\x01\x12N\n\x0bGetBatchJob\x12\x1e.gengate.v1.GetBatchJobRequest\x1a\x1f.gengate.v1.GetBatchJobResponse\x12T\n\rListBatchJobs\x12 .gengate.v1.ListBatchJobsRequest\x1a!.gengate.v1.ListBatchJobsResponse\x12W\n\x0e\x43\x61ncelBatchJob\x12!.gengate.v1.CancelBatchJobRequest\x1a\".gengate.v1.CancelBatchJobResponse\x12n\n\x15StreamBatchJobResults\x12(.gengate.v1.StreamBatchJobResultsRequest\x1a).gengate.v1.StreamBatchJobResultsResponse0\x01\x42@Z>github.com/gengate/gengate/clients/go/gen/gengate/v1;gengatev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15gengate/v1/jobs.proto\x12\ngengate.v1\x1a\x1bgengate/v1/generation.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"M\n\x0f\x42\x61tchJobOptions\x12\x0f\n\x07offline\x18\x01 \x01(\x08\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12\x17\n\x0fmax_concurrency\x18\x03 \x01(\r\"\xa3\x01\n\x15\x43reateBatchJobRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.gengate.v1.GenerateRequest\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12,\n\x07options\x18\x04 \x01(\x0b\x32\x1b.gengate.v1.BatchJobOptions\"\x9c\x01\n\x0e\x42\x61tchJobHeader\x12\x14\n\x0c\x64isplay_name\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12,\n\x07options\x18\x03 \x01(\x0b\x32\x1b.gengate.v1.BatchJobOptions\x12-\n\x08\x64\x65\x66\x61ults\x18\x04 \x01(\x0b\x32\x1b.gengate.v1.GenerateRequest\"\x92\x01\n\x15UploadBatchJobRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.gengate.v1.BatchJobHeaderH\x00\x12.\n\x07request\x18\x02 \x01(\x0b\x32\x1b.gengate.v1.GenerateRequestH\x00\x12\x13\n\tjson_line\x18\x03 \x01(\tH\x00\x42\x06\n\x04part\"Y\n\rBatchJobUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x03 \x01(\x04\"\x92\x03\n\x08\x42\x61tchJob\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.gengate.v1.BatchJobState\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04\x64one\x18\x05 \x01(\x04\x12\x0e\n\x06\x66\x61iled\x18\x06 \x01(\x04\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x05usage\x18\n \x01(\x0b\x32\x19.gengate.v1.BatchJobUsage\x12,\n\x07options\x18\x0b \x01(\x0b\x32\x1b.gengate.v1.BatchJobOptions\x12\x17\n\x0fidempotency_key\x18\x0c \x01(\t\x12\r\n\x05\x65rror\x18\r \x01(\t\" \n\x12GetBatchJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\"=\n\x14ListBatchJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"T\n\x15ListBatchJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.gengate.v1.BatchJob\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"#\n\x15\x43\x61ncelBatchJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\"d\n\x1cStreamBatchJobResultsRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x18\n\x0b\x61\x66ter_index\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x42\x0e\n\x0c_after_index\";\n\x16\x43reateBatchJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.gengate.v1.BatchJob\";\n\x16UploadBatchJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.gengate.v1.BatchJob\"8\n\x13GetBatchJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.gengate.v1.BatchJob\";\n\x16\x43\x61ncelBatchJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.gengate.v1.BatchJob\"\x8f\x01\n\x1dStreamBatchJobResultsResponse\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x30\n\x08response\x18\x02 \x01(\x0b\x32\x1c.gengate.v1.GenerateResponseH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\x08\n\x06result*\xc3\x01\n\rBatchJobState\x12\x1f\n\x1b\x42\x41TCH_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x42\x41TCH_JOB_STATE_QUEUED\x10\x01\x12\x1b\n\x17\x42\x41TCH_JOB_STATE_RUNNING\x10\x02\x12\x1d\n\x19\x42\x41TCH_JOB_STATE_SUCCEEDED\x10\x03\x12\x1a\n\x16\x42\x41TCH_JOB_STATE_FAILED\x10\x04\x12\x1d\n\x19\x42\x41TCH_JOB_STATE_CANCELLED\x10\x05\x32\xb4\x04\n\x0f\x42\x61tchJobService\x12W\n\x0e\x43reateBatchJob\x12!.gengate.v1.CreateBatchJobRequest\x1a\".gengate.v1.CreateBatchJobResponse\x12Y\n\x0eUploadBatchJob\x12!.gengate.v1.UploadBatchJobRequest\x1a\".gengate.v1.UploadBatchJobResponse(\x01\x12N\n\x0bGetBatchJob\x12\x1e.gengate.v1.GetBatchJobRequest\x1a\x1f.gengate.v1.GetBatchJobResponse\x12T\n\rListBatchJobs\x12 .gengate.v1.ListBatchJobsRequest\x1a!.gengate.v1.ListBatchJobsResponse\x12W\n\x0e\x43\x61ncelBatchJob\x12!.gengate.v1.CancelBatchJobRequest\x1a\".gengate.v1.CancelBatchJobResponse\x12n\n\x15StreamBatchJobResults\x12(.gengate.v1.StreamBatchJobResultsRequest\x1a).gengate.v1.StreamBatchJobResultsResponse0\x01\x42@Z>github.com/gengate/gengate/clients/go/gen/gengate/v1;gengatev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,40 +35,40 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gengate.v1.jobs_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z>github.com/gengate/gengate/clients/go/gen/gengate/v1;gengatev1'
-  _globals['_BATCHJOBSTATE']._serialized_start=1813
-  _globals['_BATCHJOBSTATE']._serialized_end=2008
+  _globals['_BATCHJOBSTATE']._serialized_start=1883
+  _globals['_BATCHJOBSTATE']._serialized_end=2078
   _globals['_BATCHJOBOPTIONS']._serialized_start=124
   _globals['_BATCHJOBOPTIONS']._serialized_end=201
   _globals['_CREATEBATCHJOBREQUEST']._serialized_start=204
   _globals['_CREATEBATCHJOBREQUEST']._serialized_end=367
-  _globals['_BATCHJOBHEADER']._serialized_start=369
-  _globals['_BATCHJOBHEADER']._serialized_end=478
-  _globals['_UPLOADBATCHJOBREQUEST']._serialized_start=480
-  _globals['_UPLOADBATCHJOBREQUEST']._serialized_end=605
-  _globals['_BATCHJOBUSAGE']._serialized_start=607
-  _globals['_BATCHJOBUSAGE']._serialized_end=696
-  _globals['_BATCHJOB']._serialized_start=699
-  _globals['_BATCHJOB']._serialized_end=1101
-  _globals['_GETBATCHJOBREQUEST']._serialized_start=1103
-  _globals['_GETBATCHJOBREQUEST']._serialized_end=1135
-  _globals['_LISTBATCHJOBSREQUEST']._serialized_start=1137
-  _globals['_LISTBATCHJOBSREQUEST']._serialized_end=1198
-  _globals['_LISTBATCHJOBSRESPONSE']._serialized_start=1200
-  _globals['_LISTBATCHJOBSRESPONSE']._serialized_end=1284
-  _globals['_CANCELBATCHJOBREQUEST']._serialized_start=1286
-  _globals['_CANCELBATCHJOBREQUEST']._serialized_end=1321
-  _globals['_STREAMBATCHJOBRESULTSREQUEST']._serialized_start=1323
-  _globals['_STREAMBATCHJOBRESULTSREQUEST']._serialized_end=1423
-  _globals['_CREATEBATCHJOBRESPONSE']._serialized_start=1425
-  _globals['_CREATEBATCHJOBRESPONSE']._serialized_end=1484
-  _globals['_UPLOADBATCHJOBRESPONSE']._serialized_start=1486
-  _globals['_UPLOADBATCHJOBRESPONSE']._serialized_end=1545
-  _globals['_GETBATCHJOBRESPONSE']._serialized_start=1547
-  _globals['_GETBATCHJOBRESPONSE']._serialized_end=1603
-  _globals['_CANCELBATCHJOBRESPONSE']._serialized_start=1605
-  _globals['_CANCELBATCHJOBRESPONSE']._serialized_end=1664
-  _globals['_STREAMBATCHJOBRESULTSRESPONSE']._serialized_start=1667
-  _globals['_STREAMBATCHJOBRESULTSRESPONSE']._serialized_end=1810
-  _globals['_BATCHJOBSERVICE']._serialized_start=2011
-  _globals['_BATCHJOBSERVICE']._serialized_end=2575
+  _globals['_BATCHJOBHEADER']._serialized_start=370
+  _globals['_BATCHJOBHEADER']._serialized_end=526
+  _globals['_UPLOADBATCHJOBREQUEST']._serialized_start=529
+  _globals['_UPLOADBATCHJOBREQUEST']._serialized_end=675
+  _globals['_BATCHJOBUSAGE']._serialized_start=677
+  _globals['_BATCHJOBUSAGE']._serialized_end=766
+  _globals['_BATCHJOB']._serialized_start=769
+  _globals['_BATCHJOB']._serialized_end=1171
+  _globals['_GETBATCHJOBREQUEST']._serialized_start=1173
+  _globals['_GETBATCHJOBREQUEST']._serialized_end=1205
+  _globals['_LISTBATCHJOBSREQUEST']._serialized_start=1207
+  _globals['_LISTBATCHJOBSREQUEST']._serialized_end=1268
+  _globals['_LISTBATCHJOBSRESPONSE']._serialized_start=1270
+  _globals['_LISTBATCHJOBSRESPONSE']._serialized_end=1354
+  _globals['_CANCELBATCHJOBREQUEST']._serialized_start=1356
+  _globals['_CANCELBATCHJOBREQUEST']._serialized_end=1391
+  _globals['_STREAMBATCHJOBRESULTSREQUEST']._serialized_start=1393
+  _globals['_STREAMBATCHJOBRESULTSREQUEST']._serialized_end=1493
+  _globals['_CREATEBATCHJOBRESPONSE']._serialized_start=1495
+  _globals['_CREATEBATCHJOBRESPONSE']._serialized_end=1554
+  _globals['_UPLOADBATCHJOBRESPONSE']._serialized_start=1556
+  _globals['_UPLOADBATCHJOBRESPONSE']._serialized_end=1615
+  _globals['_GETBATCHJOBRESPONSE']._serialized_start=1617
+  _globals['_GETBATCHJOBRESPONSE']._serialized_end=1673
+  _globals['_CANCELBATCHJOBRESPONSE']._serialized_start=1675
+  _globals['_CANCELBATCHJOBRESPONSE']._serialized_end=1734
+  _globals['_STREAMBATCHJOBRESULTSRESPONSE']._serialized_start=1737
+  _globals['_STREAMBATCHJOBRESULTSRESPONSE']._serialized_end=1880
+  _globals['_BATCHJOBSERVICE']._serialized_start=2081
+  _globals['_BATCHJOBSERVICE']._serialized_end=2645
 # @@protoc_insertion_point(module_scope)

@@ -129,20 +129,28 @@ class BatchJobHeader(_message.Message):
     DISPLAY_NAME_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
+    DEFAULTS_FIELD_NUMBER: _builtins.int
     display_name: _builtins.str
     idempotency_key: _builtins.str
     @_builtins.property
     def options(self) -> Global___BatchJobOptions: ...
+    @_builtins.property
+    def defaults(self) -> _generation_pb2.GenerateRequest:
+        """Fields every item starts from (model, sampling, stopping, structured output...); an item's
+        own fields override them. Lets a JSONL file hold only the prompts.
+        """
+
     def __init__(
         self,
         *,
         display_name: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
         options: Global___BatchJobOptions | None = ...,
+        defaults: _generation_pb2.GenerateRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["defaults", b"defaults", "options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["display_name", b"display_name", "idempotency_key", b"idempotency_key", "options", b"options"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["defaults", b"defaults", "display_name", b"display_name", "idempotency_key", b"idempotency_key", "options", b"options"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -150,12 +158,20 @@ Global___BatchJobHeader: _TypeAlias = BatchJobHeader  # noqa: Y015
 
 @_typing.final
 class UploadBatchJobRequest(_message.Message):
-    """One message of an upload: the header, then requests in index order."""
+    """One message of an upload: the header, then items in index order."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     HEADER_FIELD_NUMBER: _builtins.int
     REQUEST_FIELD_NUMBER: _builtins.int
+    JSON_LINE_FIELD_NUMBER: _builtins.int
+    json_line: _builtins.str
+    """One JSONL line, parsed by the server: a JSON object holding GenerateRequest fields in
+    protobuf's JSON mapping, where `prompt` is text and `messages` may be a list of
+    {"role": "user", "content": "..."}; `seed`, `temperature`, `top_p` and `max_tokens` may
+    be given at the top level. A line that is not one is that item's INVALID_ARGUMENT, not
+    the job's.
+    """
     @_builtins.property
     def header(self) -> Global___BatchJobHeader: ...
     @_builtins.property
@@ -165,12 +181,13 @@ class UploadBatchJobRequest(_message.Message):
         *,
         header: Global___BatchJobHeader | None = ...,
         request: _generation_pb2.GenerateRequest | None = ...,
+        json_line: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "part", b"part", "request", b"request"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "json_line", b"json_line", "part", b"part", "request", b"request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "part", b"part", "request", b"request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "json_line", b"json_line", "part", b"part", "request", b"request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["header", "request"]  # noqa: Y015
+    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["header", "request", "json_line"]  # noqa: Y015
     _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
 

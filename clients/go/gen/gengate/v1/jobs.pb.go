@@ -228,8 +228,11 @@ type BatchJobHeader struct {
 	DisplayName    string                 `protobuf:"bytes,1,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
 	IdempotencyKey string                 `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	Options        *BatchJobOptions       `protobuf:"bytes,3,opt,name=options,proto3" json:"options,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Fields every item starts from (model, sampling, stopping, structured output...); an item's
+	// own fields override them. Lets a JSONL file hold only the prompts.
+	Defaults      *GenerateRequest `protobuf:"bytes,4,opt,name=defaults,proto3" json:"defaults,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchJobHeader) Reset() {
@@ -283,13 +286,21 @@ func (x *BatchJobHeader) GetOptions() *BatchJobOptions {
 	return nil
 }
 
-// One message of an upload: the header, then requests in index order.
+func (x *BatchJobHeader) GetDefaults() *GenerateRequest {
+	if x != nil {
+		return x.Defaults
+	}
+	return nil
+}
+
+// One message of an upload: the header, then items in index order.
 type UploadBatchJobRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Part:
 	//
 	//	*UploadBatchJobRequest_Header
 	//	*UploadBatchJobRequest_Request
+	//	*UploadBatchJobRequest_JsonLine
 	Part          isUploadBatchJobRequest_Part `protobuf_oneof:"part"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -350,6 +361,15 @@ func (x *UploadBatchJobRequest) GetRequest() *GenerateRequest {
 	return nil
 }
 
+func (x *UploadBatchJobRequest) GetJsonLine() string {
+	if x != nil {
+		if x, ok := x.Part.(*UploadBatchJobRequest_JsonLine); ok {
+			return x.JsonLine
+		}
+	}
+	return ""
+}
+
 type isUploadBatchJobRequest_Part interface {
 	isUploadBatchJobRequest_Part()
 }
@@ -362,9 +382,20 @@ type UploadBatchJobRequest_Request struct {
 	Request *GenerateRequest `protobuf:"bytes,2,opt,name=request,proto3,oneof"`
 }
 
+type UploadBatchJobRequest_JsonLine struct {
+	// One JSONL line, parsed by the server: a JSON object holding GenerateRequest fields in
+	// protobuf's JSON mapping, where `prompt` is text and `messages` may be a list of
+	// {"role": "user", "content": "..."}; `seed`, `temperature`, `top_p` and `max_tokens` may
+	// be given at the top level. A line that is not one is that item's INVALID_ARGUMENT, not
+	// the job's.
+	JsonLine string `protobuf:"bytes,3,opt,name=json_line,json=jsonLine,proto3,oneof"`
+}
+
 func (*UploadBatchJobRequest_Header) isUploadBatchJobRequest_Part() {}
 
 func (*UploadBatchJobRequest_Request) isUploadBatchJobRequest_Part() {}
+
+func (*UploadBatchJobRequest_JsonLine) isUploadBatchJobRequest_Part() {}
 
 // Token counts summed over a job's finished items.
 type BatchJobUsage struct {
@@ -1111,14 +1142,16 @@ const file_gengate_v1_jobs_proto_rawDesc = "" +
 	"\brequests\x18\x01 \x03(\v2\x1b.gengate.v1.GenerateRequestR\brequests\x12!\n" +
 	"\fdisplay_name\x18\x02 \x01(\tR\vdisplayName\x12'\n" +
 	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\x125\n" +
-	"\aoptions\x18\x04 \x01(\v2\x1b.gengate.v1.BatchJobOptionsR\aoptions\"\x93\x01\n" +
+	"\aoptions\x18\x04 \x01(\v2\x1b.gengate.v1.BatchJobOptionsR\aoptions\"\xcc\x01\n" +
 	"\x0eBatchJobHeader\x12!\n" +
 	"\fdisplay_name\x18\x01 \x01(\tR\vdisplayName\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x125\n" +
-	"\aoptions\x18\x03 \x01(\v2\x1b.gengate.v1.BatchJobOptionsR\aoptions\"\x8e\x01\n" +
+	"\aoptions\x18\x03 \x01(\v2\x1b.gengate.v1.BatchJobOptionsR\aoptions\x127\n" +
+	"\bdefaults\x18\x04 \x01(\v2\x1b.gengate.v1.GenerateRequestR\bdefaults\"\xad\x01\n" +
 	"\x15UploadBatchJobRequest\x124\n" +
 	"\x06header\x18\x01 \x01(\v2\x1a.gengate.v1.BatchJobHeaderH\x00R\x06header\x127\n" +
-	"\arequest\x18\x02 \x01(\v2\x1b.gengate.v1.GenerateRequestH\x00R\arequestB\x06\n" +
+	"\arequest\x18\x02 \x01(\v2\x1b.gengate.v1.GenerateRequestH\x00R\arequest\x12\x1d\n" +
+	"\tjson_line\x18\x03 \x01(\tH\x00R\bjsonLineB\x06\n" +
 	"\x04part\"\x87\x01\n" +
 	"\rBatchJobUsage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x04R\vinputTokens\x12#\n" +
@@ -1227,38 +1260,39 @@ var file_gengate_v1_jobs_proto_depIdxs = []int32{
 	17, // 0: gengate.v1.CreateBatchJobRequest.requests:type_name -> gengate.v1.GenerateRequest
 	1,  // 1: gengate.v1.CreateBatchJobRequest.options:type_name -> gengate.v1.BatchJobOptions
 	1,  // 2: gengate.v1.BatchJobHeader.options:type_name -> gengate.v1.BatchJobOptions
-	3,  // 3: gengate.v1.UploadBatchJobRequest.header:type_name -> gengate.v1.BatchJobHeader
-	17, // 4: gengate.v1.UploadBatchJobRequest.request:type_name -> gengate.v1.GenerateRequest
-	0,  // 5: gengate.v1.BatchJob.state:type_name -> gengate.v1.BatchJobState
-	18, // 6: gengate.v1.BatchJob.create_time:type_name -> google.protobuf.Timestamp
-	18, // 7: gengate.v1.BatchJob.start_time:type_name -> google.protobuf.Timestamp
-	18, // 8: gengate.v1.BatchJob.end_time:type_name -> google.protobuf.Timestamp
-	5,  // 9: gengate.v1.BatchJob.usage:type_name -> gengate.v1.BatchJobUsage
-	1,  // 10: gengate.v1.BatchJob.options:type_name -> gengate.v1.BatchJobOptions
-	6,  // 11: gengate.v1.ListBatchJobsResponse.jobs:type_name -> gengate.v1.BatchJob
-	6,  // 12: gengate.v1.CreateBatchJobResponse.job:type_name -> gengate.v1.BatchJob
-	6,  // 13: gengate.v1.UploadBatchJobResponse.job:type_name -> gengate.v1.BatchJob
-	6,  // 14: gengate.v1.GetBatchJobResponse.job:type_name -> gengate.v1.BatchJob
-	6,  // 15: gengate.v1.CancelBatchJobResponse.job:type_name -> gengate.v1.BatchJob
-	19, // 16: gengate.v1.StreamBatchJobResultsResponse.response:type_name -> gengate.v1.GenerateResponse
-	20, // 17: gengate.v1.StreamBatchJobResultsResponse.error:type_name -> google.rpc.Status
-	2,  // 18: gengate.v1.BatchJobService.CreateBatchJob:input_type -> gengate.v1.CreateBatchJobRequest
-	4,  // 19: gengate.v1.BatchJobService.UploadBatchJob:input_type -> gengate.v1.UploadBatchJobRequest
-	7,  // 20: gengate.v1.BatchJobService.GetBatchJob:input_type -> gengate.v1.GetBatchJobRequest
-	8,  // 21: gengate.v1.BatchJobService.ListBatchJobs:input_type -> gengate.v1.ListBatchJobsRequest
-	10, // 22: gengate.v1.BatchJobService.CancelBatchJob:input_type -> gengate.v1.CancelBatchJobRequest
-	11, // 23: gengate.v1.BatchJobService.StreamBatchJobResults:input_type -> gengate.v1.StreamBatchJobResultsRequest
-	12, // 24: gengate.v1.BatchJobService.CreateBatchJob:output_type -> gengate.v1.CreateBatchJobResponse
-	13, // 25: gengate.v1.BatchJobService.UploadBatchJob:output_type -> gengate.v1.UploadBatchJobResponse
-	14, // 26: gengate.v1.BatchJobService.GetBatchJob:output_type -> gengate.v1.GetBatchJobResponse
-	9,  // 27: gengate.v1.BatchJobService.ListBatchJobs:output_type -> gengate.v1.ListBatchJobsResponse
-	15, // 28: gengate.v1.BatchJobService.CancelBatchJob:output_type -> gengate.v1.CancelBatchJobResponse
-	16, // 29: gengate.v1.BatchJobService.StreamBatchJobResults:output_type -> gengate.v1.StreamBatchJobResultsResponse
-	24, // [24:30] is the sub-list for method output_type
-	18, // [18:24] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	17, // 3: gengate.v1.BatchJobHeader.defaults:type_name -> gengate.v1.GenerateRequest
+	3,  // 4: gengate.v1.UploadBatchJobRequest.header:type_name -> gengate.v1.BatchJobHeader
+	17, // 5: gengate.v1.UploadBatchJobRequest.request:type_name -> gengate.v1.GenerateRequest
+	0,  // 6: gengate.v1.BatchJob.state:type_name -> gengate.v1.BatchJobState
+	18, // 7: gengate.v1.BatchJob.create_time:type_name -> google.protobuf.Timestamp
+	18, // 8: gengate.v1.BatchJob.start_time:type_name -> google.protobuf.Timestamp
+	18, // 9: gengate.v1.BatchJob.end_time:type_name -> google.protobuf.Timestamp
+	5,  // 10: gengate.v1.BatchJob.usage:type_name -> gengate.v1.BatchJobUsage
+	1,  // 11: gengate.v1.BatchJob.options:type_name -> gengate.v1.BatchJobOptions
+	6,  // 12: gengate.v1.ListBatchJobsResponse.jobs:type_name -> gengate.v1.BatchJob
+	6,  // 13: gengate.v1.CreateBatchJobResponse.job:type_name -> gengate.v1.BatchJob
+	6,  // 14: gengate.v1.UploadBatchJobResponse.job:type_name -> gengate.v1.BatchJob
+	6,  // 15: gengate.v1.GetBatchJobResponse.job:type_name -> gengate.v1.BatchJob
+	6,  // 16: gengate.v1.CancelBatchJobResponse.job:type_name -> gengate.v1.BatchJob
+	19, // 17: gengate.v1.StreamBatchJobResultsResponse.response:type_name -> gengate.v1.GenerateResponse
+	20, // 18: gengate.v1.StreamBatchJobResultsResponse.error:type_name -> google.rpc.Status
+	2,  // 19: gengate.v1.BatchJobService.CreateBatchJob:input_type -> gengate.v1.CreateBatchJobRequest
+	4,  // 20: gengate.v1.BatchJobService.UploadBatchJob:input_type -> gengate.v1.UploadBatchJobRequest
+	7,  // 21: gengate.v1.BatchJobService.GetBatchJob:input_type -> gengate.v1.GetBatchJobRequest
+	8,  // 22: gengate.v1.BatchJobService.ListBatchJobs:input_type -> gengate.v1.ListBatchJobsRequest
+	10, // 23: gengate.v1.BatchJobService.CancelBatchJob:input_type -> gengate.v1.CancelBatchJobRequest
+	11, // 24: gengate.v1.BatchJobService.StreamBatchJobResults:input_type -> gengate.v1.StreamBatchJobResultsRequest
+	12, // 25: gengate.v1.BatchJobService.CreateBatchJob:output_type -> gengate.v1.CreateBatchJobResponse
+	13, // 26: gengate.v1.BatchJobService.UploadBatchJob:output_type -> gengate.v1.UploadBatchJobResponse
+	14, // 27: gengate.v1.BatchJobService.GetBatchJob:output_type -> gengate.v1.GetBatchJobResponse
+	9,  // 28: gengate.v1.BatchJobService.ListBatchJobs:output_type -> gengate.v1.ListBatchJobsResponse
+	15, // 29: gengate.v1.BatchJobService.CancelBatchJob:output_type -> gengate.v1.CancelBatchJobResponse
+	16, // 30: gengate.v1.BatchJobService.StreamBatchJobResults:output_type -> gengate.v1.StreamBatchJobResultsResponse
+	25, // [25:31] is the sub-list for method output_type
+	19, // [19:25] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_gengate_v1_jobs_proto_init() }
@@ -1270,6 +1304,7 @@ func file_gengate_v1_jobs_proto_init() {
 	file_gengate_v1_jobs_proto_msgTypes[3].OneofWrappers = []any{
 		(*UploadBatchJobRequest_Header)(nil),
 		(*UploadBatchJobRequest_Request)(nil),
+		(*UploadBatchJobRequest_JsonLine)(nil),
 	}
 	file_gengate_v1_jobs_proto_msgTypes[10].OneofWrappers = []any{}
 	file_gengate_v1_jobs_proto_msgTypes[15].OneofWrappers = []any{

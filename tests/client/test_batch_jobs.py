@@ -1,0 +1,87 @@
+"""`client.batch_jobs` against a real server: create (one message, or streamed in pieces past
+UPLOAD_ABOVE items), typed results with `output_type`, resume from an index, wait, list and
+cancel, and errors as GengateError subclasses."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from gengate_client import BatchJob, Client, FailedPreconditionError, NotFoundError, Request
+from gengate_client import jobs as client_jobs
+from observe import ServerFactory
+from pydantic import BaseModel
+
+
+class Pet(BaseModel):
+    name: str
+
+
+MODELS = [
+    {"name": "echo", "backend": "scripted"},
+    {
+        "name": "pets",
+        "backend": "scripted",
+        "text": '{"name": "Rex"}',
+        "constraints": {"json_schema": "validated"},
+    },
+]
+
+
+@pytest.fixture
+async def address(make_server: ServerFactory) -> str:
+    return (await make_server({"models": MODELS})).address
+
+
+async def test_create_then_typed_results_resumed_from_an_index(address: str) -> None:
+    def scenario() -> tuple[BatchJob, list[object], list[int]]:
+        with Client(address) as client:
+            job = client.batch_jobs.create(
+                [Request(model="pets", prompt=f"pet {i}", output_type=Pet) for i in range(5)],
+                display_name="pets",
+            )
+            items = list(client.batch_jobs.results(job.id, output_type=Pet))
+            resumed = [item.index for item in client.batch_jobs.results(job.id, after_index=2)]
+            return client.batch_jobs.wait(job.id, poll_s=0.05), [i.unwrap().parsed for i in items], resumed
+
+    job, parsed, resumed = await asyncio.to_thread(scenario)
+    assert parsed == [Pet(name="Rex")] * 5
+    assert resumed == [3, 4]
+    assert job.state == "succeeded" and (job.total, job.done, job.failed) == (5, 5, 0) and job.finished
+    assert job.display_name == "pets" and job.create_time is not None and job.end_time is not None
+
+
+async def test_a_large_job_is_uploaded_in_pieces(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_jobs, "UPLOAD_ABOVE", 10)
+
+    def scenario() -> tuple[BatchJob, list[str]]:
+        with Client(address) as client:
+            job = client.batch_jobs.create([{"model": "echo", "prompt": f"u{i}"} for i in range(25)])
+            texts = [item.unwrap().text for item in client.batch_jobs.results(job.id)]
+            return job, texts
+
+    job, texts = await asyncio.to_thread(scenario)
+    assert job.total == 25 and texts == [f"u{i}" for i in range(25)]
+
+
+async def test_jsonl_with_defaults_list_and_errors(address: str) -> None:
+    def scenario() -> None:
+        with Client(address) as client:
+            job = client.batch_jobs.create(
+                jsonl=['{"prompt": "a"}', "not json", '{"messages": [{"role": "user", "content": "b"}]}'],
+                defaults={"model": "echo", "max_tokens": 4},
+                idempotency_key="same",
+            )
+            items = list(client.batch_jobs.results(job.id))
+            assert [i.ok for i in items] == [True, False, True]
+            assert items[0].unwrap().text == "a" and items[2].unwrap().text == "b"
+            assert client.batch_jobs.create(jsonl=["{}"], idempotency_key="same").id == job.id
+            assert job.id in [j.id for j in client.batch_jobs.list(page_size=1)]
+            with pytest.raises(NotFoundError):
+                client.batch_jobs.get("job-missing")
+            with pytest.raises(FailedPreconditionError):
+                client.batch_jobs.cancel(job.id)
+            with pytest.raises(ValueError):
+                client.batch_jobs.create()
+
+    await asyncio.to_thread(scenario)
