@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -28,14 +29,53 @@ from gengate.telemetry import backend_span
 log = logging.getLogger(__name__)
 
 
+class Slots:
+    """A model's concurrency slots, interactive calls first: a slot that frees goes to a waiting
+    interactive call before any background one (a batch job's item), and background callers
+    never take a free slot while an interactive call waits. FIFO within each class."""
+
+    __slots__ = ("_background", "_free", "_interactive")
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._interactive: deque[asyncio.Future[None]] = deque()
+        self._background: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self, *, background: bool = False) -> None:
+        if self._free > 0 and not self._interactive and not (background and self._background):
+            self._free -= 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue = self._background if background else self._interactive
+        queue.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed a slot just as the caller left: pass it on
+            else:
+                queue.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        for queue in (self._interactive, self._background):
+            while queue:
+                waiter = queue.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    return
+        self._free += 1
+
+
 @dataclass
 class Route:
     """A served model: its backend and the limits around it."""
 
     config: ModelConfig
     backend: Backend
-    slots: asyncio.Semaphore
-    waiting: int = 0
+    slots: Slots | asyncio.Semaphore
+    waiting: int = 0  # interactive calls queued (what max_queue bounds)
+    background_waiting: int = 0
     in_flight: int = 0
     served: int = 0
     started: bool = False
@@ -45,20 +85,24 @@ class Route:
     def name(self) -> str:
         return self.config.name
 
-    def slot(self, *, bounded: bool = True) -> RouteSlot:
+    def slot(self, *, bounded: bool = True, background: bool = False) -> RouteSlot:
         """Holds one concurrency slot (`async with route.slot() as queued_s`); yields the seconds
         spent queueing for it.
 
         `bounded=False` waits even when the queue is full: for callers that bound their own
         demand (a batch holds at most max_concurrency items of a model in flight).
+        `background=True` (batch jobs) yields every slot to interactive calls and is not counted
+        against max_queue.
         """
-        return RouteSlot(self, bounded)
+        return RouteSlot(self, bounded, background)
 
-    async def generate(self, request: GenerationRequest, *, bounded: bool = True) -> GenerationResult:
+    async def generate(
+        self, request: GenerationRequest, *, bounded: bool = True, background: bool = False
+    ) -> GenerationResult:
         """One routed call: a concurrency slot, a backend span and the request's deadline; the
         time spent queueing for the slot is in the result's timings."""
         with backend_span(self.name, self.config.backend, request) as span:
-            async with self.slot(bounded=bounded) as queued_s:
+            async with self.slot(bounded=bounded, background=background) as queued_s:
                 result = await within_deadline(self.backend.generate(request), request)
             span.record_result(result)
         return dataclasses.replace(result, timings=result.timings.later(queued_s, queued=True))
@@ -85,14 +129,25 @@ class RouteSlot:
     """The async context manager behind Route.slot (a class: cheaper per request than
     contextlib.asynccontextmanager's generator)."""
 
-    __slots__ = ("_bounded", "_route")
+    __slots__ = ("_background", "_bounded", "_route")
 
-    def __init__(self, route: Route, bounded: bool) -> None:
+    def __init__(self, route: Route, bounded: bool, background: bool = False) -> None:
         self._route = route
         self._bounded = bounded
+        self._background = background
 
     async def __aenter__(self) -> float:
         route = self._route
+        if self._background:
+            queued_at = time.monotonic()
+            route.background_waiting += 1
+            try:
+                assert isinstance(route.slots, Slots), "background calls need the router's Slots"
+                await route.slots.acquire(background=True)
+            finally:
+                route.background_waiting -= 1
+            route.in_flight += 1
+            return time.monotonic() - queued_at
         max_queue = route.config.max_queue
         if self._bounded and route.waiting >= max_queue:
             raise ResourceExhausted(
@@ -169,7 +224,7 @@ class Router:
 
     @classmethod
     def from_config(cls, config: ServerConfig, factory: BackendFactory = build_backend) -> Router:
-        return cls([Route(m, factory(m), asyncio.Semaphore(m.max_concurrency)) for m in config.models])
+        return cls([Route(m, factory(m), Slots(m.max_concurrency)) for m in config.models])
 
     @property
     def routes(self) -> list[Route]:

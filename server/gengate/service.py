@@ -101,10 +101,14 @@ class GenerationCore:
         await self.sandbox.aclose()
         self.validator.close()
 
-    async def generate(self, request: GenerationRequest, *, queue_bounded: bool = True) -> GenerationResult:
+    async def generate(
+        self, request: GenerationRequest, *, queue_bounded: bool = True, background: bool = False
+    ) -> GenerationResult:
+        """One request, checked, routed and validated. `background` (batch jobs) yields the
+        model's slots to interactive calls (Route.slot)."""
         arrived = time.monotonic()
         route, request = await self._prepare(request)
-        result = await route.generate(request, bounded=queue_bounded)
+        result = await route.generate(request, bounded=queue_bounded, background=background)
         for generation in result.generations:
             await self.validator.check(request.structured_output, generation, result.enforcement.value)
         timings = dataclasses.replace(result.timings, total_s=time.monotonic() - arrived)

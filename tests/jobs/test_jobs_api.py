@@ -11,8 +11,8 @@ import grpc
 import pytest
 from gengate.api.server import RunningServer
 from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import generation_pb2_grpc, jobs_pb2_grpc
 from gengate_proto.v1 import jobs_pb2 as j
-from gengate_proto.v1 import jobs_pb2_grpc
 from gengate_proto.v1 import types_pb2 as t
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -199,3 +199,22 @@ async def test_bad_calls_get_precise_statuses(jobs: jobs_pb2_grpc.BatchJobServic
         async for _ in jobs.StreamBatchJobResults(j.StreamBatchJobResultsRequest(id="job-nope")):
             pass
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_interactive_calls_go_before_the_jobs_items(make_server: ServerFactory) -> None:
+    """One slot, a job holding four items waiting for it: a caller is neither refused by the
+    queue limit nor made to wait behind them; it runs when the item in progress ends."""
+    model = {"name": "one", "backend": "scripted", "text": "a b c d e f", "tokens_per_s": 60,
+             "max_concurrency": 1, "max_queue": 1}  # fmt: skip
+    server = await make_server({"models": [model], "server": {"jobs": {"concurrency": 5}}})
+    route = server.router.route("one")
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        jobs = jobs_pb2_grpc.BatchJobServiceStub(channel)
+        calls = generation_pb2_grpc.GenerationServiceStub(channel)
+        job = (await jobs.CreateBatchJob(j.CreateBatchJobRequest(requests=[ask("x", model="one")] * 8))).job
+        await until(lambda: route.in_flight == 1 and route.background_waiting == 4, "the job's items wait")
+        reply = await calls.Generate(ask("now", model="one"))
+        assert reply.generations[0].text == "a b c d e f"
+        done = (await jobs.GetBatchJob(j.GetBatchJobRequest(id=job.id))).job.done
+        assert done <= 1  # only the item already running finished before the call
+        await jobs.CancelBatchJob(j.CancelBatchJobRequest(id=job.id))

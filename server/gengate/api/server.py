@@ -158,7 +158,7 @@ async def start_server(
     jobs = settings.jobs
     runner = JobRunner(
         job_store,
-        lambda request: core.generate(request, queue_bounded=False),
+        lambda request: core.generate(request, queue_bounded=False, background=True),
         codec,
         RunnerSettings(concurrency=jobs.concurrency, lease_s=jobs.lease_s, poll_s=jobs.poll_s),
     )

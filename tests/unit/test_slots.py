@@ -1,0 +1,62 @@
+"""A model's concurrency slots give interactive calls priority over background (batch job)
+items: a freed slot goes to a waiting interactive call first, background never jumps an
+interactive waiter, and a waiter that leaves never loses or leaks a slot."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gengate.router import Slots
+
+
+async def test_a_freed_slot_goes_to_interactive_callers_first() -> None:
+    slots = Slots(1)
+    await slots.acquire()
+    order: list[str] = []
+
+    async def take(name: str, background: bool) -> None:
+        await slots.acquire(background=background)
+        order.append(name)
+        await asyncio.sleep(0)
+        slots.release()
+
+    tasks = [asyncio.create_task(take(f"job{i}", True)) for i in range(3)]
+    await asyncio.sleep(0)
+    tasks += [asyncio.create_task(take(f"call{i}", False)) for i in range(2)]  # arrive later
+    await asyncio.sleep(0)
+    slots.release()
+    await asyncio.gather(*tasks)
+    assert order == ["call0", "call1", "job0", "job1", "job2"]
+
+
+async def test_background_waits_while_an_interactive_call_waits() -> None:
+    slots = Slots(2)
+    await slots.acquire()
+    await slots.acquire()
+    interactive = asyncio.create_task(slots.acquire())
+    await asyncio.sleep(0)
+    slots.release()  # goes to the interactive waiter
+    await interactive
+    background = asyncio.create_task(slots.acquire(background=True))
+    await asyncio.sleep(0)
+    assert not background.done()
+    slots.release()
+    await background
+
+
+async def test_a_cancelled_waiter_passes_its_slot_on() -> None:
+    slots = Slots(1)
+    await slots.acquire()
+    leaving = asyncio.create_task(slots.acquire())
+    staying = asyncio.create_task(slots.acquire(background=True))
+    await asyncio.sleep(0)
+    slots.release()  # handed to `leaving`...
+    leaving.cancel()  # ...which is cancelled before it runs: the slot moves on
+    await asyncio.gather(leaving, return_exceptions=True)
+    await staying
+    slots.release()
+    await slots.acquire()  # exactly one slot again: free now, not leaked or doubled
+    task = asyncio.create_task(slots.acquire())
+    await asyncio.sleep(0)
+    assert not task.done()
+    task.cancel()
