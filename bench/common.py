@@ -160,16 +160,23 @@ def print_ratios(pairs: Sequence[tuple[RunStats, RunStats]], *, tokens: bool = T
 
 
 @contextlib.contextmanager
-def gengate_server(models: list[dict[str, Any]], *, timeout_s: float = 120.0) -> Iterator[str]:
-    """Runs `gengate serve` on a free port in a subprocess with these model entries; yields HOST:PORT.
+def gengate_server(
+    models: list[dict[str, Any]],
+    *,
+    timeout_s: float = 120.0,
+    server: dict[str, Any] | None = None,
+    data_dir: str | None = None,
+) -> Iterator[str]:
+    """Runs `gengate serve` on a free port in a subprocess with these model entries (and `server`
+    settings); yields HOST:PORT. Its job store lives in `data_dir` (default: a temp dir).
 
     A separate process, as in production: the client's Python does not share the server's GIL.
     """
     with tempfile.TemporaryDirectory(prefix="gengate-bench-") as tmp:
         config = Path(tmp) / "config.yaml"
-        config.write_text(yaml.safe_dump({"models": models}))
+        config.write_text(yaml.safe_dump({"models": models, **({"server": server} if server else {})}))
         log = open(Path(tmp) / "server.log", "w+")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GENGATE_DATA_DIR": data_dir or tmp}
         proc = subprocess.Popen(
             [sys.executable, "-m", "gengate", "serve", "--config", str(config), "--port", "0"],
             stdout=subprocess.PIPE,

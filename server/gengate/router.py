@@ -30,20 +30,55 @@ log = logging.getLogger(__name__)
 
 
 class Slots:
-    """A model's concurrency slots, interactive calls first: a slot that frees goes to a waiting
-    interactive call before any background one (a batch job's item), and background callers
-    never take a free slot while an interactive call waits. FIFO within each class."""
+    """A model's concurrency slots, interactive calls first.
 
-    __slots__ = ("_background", "_free", "_interactive")
+    A freed slot goes to a waiting interactive call before any background one (a batch job's
+    item); background callers never take a slot while an interactive call waits. While
+    interactive calls run, and for `quiet_s` after the last one, background work holds at most
+    `busy_background` slots, and `idle_background` otherwise: engines queue or batch what they
+    are given, so a long line of job items in the engine would be paid for by the next
+    interactive call. FIFO within each class.
+    """
 
-    def __init__(self, count: int) -> None:
+    __slots__ = (
+        "_background", "_busy_background", "_free", "_interactive", "_quiet_at", "_quiet_s",
+        "_timer", "background_active", "idle_background", "interactive_active",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        count: int,
+        *,
+        quiet_s: float = 1.0,
+        busy_background: int = 1,
+        idle_background: int | None = None,
+    ) -> None:
         self._free = count
+        self.idle_background = count if idle_background is None else idle_background
         self._interactive: deque[asyncio.Future[None]] = deque()
         self._background: deque[asyncio.Future[None]] = deque()
+        self._quiet_s = quiet_s
+        self._busy_background = busy_background
+        self._quiet_at = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.interactive_active = 0
+        self.background_active = 0
+
+    def _background_may_start(self) -> bool:
+        if self._free <= 0 or self._interactive:
+            return False
+        busy = self.interactive_active > 0 or time.monotonic() < self._quiet_at
+        return self.background_active < (self._busy_background if busy else self.idle_background)
 
     async def acquire(self, *, background: bool = False) -> None:
-        if self._free > 0 and not self._interactive and not (background and self._background):
+        if background:
+            if not self._background and self._background_may_start():
+                self._free -= 1
+                self.background_active += 1
+                return
+        elif self._free > 0 and not self._interactive:
             self._free -= 1
+            self.interactive_active += 1
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue = self._background if background else self._interactive
@@ -52,19 +87,45 @@ class Slots:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self.release()  # handed a slot just as the caller left: pass it on
+                self.release(background=background)  # handed a slot just as the caller left
             else:
                 queue.remove(waiter)
             raise
 
-    def release(self) -> None:
-        for queue in (self._interactive, self._background):
-            while queue:
-                waiter = queue.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-                    return
+    def release(self, *, background: bool = False) -> None:
         self._free += 1
+        if background:
+            self.background_active -= 1
+        else:
+            self.interactive_active -= 1
+            if self.interactive_active == 0:
+                self._quiet_at = time.monotonic() + self._quiet_s
+                if self._background and self._timer is None:
+                    loop = asyncio.get_running_loop()
+                    self._timer = loop.call_later(self._quiet_s, self._quiet)
+        self._dispatch()
+
+    def _quiet(self) -> None:
+        self._timer = None
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hands free slots to waiters: interactive first, then background as far as allowed."""
+        while self._free > 0 and self._interactive:
+            waiter = self._interactive.popleft()
+            if not waiter.done():
+                self._free -= 1
+                self.interactive_active += 1
+                waiter.set_result(None)
+        while self._background and self._background_may_start():
+            waiter = self._background.popleft()
+            if not waiter.done():
+                self._free -= 1
+                self.background_active += 1
+                waiter.set_result(None)
+        if self._background and self._timer is None and time.monotonic() < self._quiet_at:
+            delay = self._quiet_at - time.monotonic()
+            self._timer = asyncio.get_running_loop().call_later(delay, self._quiet)
 
 
 @dataclass
@@ -168,7 +229,11 @@ class RouteSlot:
         route = self._route
         route.in_flight -= 1
         route.served += 1
-        route.slots.release()
+        if self._background:
+            assert isinstance(route.slots, Slots)
+            route.slots.release(background=True)
+        else:
+            route.slots.release()
 
 
 class MemberBackend:

@@ -60,3 +60,17 @@ async def test_a_cancelled_waiter_passes_its_slot_on() -> None:
     await asyncio.sleep(0)
     assert not task.done()
     task.cancel()
+
+
+async def test_while_calls_run_background_work_keeps_to_one_slot_then_widens() -> None:
+    slots = Slots(8, quiet_s=0.05, busy_background=1)
+    await slots.acquire()  # an interactive call is running
+    first = asyncio.create_task(slots.acquire(background=True))
+    second = asyncio.create_task(slots.acquire(background=True))
+    await asyncio.sleep(0)
+    assert first.done() and not second.done()  # one job item beside the call, not seven
+    slots.release()  # the call ends: the quiet period starts, the job still keeps to one slot
+    await asyncio.sleep(0)
+    assert not second.done() and slots.background_active == 1
+    await second  # ...and widens once the model has been quiet for quiet_s
+    assert slots.background_active == 2 and slots.interactive_active == 0

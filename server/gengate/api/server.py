@@ -24,7 +24,7 @@ from gengate.errors import ConfigError
 from gengate.jobs.runner import JobRunner, RunnerSettings
 from gengate.jobs.store import JobStore, open_store
 from gengate.redaction import install_log_redaction
-from gengate.router import Router
+from gengate.router import Router, Slots
 from gengate.service import GenerationCore
 from gengate.telemetry import configure_tracing
 
@@ -154,6 +154,9 @@ async def start_server(
     core = GenerationCore(router, max_batch_items=settings.max_batch_items, limits=settings.limits)
     servicer = GenerationServicer(core, default_timeout_s=settings.request_timeout_s)
     add_to_server(servicer, server)
+    for route in router.routes:  # job items leave room for interactive calls on every model
+        if isinstance(route.slots, Slots):
+            route.slots.idle_background = settings.jobs.per_model_concurrency
     codec = ItemCodec(settings.limits.max_constraint_bytes)
     jobs = settings.jobs
     runner = JobRunner(
