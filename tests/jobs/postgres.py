@@ -37,13 +37,20 @@ def _version_key(path: Path) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", path.parent.name))
 
 
+_PROGRAMS = ("initdb", "pg_ctl", "postgres")
+
+
 def find_bindir() -> Path | None:
-    """The folder holding initdb, pg_ctl and postgres, newest version first."""
+    """The folder holding initdb, pg_ctl and postgres: $GENGATE_PG_BINDIR, else the newest
+    Debian version, else PATH's."""
     if configured := os.environ.get("GENGATE_PG_BINDIR"):
-        return Path(configured)
+        folder = Path(configured)
+        if not all((folder / name).is_file() for name in _PROGRAMS):
+            raise Unavailable(f"GENGATE_PG_BINDIR={configured} does not hold {', '.join(_PROGRAMS)}")
+        return folder
     debian = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=_version_key, reverse=True)
     for folder in debian:
-        if all((folder / name).is_file() for name in ("initdb", "pg_ctl", "postgres")):
+        if all((folder / name).is_file() for name in _PROGRAMS):
             return folder
     initdb = shutil.which("initdb")
     if initdb and shutil.which("pg_ctl"):
