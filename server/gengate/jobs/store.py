@@ -12,6 +12,7 @@ thread per store: the event loop never waits on disk or network.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -23,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from gengate.errors import ConfigError, FailedPrecondition, NotFound
 from gengate.jobs.model import ItemResult, Job, JobOptions, JobState, JobUsage, LeasedItem
@@ -40,10 +41,19 @@ class _Dialect:
     placeholder: str
     blob: str
     skip_locked: str  # row-locking suffix for leasing ("" where the database has one writer)
+    # Run before creating the tables: replicas starting together create them one at a time
+    # (PostgreSQL's CREATE TABLE IF NOT EXISTS is not safe against a concurrent one).
+    schema_lock: str
 
 
-_SQLITE = _Dialect("sqlite", "?", "BLOB", "")
-_POSTGRES = _Dialect("postgresql", "%s", "BYTEA", " FOR UPDATE SKIP LOCKED")
+_SQLITE = _Dialect("sqlite", "?", "BLOB", "", "")
+_POSTGRES = _Dialect(
+    "postgresql",
+    "%s",
+    "BYTEA",
+    " FOR UPDATE SKIP LOCKED",
+    "SELECT pg_advisory_xact_lock(7164203215640104548)",
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS gengate_jobs (
@@ -116,10 +126,13 @@ def _job(row: Sequence[Any]) -> Job:
 class JobStore:
     """Jobs, their items and results in SQL. Open with `open_store(url)`."""
 
-    def __init__(self, connect: Callable[[], Any], dialect: _Dialect, where: str) -> None:
+    def __init__(
+        self, connect: Callable[[], Any], dialect: _Dialect, where: str, secrets: Sequence[str] = ()
+    ) -> None:
         self._connect = connect
         self._dialect = dialect
         self.where = where  # for messages: the path or host, never a password
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)  # kept out of messages
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gengate-jobs")
         self._conn: Any = None
 
@@ -132,13 +145,18 @@ class JobStore:
         """Runs `fn(connection)` in one transaction on the store's thread."""
 
         def call() -> T:
+            if self._conn is None or getattr(self._conn, "closed", False):
+                # The server went away (a restart, a failover, an idle connection cut): the call
+                # that found out failed; this one connects again.
+                self._conn = self._connect()
             conn = self._conn
             try:
                 result = fn(conn)
                 conn.commit()
                 return result
             except BaseException:
-                conn.rollback()
+                with contextlib.suppress(Exception):  # a broken connection cannot roll back
+                    conn.rollback()
                 raise
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
@@ -150,6 +168,8 @@ class JobStore:
             try:
                 self._conn = self._connect()
                 cur = self._conn.cursor()
+                if self._dialect.schema_lock:
+                    cur.execute(self._dialect.schema_lock)
                 for statement in _SCHEMA.format(blob=self._dialect.blob).split(";"):
                     if statement.strip():
                         cur.execute(statement)
@@ -157,9 +177,11 @@ class JobStore:
             except ConfigError:
                 raise
             except Exception as exc:
+                detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "no detail"
+                for secret in self._secrets:  # libpq quotes a badly encoded password back
+                    detail = detail.replace(secret, "***")
                 raise ConfigError(
-                    f"the job store at {self.where} cannot be opened: {type(exc).__name__}: "
-                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'}"
+                    f"the job store at {self.where} cannot be opened: {type(exc).__name__}: {detail}"
                 ) from None
 
         await asyncio.get_running_loop().run_in_executor(self._executor, setup)
@@ -389,15 +411,18 @@ class JobStore:
         sql = self._sql
         now = time.time()
 
+        def finished(job: Job) -> FailedPrecondition:
+            return FailedPrecondition(
+                f"batch job {job_id} has already ended ({job.state.value})",
+                reason="JOB_FINISHED",
+                metadata={"job": job_id, "state": job.state.value},
+            )
+
         def end(conn: Any) -> Job:
             cur = conn.cursor()
             job = self._load(cur, job_id)
             if job.state.finished:
-                raise FailedPrecondition(
-                    f"batch job {job_id} has already ended ({job.state.value})",
-                    reason="JOB_FINISHED",
-                    metadata={"job": job_id, "state": job.state.value},
-                )
+                raise finished(job)
             cur.execute(
                 sql(
                     "UPDATE gengate_job_items SET result = ?, failed = 1, lease_owner = NULL, "
@@ -406,16 +431,25 @@ class JobStore:
                 (payload, job_id),
             )
             ended = cur.rowcount if cur.rowcount is not None and cur.rowcount >= 0 else 0
-            return self._update_job(
-                cur,
-                job_id,
-                "state = ?, done = done + ?, failed = failed + ?, end_time = ?, error = ?, sealed = 1",
-                state.value,
-                ended,
-                ended,
-                now,
-                error,
+            cur.execute(
+                sql(
+                    "UPDATE gengate_jobs SET state = ?, done = done + ?, failed = failed + ?, end_time = ?, "
+                    "error = ?, sealed = 1 WHERE id = ? AND state IN (?, ?)"
+                ),
+                (
+                    state.value,
+                    ended,
+                    ended,
+                    now,
+                    error,
+                    job_id,
+                    JobState.QUEUED.value,
+                    JobState.RUNNING.value,
+                ),
             )
+            if cur.rowcount != 1:  # another replica ended it since it was read: theirs stands
+                raise finished(self._load(cur, job_id))
+            return self._load(cur, job_id)
 
         return await self._run(end)
 
@@ -613,7 +647,13 @@ def open_store(url: str, data_dir: Path | None = None) -> JobStore:
 
         return JobStore(connect_sqlite, _SQLITE, str(path))
     if parsed.scheme in ("postgresql", "postgres"):
-        where = f"postgresql://{parsed.hostname or 'localhost'}:{parsed.port or 5432}{parsed.path}"
+        # The hosts as written (libpq takes several, h1:5432,h2:5432), without user or password.
+        where = f"postgresql://{parsed.netloc.rpartition('@')[2] or 'localhost'}{parsed.path}"
+        query = parse_qs(parsed.query)
+        secrets = [parsed.password or "", *query.get("password", [])]
+        secrets += [unquote(secret) for secret in secrets]
+        # Without a limit libpq waits on an unreachable host for as long as TCP does.
+        options: dict[str, Any] = {} if "connect_timeout" in query else {"connect_timeout": 10}
 
         def connect_postgres() -> Any:
             try:
@@ -622,9 +662,9 @@ def open_store(url: str, data_dir: Path | None = None) -> JobStore:
                 raise ConfigError(
                     "a PostgreSQL job store needs psycopg: pip install 'gengate[postgres]'"
                 ) from exc
-            return psycopg.connect(url)
+            return psycopg.connect(url, **options)
 
-        return JobStore(connect_postgres, _POSTGRES, where)
+        return JobStore(connect_postgres, _POSTGRES, where, secrets)
     raise ConfigError(
         f"server.jobs.store must be sqlite:///path.db or postgresql://..., not {url.split(':')[0][:20]!r}"
     )
