@@ -276,7 +276,9 @@ class OfflineDriver:
                 return await asyncio.shield(task)
             except GengateError as exc:
                 if _transient(exc):
-                    log.warning("jobs: submitting %s's batch of %s failed, trying again: %s", model, job_id, exc)
+                    log.warning(
+                        "jobs: submitting %s's batch of %s failed, trying again: %s", model, job_id, exc
+                    )
                     await asyncio.sleep(self.poll_s)
                     continue
                 for index, _ in chunk:
@@ -322,7 +324,9 @@ class OfflineDriver:
             return
         except Exception as exc:
             log.exception("jobs: item %d of batch %s failed", index, batch.batch_id)
-            error = Internal(f"item failed: unexpected server error ({type(exc).__name__})", reason="UNEXPECTED")
+            error = Internal(
+                f"item failed: unexpected server error ({type(exc).__name__})", reason="UNEXPECTED"
+            )
             await self._store(run, ItemResult(index, self.codec.encode_error(error, index), True))
             return
         u = result.usage

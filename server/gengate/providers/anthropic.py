@@ -243,7 +243,11 @@ class AnthropicBackend(ProviderBackend):
 
     async def _upstream(self, attempt: Callable[[], Awaitable[T]]) -> T:
         return await call_with_retries(
-            attempt, policy=self.retry_policy, deadline=None, provider=self.label, normalize=self.normalize_error
+            attempt,
+            policy=self.retry_policy,
+            deadline=None,
+            provider=self.label,
+            normalize=self.normalize_error,
         )
 
     async def submit_batch(self, items: Sequence[tuple[int, GenerationRequest]]) -> str:
