@@ -24,12 +24,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gengate.backend import OfflineBatches, unanswered
 from gengate.domain import GenerationRequest, GenerationResult
 from gengate.errors import GengateError, Internal, Unimplemented
-from gengate.jobs.model import ItemResult, Job, JobUsage
+from gengate.jobs.model import ItemResult, Job, JobCodec, JobUsage
 from gengate.jobs.store import JobStore
 from gengate.providers.errors import UPSTREAM_AUTH_FAILED, is_retryable
 
 if TYPE_CHECKING:
-    from gengate.jobs.runner import JobCodec
     from gengate.router import Route, Router
 
 log = logging.getLogger("gengate.jobs")
@@ -186,6 +185,8 @@ class OfflineDriver:
     async def _guarded(self, run: _Run, job: Job) -> None:
         try:
             await self._drive(run, job)
+            if self._runs.get(job.id) is run:
+                del self._runs[job.id]
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -14,33 +14,16 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from gengate.domain import GenerationRequest, GenerationResult
 from gengate.errors import GengateError, Internal
-from gengate.jobs.model import ItemResult, Job, JobUsage, LeasedItem
+from gengate.jobs.model import ItemResult, Job, JobCodec, JobUsage, LeasedItem
 from gengate.jobs.offline import OfflineCore, OfflineDriver
 from gengate.jobs.store import JobStore, runner_identity
 
 log = logging.getLogger("gengate.jobs")
 
 Generate = Callable[[GenerationRequest], Awaitable[GenerationResult]]
-
-
-class JobCodec(Protocol):
-    """How items are stored: the api layer's protobuf encoding, kept out of the jobs layer."""
-
-    def decode_request(self, data: bytes, index: int) -> GenerationRequest:
-        """The item's request; a GengateError (with `requests[i].` fields) makes it that item's error."""
-        ...
-
-    def encode_result(self, result: GenerationResult) -> bytes: ...
-
-    def encode_error(self, error: GengateError, index: int) -> bytes: ...
-
-    def cancelled(self) -> bytes:
-        """The status stored for items a cancel (or a failed job) ends."""
-        ...
 
 
 @dataclass

@@ -345,19 +345,27 @@ class OpenAIBackend(OpenAIChatBackend):
     batch_url: ClassVar[str] = "/v1/chat/completions"  # the batch's endpoint and each line's url
     max_batch_items: int = openai_batch.MAX_BATCH_ITEMS
 
+    @property
+    def _wire(self) -> openai_batch.ChatWire:
+        if self._client is None:
+            raise RuntimeError(f"model {self.name!r} used before start()")
+        return openai_batch.ChatWire(
+            self, self._client, lambda call: self._params(call, stream=False), self._completion
+        )
+
     async def submit_batch(self, items: Sequence[tuple[int, GenerationRequest]]) -> str:
-        return await openai_batch.submit(self, items, url=self.batch_url)
+        return await openai_batch.submit(self._wire, items, url=self.batch_url)
 
     async def batch_status(self, batch_id: str) -> BatchStatus:
-        return await openai_batch.status(self, batch_id)
+        return await openai_batch.status(self._wire, batch_id)
 
     def batch_results(
         self, batch_id: str, items: Mapping[int, GenerationRequest]
     ) -> AsyncIterator[BatchOutcome]:
-        return openai_batch.results(self, batch_id, items)
+        return openai_batch.results(self._wire, batch_id, items)
 
     async def cancel_batch(self, batch_id: str) -> None:
-        await openai_batch.cancel(self, batch_id)
+        await openai_batch.cancel(self._wire, batch_id)
 
 
 # --- Azure ---------------------------------------------------------------------------------------

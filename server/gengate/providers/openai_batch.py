@@ -13,18 +13,16 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from gengate import errors
 from gengate.backend import OFFLINE_BATCH_FAILED, BatchOutcome, BatchState, BatchStatus
 from gengate.domain import GenerationRequest
 from gengate.providers import batching
-from gengate.providers.base import Completion, ProviderCall
+from gengate.providers.base import Completion, ProviderBackend, ProviderCall
 from gengate.providers.errors import from_status, scrub
 from gengate.providers.retry import call_with_retries
-
-if TYPE_CHECKING:
-    from gengate.providers.openai import OpenAIChatBackend
 
 log = logging.getLogger("gengate.providers")
 T = TypeVar("T")
@@ -44,7 +42,17 @@ _STATES = {
 }
 
 
-async def _upstream(backend: OpenAIChatBackend, attempt: Callable[[], Awaitable[T]]) -> T:
+@dataclass(frozen=True)
+class ChatWire:
+    """What the Batch API needs of the chat-completions adapter (providers/openai.py)."""
+
+    backend: ProviderBackend
+    client: Any  # the SDK's AsyncOpenAI / AsyncAzureOpenAI
+    params: Callable[[ProviderCall], dict[str, Any]]  # the online unary call's SDK keywords
+    completion: Callable[[ProviderCall, Any], Completion]  # a chat completion, read as online
+
+
+async def _upstream(backend: ProviderBackend, attempt: Callable[[], Awaitable[T]]) -> T:
     """One SDK call under the provider's retry policy; errors come out as gengate errors."""
     return await call_with_retries(
         attempt,
@@ -55,33 +63,31 @@ async def _upstream(backend: OpenAIChatBackend, attempt: Callable[[], Awaitable[
     )
 
 
-def request_body(backend: OpenAIChatBackend, call: ProviderCall) -> dict[str, Any]:
+def request_body(wire: ChatWire, call: ProviderCall) -> dict[str, Any]:
     """The JSON body of the online unary call: its SDK keywords, with `extra_body` merged in as
     the SDK merges it (over the typed fields) and the client-side `timeout` left out."""
-    params = backend._params(call, stream=False)
+    params = wire.params(call)
     params.pop("timeout", None)
     extra = params.pop("extra_body", None) or {}
     return {**params, **extra}
 
 
-def input_file(backend: OpenAIChatBackend, items: Sequence[tuple[int, GenerationRequest]], url: str) -> bytes:
+def input_file(wire: ChatWire, items: Sequence[tuple[int, GenerationRequest]], url: str) -> bytes:
     """The batch's JSONL input: one request per item (or per choice without native `n`)."""
     lines = [
         json.dumps(
-            {"custom_id": cid, "method": "POST", "url": url, "body": request_body(backend, call)},
+            {"custom_id": cid, "method": "POST", "url": url, "body": request_body(wire, call)},
             ensure_ascii=False,
         )
-        for cid, call in batching.batch_requests(backend, items)
+        for cid, call in batching.batch_requests(wire.backend, items)
     ]
     return ("\n".join(lines) + "\n").encode()
 
 
-async def submit(
-    backend: OpenAIChatBackend, items: Sequence[tuple[int, GenerationRequest]], *, url: str
-) -> str:
+async def submit(wire: ChatWire, items: Sequence[tuple[int, GenerationRequest]], *, url: str) -> str:
+    backend, client = wire.backend, wire.client
     batching.check_size(backend, items, MAX_BATCH_ITEMS)
-    data = input_file(backend, items, url)
-    client = backend._client
+    data = input_file(wire, items, url)
     uploaded = await _upstream(
         backend,
         lambda: client.files.create(file=("gengate-batch.jsonl", data, "application/jsonl"), purpose="batch"),
@@ -100,8 +106,9 @@ def _errors_text(batch: Any) -> str:
     return scrub("; ".join(parts))
 
 
-async def status(backend: OpenAIChatBackend, batch_id: str) -> BatchStatus:
-    batch = await _upstream(backend, lambda: backend._client.batches.retrieve(batch_id))
+async def status(wire: ChatWire, batch_id: str) -> BatchStatus:
+    backend = wire.backend
+    batch = await _upstream(backend, lambda: wire.client.batches.retrieve(batch_id))
     state = _STATES.get(str(batch.status))
     if state is None:
         log.warning("%s: batch %s has an unknown status %r", backend.name, batch_id, batch.status)
@@ -121,21 +128,21 @@ async def status(backend: OpenAIChatBackend, batch_id: str) -> BatchStatus:
     )
 
 
-async def cancel(backend: OpenAIChatBackend, batch_id: str) -> None:
-    await _upstream(backend, lambda: backend._client.batches.cancel(batch_id))
-    log.info("%s: asked %s to cancel batch %s", backend.name, backend.label, batch_id)
+async def cancel(wire: ChatWire, batch_id: str) -> None:
+    await _upstream(wire.backend, lambda: wire.client.batches.cancel(batch_id))
+    log.info("%s: asked %s to cancel batch %s", wire.backend.name, wire.backend.label, batch_id)
 
 
 async def results(
-    backend: OpenAIChatBackend, batch_id: str, items: Mapping[int, GenerationRequest]
+    wire: ChatWire, batch_id: str, items: Mapping[int, GenerationRequest]
 ) -> AsyncIterator[BatchOutcome]:
-    batch = await _upstream(backend, lambda: backend._client.batches.retrieve(batch_id))
-    collector = batching.BatchCollector(backend, items)
+    batch = await _upstream(wire.backend, lambda: wire.client.batches.retrieve(batch_id))
+    collector = batching.BatchCollector(wire.backend, items)
     for file_id in (batch.output_file_id, batch.error_file_id):
         if not file_id:
             continue
-        async for line in _lines(backend, str(file_id)):
-            read = _answer(backend, line)
+        async for line in _lines(wire, str(file_id)):
+            read = _answer(wire, line)
             if read is None:
                 continue
             outcome = collector.add(*read)
@@ -145,9 +152,9 @@ async def results(
         yield outcome
 
 
-async def _lines(backend: OpenAIChatBackend, file_id: str) -> AsyncIterator[str]:
+async def _lines(wire: ChatWire, file_id: str) -> AsyncIterator[str]:
     """A result file's lines as they download (a large file is never held whole)."""
-    stream = backend._client.files.with_streaming_response.content(file_id)
+    stream = wire.client.files.with_streaming_response.content(file_id)
     try:
         async with stream as response:
             async for line in response.iter_lines():
@@ -156,11 +163,12 @@ async def _lines(backend: OpenAIChatBackend, file_id: str) -> AsyncIterator[str]
     except errors.GengateError:
         raise
     except Exception as exc:
-        raise backend.normalize_error(exc) from exc
+        raise wire.backend.normalize_error(exc) from exc
 
 
-def _answer(backend: OpenAIChatBackend, line: str) -> tuple[object, batching.Answer] | None:
+def _answer(wire: ChatWire, line: str) -> tuple[object, batching.Answer] | None:
     """(custom id, answer) of one result line; None for a line that is no JSON object."""
+    backend = wire.backend
     try:
         record = json.loads(line)
     except ValueError:
@@ -174,7 +182,7 @@ def _answer(backend: OpenAIChatBackend, line: str) -> tuple[object, batching.Ans
         status_code = int(response["status_code"])
         body = response.get("body")
         if status_code == 200 and isinstance(body, dict):
-            return cid, _reader(backend, body)
+            return cid, _reader(wire, body)
         return cid, from_status(status_code, body, provider=backend.label)
     error = record.get("error")
     code = str(error.get("code") or "") if isinstance(error, dict) else ""
@@ -190,12 +198,12 @@ def _answer(backend: OpenAIChatBackend, line: str) -> tuple[object, batching.Ans
     )
 
 
-def _reader(backend: OpenAIChatBackend, body: dict[str, Any]) -> Callable[[ProviderCall], Completion]:
+def _reader(wire: ChatWire, body: dict[str, Any]) -> Callable[[ProviderCall], Completion]:
     """Reads a line's chat completion as the SDK would have typed it, then as the online call."""
 
     def read(call: ProviderCall) -> Completion:
         from openai.types.chat import ChatCompletion
 
-        return backend._completion(call, ChatCompletion.construct(**body))
+        return wire.completion(call, ChatCompletion.construct(**body))
 
     return read
