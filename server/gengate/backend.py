@@ -156,8 +156,10 @@ class OfflineBatches(Protocol):
     Errors are gengate errors (the provider's error mapping), never SDK exceptions.
     """
 
-    # The most items one provider batch may hold: a model's larger share is split in several.
-    max_batch_items: int
+    @property
+    def max_batch_items(self) -> int:
+        """The most items one provider batch may hold: a model's larger share is split."""
+        ...
 
     async def submit_batch(self, items: Sequence[tuple[int, GenerationRequest]]) -> str:
         """Sends the items as one provider batch; returns the provider's batch id."""

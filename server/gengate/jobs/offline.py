@@ -82,6 +82,10 @@ def unsupported(model: str, kind: str) -> Unimplemented:
     )
 
 
+def _unexpected(exc: Exception) -> Internal:
+    return Internal(f"item failed: unexpected server error ({type(exc).__name__})", reason="UNEXPECTED")
+
+
 def _read_state(raw: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The job's stored batches: [{model, id, first, last}] (first/last: the index range of the
     model's items that batch holds). ValueError when the stored state is not that."""
@@ -219,8 +223,12 @@ class OfflineDriver:
             try:
                 request = self.codec.decode_request(item.request, item.index)
                 route, request = await self.core.prepare(request)
-            except GengateError as exc:
-                await self._store(run, ItemResult(item.index, self.codec.encode_error(exc, item.index), True))
+            except GengateError as exc:  # refused as the online call would be: its own error
+                await self._store(run, self._error(item.index, exc))
+                continue
+            except Exception as exc:  # one broken item never fails the job
+                log.exception("jobs: item %d of %s could not be prepared", item.index, job.id)
+                await self._store(run, self._error(item.index, _unexpected(exc)))
                 continue
             groups.setdefault(route.name, (route, []))[1].append((item.index, request))
         del leased
@@ -230,7 +238,7 @@ class OfflineDriver:
             if not isinstance(backend, OfflineBatches):
                 error = unsupported(model, route.config.backend)
                 for index, _ in items:
-                    await self._store(run, ItemResult(index, self.codec.encode_error(error, index), True))
+                    await self._store(run, self._error(index, error))
                 continue
             items.sort(key=lambda pair: pair[0])
             known = [b for b in stored if b["model"] == model]
@@ -283,7 +291,7 @@ class OfflineDriver:
                     await asyncio.sleep(self.poll_s)
                     continue
                 for index, _ in chunk:
-                    await self._store(run, ItemResult(index, self.codec.encode_error(exc, index), True))
+                    await self._store(run, self._error(index, exc))
                 return None
 
     async def _follow(self, run: _Run, batch: _Batch) -> None:
@@ -316,19 +324,16 @@ class OfflineDriver:
         if request is None:
             return
         if isinstance(outcome, GengateError):
-            await self._store(run, ItemResult(index, self.codec.encode_error(outcome, index), True))
+            await self._store(run, self._error(index, outcome))
             return
         try:
             result = await self.core.finish(batch.route, request, outcome)
         except GengateError as exc:  # the service's own validation of every structured result
-            await self._store(run, ItemResult(index, self.codec.encode_error(exc, index), True))
+            await self._store(run, self._error(index, exc))
             return
         except Exception as exc:
             log.exception("jobs: item %d of batch %s failed", index, batch.batch_id)
-            error = Internal(
-                f"item failed: unexpected server error ({type(exc).__name__})", reason="UNEXPECTED"
-            )
-            await self._store(run, ItemResult(index, self.codec.encode_error(error, index), True))
+            await self._store(run, self._error(index, _unexpected(exc)))
             return
         u = result.usage
         usage = JobUsage(u.input_tokens, u.output_tokens, u.cached_input_tokens)
@@ -336,8 +341,11 @@ class OfflineDriver:
 
     async def _end_items(self, run: _Run, batch: _Batch, error: GengateError) -> None:
         for index in sorted(batch.items):
-            await self._store(run, ItemResult(index, self.codec.encode_error(error, index), True))
+            await self._store(run, self._error(index, error))
         batch.items.clear()
+
+    def _error(self, index: int, error: GengateError) -> ItemResult:
+        return ItemResult(index, self.codec.encode_error(error, index), failed=True)
 
     async def _store(self, run: _Run, result: ItemResult) -> None:
         if await self.store.complete(run.job_id, result):
