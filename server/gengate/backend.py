@@ -7,7 +7,9 @@ NotImplementedError for a feature.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import enum
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from gengate.domain import (
@@ -23,6 +25,7 @@ from gengate.domain import (
     TokenLogprob,
     Usage,
 )
+from gengate.errors import Cancelled, DeadlineExceeded, GengateError, Unavailable
 
 
 @runtime_checkable
@@ -79,6 +82,100 @@ class ReportsHealth(Protocol):
 
     def add_serving_listener(self, listener: ServingListener) -> None:
         """`listener(serving)` on every change, from any thread."""
+        ...
+
+
+class BatchState(enum.Enum):
+    """Where a provider batch is: still running, or ended one of four ways."""
+
+    RUNNING = "running"
+    ENDED = "ended"  # every request has its result (succeeded or errored)
+    FAILED = "failed"  # the batch as a whole was refused (its input file did not validate)
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"  # the provider's completion window passed
+
+    @property
+    def finished(self) -> bool:
+        return self is not BatchState.RUNNING
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    """A provider batch's state and request counts; `error` says why it failed or expired."""
+
+    state: BatchState
+    total: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    error: str = ""
+
+
+# One item of a provider batch: its job index, and its result or its own error.
+BatchOutcome = tuple[int, GenerationResult | GengateError]
+
+# Why an item of a provider batch has no answer.
+OFFLINE_BATCH_FAILED = "OFFLINE_BATCH_FAILED"
+OFFLINE_BATCH_EXPIRED = "OFFLINE_BATCH_EXPIRED"
+OFFLINE_BATCH_CANCELLED = "OFFLINE_BATCH_CANCELLED"
+OFFLINE_RESULT_MISSING = "OFFLINE_RESULT_MISSING"
+
+
+def unanswered(state: BatchState, provider: str, detail: str = "") -> GengateError:
+    """The error of an item its provider batch gave no answer for, by how the batch ended."""
+    meta = {"provider": provider}
+    why = f": {detail}" if detail else ""
+    if state is BatchState.FAILED:
+        return Unavailable(f"the {provider} batch failed{why}", reason=OFFLINE_BATCH_FAILED, metadata=meta)
+    if state is BatchState.EXPIRED:
+        return DeadlineExceeded(
+            f"the {provider} batch expired (its completion window passed) before this item ran{why}",
+            reason=OFFLINE_BATCH_EXPIRED,
+            metadata=meta,
+        )
+    if state is BatchState.CANCELLED:
+        return Cancelled(
+            f"the {provider} batch was cancelled before this item ran{why}",
+            reason=OFFLINE_BATCH_CANCELLED,
+            metadata=meta,
+        )
+    return Unavailable(
+        f"the {provider} batch ended without a result for this item{why}",
+        reason=OFFLINE_RESULT_MISSING,
+        metadata=meta,
+    )
+
+
+@runtime_checkable
+class OfflineBatches(Protocol):
+    """A backend whose provider has an offline batch API (OpenAI and Azure OpenAI: Batch API;
+    Anthropic: Message Batches): a day's turnaround at about half the price.
+
+    Items arrive prepared by the service core (checked, defaults filled in), keyed by their job
+    index. Every result comes back through the same parsing and structured-output validation as
+    the online call, without re-asks: an invalid output is that item's ABORTED VALIDATION_FAILED.
+    Errors are gengate errors (the provider's error mapping), never SDK exceptions.
+    """
+
+    @property
+    def max_batch_items(self) -> int:
+        """The most items one provider batch may hold: a model's larger share is split."""
+        ...
+
+    async def submit_batch(self, items: Sequence[tuple[int, GenerationRequest]]) -> str:
+        """Sends the items as one provider batch; returns the provider's batch id."""
+        ...
+
+    async def batch_status(self, batch_id: str) -> BatchStatus: ...
+
+    def batch_results(
+        self, batch_id: str, items: Mapping[int, GenerationRequest]
+    ) -> AsyncIterator[BatchOutcome]:
+        """The results of a finished batch for the `items` still wanted (the requests it was
+        built from, by index), as they are downloaded; indices not in `items` are skipped."""
+        ...
+
+    async def cancel_batch(self, batch_id: str) -> None:
+        """Asks the provider to stop the batch (results finished before it stays available)."""
         ...
 
 

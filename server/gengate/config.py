@@ -85,6 +85,8 @@ class JobSettings(BaseModel):
     # A runner that dies leaves its items to the others after this many seconds.
     lease_s: float = Field(default=60.0, gt=0)
     poll_s: float = Field(default=1.0, gt=0)
+    # How often an offline job's provider batches are polled (they take minutes to a day).
+    offline_poll_s: float = Field(default=30.0, gt=0)
 
 
 class ServerSettings(BaseModel):

@@ -93,6 +93,24 @@ class GenerationCore:
             await self.sandbox.check(structured, trial_compile=not native_json, off_loop=large)
         return route, request
 
+    async def prepare(self, request: GenerationRequest) -> tuple[Route, GenerationRequest]:
+        """The route and the checked request (defaults filled in) that `generate` would run:
+        for work that reaches the backend another way (an offline job's provider batch)."""
+        return await self._prepare(request)
+
+    async def finish(
+        self, route: Route, request: GenerationRequest, result: GenerationResult, arrived: float | None = None
+    ) -> GenerationResult:
+        """A backend's result as callers get it: every generation validated against the
+        original constraint (an invalid one raises, never a success), named for the route and
+        the request, timed from `arrived` (time.monotonic()) where given."""
+        for generation in result.generations:
+            await self.validator.check(request.structured_output, generation, result.enforcement.value)
+        timings = result.timings
+        if arrived is not None:
+            timings = dataclasses.replace(timings, total_s=time.monotonic() - arrived)
+        return dataclasses.replace(result, request_id=request.request_id, model=route.name, timings=timings)
+
     def _checked(self, route: Route, request: GenerationRequest) -> GenerationRequest:
         request_id = None if request.request_id else uuid.uuid4().hex
         return prepare(request, route.backend.capabilities, request_id=request_id, limits=self.limits)
@@ -109,10 +127,7 @@ class GenerationCore:
         arrived = time.monotonic()
         route, request = await self._prepare(request)
         result = await route.generate(request, bounded=queue_bounded, background=background)
-        for generation in result.generations:
-            await self.validator.check(request.structured_output, generation, result.enforcement.value)
-        timings = dataclasses.replace(result.timings, total_s=time.monotonic() - arrived)
-        return dataclasses.replace(result, request_id=request.request_id, model=route.name, timings=timings)
+        return await self.finish(route, request, result, arrived)
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         arrived = time.monotonic()

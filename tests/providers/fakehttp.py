@@ -30,6 +30,15 @@ class Json:
 
 
 @dataclass
+class Raw:
+    """Any other reply: bytes with a content type (a file download, a JSONL stream)."""
+
+    body: bytes
+    content_type: str = "application/octet-stream"
+    status: int = 200
+
+
+@dataclass
 class Sse:
     """A server-sent-events reply: (event name or None, data string) pairs, then EOF."""
 
@@ -61,9 +70,10 @@ class Recorded:
     body: Any
     # When the request arrived (time.monotonic()): how long a client waited between attempts.
     arrived_at: float = 0.0
+    raw: bytes = b""  # the body as sent (a multipart upload), `body` its JSON or text reading
 
 
-Handler = Callable[[Recorded], Awaitable[Json | Sse] | Json | Sse]
+Handler = Callable[[Recorded], Awaitable[Json | Sse | Raw] | Json | Sse | Raw]
 
 
 class FakeServer:
@@ -180,6 +190,7 @@ class FakeServer:
                 {k.lower(): v for k, v in request.headers.items()},
                 body,
                 time.monotonic(),
+                raw,
             )
             with self._lock:
                 self.requests.append(rec)
@@ -207,6 +218,8 @@ class FakeServer:
             reply = await result if asyncio.iscoroutine(result) else result
             if isinstance(reply, Json):
                 return web.json_response(reply.body, status=reply.status)
+            if isinstance(reply, Raw):
+                return web.Response(body=reply.body, status=reply.status, content_type=reply.content_type)
             if fault and fault.end_after is not None:
                 reply = Sse(reply.events[: fault.end_after])
             return await self._stream(request, reply, fault.break_after if fault else None)

@@ -163,7 +163,13 @@ async def start_server(
         job_store,
         lambda request: core.generate(request, queue_bounded=False, background=True),
         codec,
-        RunnerSettings(concurrency=jobs.concurrency, lease_s=jobs.lease_s, poll_s=jobs.poll_s),
+        RunnerSettings(
+            concurrency=jobs.concurrency,
+            lease_s=jobs.lease_s,
+            poll_s=jobs.poll_s,
+            offline_poll_s=jobs.offline_poll_s,
+        ),
+        offline=core,
     )
     add_guarded(server, jobs_pb2_grpc.add_BatchJobServiceServicer_to_server,
                 BatchJobServicer(job_store, runner, codec, jobs),

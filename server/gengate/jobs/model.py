@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from gengate.domain import GenerationRequest, GenerationResult
+from gengate.errors import GengateError
 
 
 class JobState(enum.Enum):
@@ -66,3 +70,19 @@ class LeasedItem:
 
     index: int
     request: bytes
+
+
+class JobCodec(Protocol):
+    """How items are stored: the api layer's protobuf encoding, kept out of the jobs layer."""
+
+    def decode_request(self, data: bytes, index: int) -> GenerationRequest:
+        """The item's request; a GengateError (with `requests[i].` fields) makes it that item's error."""
+        ...
+
+    def encode_result(self, result: GenerationResult) -> bytes: ...
+
+    def encode_error(self, error: GengateError, index: int) -> bytes: ...
+
+    def cancelled(self) -> bytes:
+        """The status stored for items a cancel (or a failed job) ends."""
+        ...

@@ -4,6 +4,7 @@ instead of failing on a full queue), and writes each result the moment it is fin
 
 Runners on several replicas share a store: each item is leased to one runner at a time, leases
 are renewed while items run and expire when a runner dies, so its items go to the others.
+Offline jobs (`options.offline`) go to the offline driver (jobs/offline.py): provider batch APIs.
 """
 
 from __future__ import annotations
@@ -13,32 +14,16 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from gengate.domain import GenerationRequest, GenerationResult
 from gengate.errors import GengateError, Internal
-from gengate.jobs.model import ItemResult, Job, JobUsage, LeasedItem
+from gengate.jobs.model import ItemResult, Job, JobCodec, JobUsage, LeasedItem
+from gengate.jobs.offline import OfflineCore, OfflineDriver
 from gengate.jobs.store import JobStore, runner_identity
 
 log = logging.getLogger("gengate.jobs")
 
 Generate = Callable[[GenerationRequest], Awaitable[GenerationResult]]
-
-
-class JobCodec(Protocol):
-    """How items are stored: the api layer's protobuf encoding, kept out of the jobs layer."""
-
-    def decode_request(self, data: bytes, index: int) -> GenerationRequest:
-        """The item's request; a GengateError (with `requests[i].` fields) makes it that item's error."""
-        ...
-
-    def encode_result(self, result: GenerationResult) -> bytes: ...
-
-    def encode_error(self, error: GengateError, index: int) -> bytes: ...
-
-    def cancelled(self) -> bytes:
-        """The status stored for items a cancel (or a failed job) ends."""
-        ...
 
 
 @dataclass
@@ -48,6 +33,7 @@ class RunnerSettings:
     concurrency: int = 8  # items in flight across all jobs of this server
     lease_s: float = 60.0  # a dead runner's items go back to the others after this
     poll_s: float = 1.0  # how often to look for work when nothing woke the runner
+    offline_poll_s: float = 30.0  # how often an offline job's provider batches are polled
 
 
 @dataclass
@@ -60,13 +46,32 @@ class JobRunner:
     """Runs the store's jobs in the background of one server."""
 
     def __init__(
-        self, store: JobStore, generate: Generate, codec: JobCodec, settings: RunnerSettings | None = None
+        self,
+        store: JobStore,
+        generate: Generate,
+        codec: JobCodec,
+        settings: RunnerSettings | None = None,
+        *,
+        offline: OfflineCore | None = None,
     ) -> None:
         self.store = store
         self.generate = generate
         self.codec = codec
         self.settings = settings or RunnerSettings()
         self.owner = runner_identity()
+        # Without a core to check items with, offline jobs run online like the others.
+        self.offline = (
+            None
+            if offline is None
+            else OfflineDriver(
+                store,
+                offline,
+                codec,
+                self.owner,
+                lease_s=self.settings.lease_s,
+                poll_s=self.settings.offline_poll_s,
+            )
+        )
         self._running: dict[str, _Running] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -93,6 +98,8 @@ class JobRunner:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.offline is not None:  # the provider batches run on; a restart resumes polling them
+            await self.offline.aclose()
         items = [(job_id, list(r.tasks)) for job_id, r in self._running.items()]
         for running in self._running.values():
             for task in running.tasks.values():
@@ -111,6 +118,8 @@ class JobRunner:
         if running is not None:
             for task in running.tasks.values():
                 task.cancel()
+        if self.offline is not None:  # an offline job's provider batches are cancelled upstream too
+            await self.offline.cancel(job_id)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -130,6 +139,9 @@ class JobRunner:
     async def _fill(self) -> None:
         """Leases items for the runnable jobs, by priority, up to the concurrency limits."""
         for job in await self.store.runnable():
+            if job.options.offline and self.offline is not None:
+                self.offline.ensure(job)  # no online slots: the provider runs the items
+                continue
             free = self.settings.concurrency - self.in_flight
             if free <= 0:
                 return
@@ -189,7 +201,7 @@ class JobRunner:
         """Keeps this runner's leases alive while their items run."""
         while True:
             await asyncio.sleep(self.settings.lease_s / 3)
-            if self.in_flight:
+            if self.in_flight or (self.offline is not None and self.offline.holding):
                 try:
                     await self.store.renew(self.owner, self.settings.lease_s)
                 except Exception:

@@ -2,18 +2,21 @@
 
 JSON Schema and choices are enforced natively with `output_config.format` (json_schema, the
 schema adapted by the SDK's own `transform_schema`); regex and JSON-object are prompted and
-validated; grammars are refused. Anthropic has no `n`: the base fans out.
+validated; grammars are refused. Anthropic has no `n`: the base fans out. Offline jobs go
+through Message Batches (one request per item and choice, each the online call's body).
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import anthropic
 from pydantic import Field
 
+from gengate import errors
+from gengate.backend import BatchOutcome, BatchState, BatchStatus
 from gengate.domain import (
     ConstraintKind,
     Enforcement,
@@ -26,6 +29,7 @@ from gengate.domain import (
     TextPart,
     Usage,
 )
+from gengate.providers import batching
 from gengate.providers import structured as so
 from gengate.providers.base import (
     Chunk,
@@ -39,6 +43,10 @@ from gengate.providers.base import (
     check_event_stream,
     map_finish_reason,
 )
+from gengate.providers.errors import from_status
+from gengate.providers.retry import call_with_retries
+
+T = TypeVar("T")
 
 # Keywords Anthropic's structured outputs enforce; anything else is moved into a description by
 # `transform_schema`, so the result is then only VALIDATED.
@@ -195,7 +203,11 @@ class AnthropicBackend(ProviderBackend):
         return params
 
     async def _complete(self, call: ProviderCall) -> Completion:
-        message = await self.client.messages.create(**self._params(call))
+        return self._completion(await self.client.messages.create(**self._params(call)))
+
+    @staticmethod
+    def _completion(message: Any) -> Completion:
+        """A Message (the SDK's object) as one generation and its usage."""
         text = "".join(block.text for block in message.content if block.type == "text")
         generation = Generation(
             index=0,
@@ -221,3 +233,100 @@ class AnthropicBackend(ProviderBackend):
                     yield ChunkUsage(input_tokens, event.usage.output_tokens)
         finally:
             await stream.close()
+
+    # --- Message Batches (backend.OfflineBatches) ----------------------------------------------
+
+    @property
+    def max_batch_items(self) -> int:
+        """Anthropic takes 100,000 requests a batch; an item takes one per choice (no `n`)."""
+        return MAX_BATCH_REQUESTS // self.options.max_n
+
+    async def _upstream(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        return await call_with_retries(
+            attempt,
+            policy=self.retry_policy,
+            deadline=None,
+            provider=self.label,
+            normalize=self.normalize_error,
+        )
+
+    async def submit_batch(self, items: Sequence[tuple[int, GenerationRequest]]) -> str:
+        """One Message Batch: each request's `params` is the online call's body (`_params`)."""
+        batching.check_size(self, items, self.max_batch_items)
+        requests: list[Any] = []
+        for cid, call in batching.batch_requests(self, items):
+            params = self._params(call)
+            params.pop("timeout", None)  # the SDK's, not the API's
+            requests.append({"custom_id": cid, "params": params})
+        batch = await self._upstream(lambda: self.client.messages.batches.create(requests=requests))
+        return batch.id
+
+    async def batch_status(self, batch_id: str) -> BatchStatus:
+        batch = await self._upstream(lambda: self.client.messages.batches.retrieve(batch_id))
+        counts = batch.request_counts
+        total = counts.processing + counts.succeeded + counts.errored + counts.canceled + counts.expired
+        if batch.processing_status != "ended":
+            state = BatchState.RUNNING
+        elif counts.succeeded + counts.errored == 0 and counts.expired:
+            state = BatchState.EXPIRED
+        elif batch.cancel_initiated_at is not None:
+            state = BatchState.CANCELLED
+        else:
+            state = BatchState.ENDED  # each canceled or expired request says so in its result
+        error = "the Anthropic batch expired before any item ran" if state is BatchState.EXPIRED else ""
+        return BatchStatus(state, total, counts.succeeded, counts.errored + counts.expired, error)
+
+    async def batch_results(
+        self, batch_id: str, items: Mapping[int, GenerationRequest]
+    ) -> AsyncIterator[BatchOutcome]:
+        collector = batching.BatchCollector(self, items)
+        decoder = await self._upstream(lambda: self.client.messages.batches.results(batch_id))
+        try:
+            async for entry in decoder:
+                outcome = collector.add(entry.custom_id, self._batch_answer(entry.result))
+                if outcome is not None:
+                    yield outcome
+        except errors.GengateError:
+            raise
+        except Exception as exc:
+            raise self.normalize_error(exc) from exc
+        finally:
+            await decoder.close()
+        for outcome in collector.unfinished():
+            yield outcome
+
+    def _batch_answer(self, result: Any) -> batching.Answer:
+        kind = getattr(result, "type", None)
+        if kind == "succeeded":
+            message = result.message
+            return lambda call: self._completion(message)
+        if kind == "canceled":
+            return batching.cancelled(self.label)
+        if kind == "expired":
+            return batching.expired(self.label)
+        inner = getattr(getattr(result, "error", None), "error", None)
+        error_type = str(getattr(inner, "type", "") or "api_error")
+        message = str(getattr(inner, "message", "") or "")
+        status = _ERROR_STATUS.get(error_type, 500)
+        return from_status(status, message, provider=self.label, error_type=error_type)
+
+    async def cancel_batch(self, batch_id: str) -> None:
+        await self._upstream(lambda: self.client.messages.batches.cancel(batch_id))
+
+
+# Anthropic's limit on requests in one Message Batch (and 256 MB).
+MAX_BATCH_REQUESTS = 100_000
+
+# The HTTP status each Anthropic error type comes with, for an errored batch request.
+_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}

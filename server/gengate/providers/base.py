@@ -369,7 +369,16 @@ class ProviderBackend(abc.ABC):
             gens, extra = await self._enforce(call, gens)
             usage = usage + extra
             enforcement = call.plan.enforcement
-        total = time.monotonic() - started
+        return self._result(request, gens, usage, enforcement, Timings(total_s=time.monotonic() - started))
+
+    def _result(
+        self,
+        request: GenerationRequest,
+        gens: list[Generation],
+        usage: Usage,
+        enforcement: Enforcement,
+        timings: Timings,
+    ) -> GenerationResult:
         return GenerationResult(
             request_id=request.request_id,
             model=self.name,
@@ -378,8 +387,26 @@ class ProviderBackend(abc.ABC):
             enforcement=enforcement,
             effective_sampling=request.sampling,
             effective_stopping=request.stopping,
-            timings=Timings(total_s=total),
+            timings=timings,
         )
+
+    def offline_result(self, call: ProviderCall, completion: Completion) -> GenerationResult:
+        """A provider batch's answer to one item, as `generate` would have returned it: the same
+        choices, usage and structured-output validation against the original constraint, but no
+        re-ask (a batch answers once): an invalid output raises Aborted VALIDATION_FAILED."""
+        gens = completion.generations[: call.n]
+        if len(gens) < call.n:
+            raise errors.Unavailable(f"{self.label} returned {len(gens)} of {call.n} choices")
+        gens = [replace(g, index=i) for i, g in enumerate(gens)]
+        usage = self._usage_or_estimate(completion, call)
+        enforcement = Enforcement.NONE
+        if call.plan is not None:
+            gens, pending = self._validated(call.plan, gens)
+            if pending:
+                index, (_, error) = min(pending.items())
+                raise validation_failed(index, 1, error, kind=call.plan.kind, source=self.label)
+            enforcement = call.plan.enforcement
+        return self._result(call.request, gens, usage, enforcement, Timings())
 
     # --- structured output: validate, re-ask ---------------------------------------------------
 
@@ -394,17 +421,7 @@ class ProviderBackend(abc.ABC):
         plan = call.plan
         assert plan is not None
         extra = Usage()
-        out = list(gens)
-        pending: dict[int, tuple[str, str]] = {}  # index -> (raw text, error)
-        for i, g in enumerate(out):
-            if g.finish_reason in (FinishReason.REFUSAL, FinishReason.CONTENT_FILTER):
-                continue  # reported as the finish reason, not as structured output
-            text = self._final_text(plan, g.text)
-            error = validate_output(plan.structured, text)
-            if error is None:
-                out[i] = replace(g, text=text)
-            else:
-                pending[i] = (g.text, error)
+        out, pending = self._validated(plan, gens)
         for attempt in range(self.options.validation_retries):
             if not pending:
                 break
@@ -434,6 +451,25 @@ class ProviderBackend(abc.ABC):
             tries = 1 + self.options.validation_retries
             raise validation_failed(index, tries, error, kind=plan.kind, source=self.label)
         return out, extra
+
+    def _validated(
+        self, plan: so.StructuredPlan, gens: list[Generation]
+    ) -> tuple[list[Generation], dict[int, tuple[str, str]]]:
+        """The generations with their final text where valid, and the invalid ones by index
+        (raw text, error). Refusals and filtered outputs are left as they are (their finish
+        reason says so)."""
+        out = list(gens)
+        pending: dict[int, tuple[str, str]] = {}
+        for i, g in enumerate(out):
+            if g.finish_reason in (FinishReason.REFUSAL, FinishReason.CONTENT_FILTER):
+                continue  # reported as the finish reason, not as structured output
+            text = self._final_text(plan, g.text)
+            error = validate_output(plan.structured, text)
+            if error is None:
+                out[i] = replace(g, text=text)
+            else:
+                pending[i] = (g.text, error)
+        return out, pending
 
     def _reask_call(self, call: ProviderCall, bad_text: str, error: str) -> ProviderCall:
         feedback = (

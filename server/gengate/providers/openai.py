@@ -1,7 +1,7 @@
 """OpenAI chat completions through the official `openai` SDK, and the OpenAI-compatible family:
 Azure OpenAI, Together, Groq, Anyscale, vLLM server, SGLang, llama.cpp server, any other.
 
-One adapter (`OpenAIBackend`) translates domain requests to the chat-completions wire format;
+One adapter (`OpenAIChatBackend`) translates domain requests to the chat-completions wire format;
 each family member only says how it takes structured output and which quirks it has.
 """
 
@@ -11,12 +11,13 @@ import dataclasses
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
 from gengate import errors
+from gengate.backend import BatchOutcome, BatchStatus
 from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     SAMPLING_FIELDS,
@@ -36,6 +37,7 @@ from gengate.domain import (
     TopLogprob,
     Usage,
 )
+from gengate.providers import openai_batch
 from gengate.providers import structured as so
 from gengate.providers.base import (
     Chunk,
@@ -100,8 +102,9 @@ class OpenAIOptions(ProviderOptions):
         return value
 
 
-class OpenAIBackend(ProviderBackend):
-    """OpenAI's chat completions API (api.openai.com or a compatible proxy at `base_url`)."""
+class OpenAIChatBackend(ProviderBackend):
+    """The chat-completions adapter every member of the family shares (OpenAIBackend is
+    OpenAI's own API; OpenAICompatibleBackend the servers that only speak chat completions)."""
 
     kind: ClassVar[str] = "openai"
     Options: ClassVar[type[ProviderOptions]] = OpenAIOptions
@@ -232,6 +235,10 @@ class OpenAIBackend(ProviderBackend):
 
     async def _complete(self, call: ProviderCall) -> Completion:
         response = await self._client.chat.completions.create(**self._params(call, stream=False))
+        return self._completion(call, response)
+
+    def _completion(self, call: ProviderCall, response: Any) -> Completion:
+        """A chat completion (the SDK's object) as choices and usage."""
         stops = call.request.stopping.stop
         gens: list[Generation] = []
         for choice in response.choices or ():
@@ -331,6 +338,36 @@ def _wire_messages(call: ProviderCall) -> list[dict[str, Any]]:
     return out
 
 
+class OpenAIBackend(OpenAIChatBackend):
+    """OpenAI's chat completions API (api.openai.com or a compatible proxy at `base_url`), and
+    its Batch API for offline jobs (backend.OfflineBatches; providers/openai_batch.py)."""
+
+    batch_url: ClassVar[str] = "/v1/chat/completions"  # the batch's endpoint and each line's url
+    max_batch_items: int = openai_batch.MAX_BATCH_ITEMS
+
+    @property
+    def _wire(self) -> openai_batch.ChatWire:
+        if self._client is None:
+            raise RuntimeError(f"model {self.name!r} used before start()")
+        return openai_batch.ChatWire(
+            self, self._client, lambda call: self._params(call, stream=False), self._completion
+        )
+
+    async def submit_batch(self, items: Sequence[tuple[int, GenerationRequest]]) -> str:
+        return await openai_batch.submit(self._wire, items, url=self.batch_url)
+
+    async def batch_status(self, batch_id: str) -> BatchStatus:
+        return await openai_batch.status(self._wire, batch_id)
+
+    def batch_results(
+        self, batch_id: str, items: Mapping[int, GenerationRequest]
+    ) -> AsyncIterator[BatchOutcome]:
+        return openai_batch.results(self._wire, batch_id, items)
+
+    async def cancel_batch(self, batch_id: str) -> None:
+        await openai_batch.cancel(self._wire, batch_id)
+
+
 # --- Azure ---------------------------------------------------------------------------------------
 
 
@@ -342,11 +379,14 @@ class AzureOpenAIOptions(OpenAIOptions):
 
 
 class AzureOpenAIBackend(OpenAIBackend):
-    """Azure OpenAI: same wire format, a deployment instead of a model, an api-version query."""
+    """Azure OpenAI: same wire format, a deployment instead of a model, an api-version query.
+    Its Batch API (a Global Batch deployment) takes `/chat/completions` as the endpoint and url,
+    with the deployment as each line's `model`."""
 
     kind: ClassVar[str] = "azure_openai"
     Options: ClassVar[type[ProviderOptions]] = AzureOpenAIOptions
     label: ClassVar[str] = "Azure OpenAI"
+    batch_url: ClassVar[str] = "/chat/completions"
     options: AzureOpenAIOptions
 
     def _make_client(self) -> Any:
@@ -370,7 +410,7 @@ class AzureOpenAIBackend(OpenAIBackend):
 # --- OpenAI-compatible servers ------------------------------------------------------------------
 
 
-class OpenAICompatibleBackend(OpenAIBackend):
+class OpenAICompatibleBackend(OpenAIChatBackend):
     """Any server speaking chat completions at `base_url`. Nothing is assumed enforced: every
     constraint is prompted and validated unless a specific kind below says otherwise."""
 
