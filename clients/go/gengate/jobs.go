@@ -123,7 +123,7 @@ func (j *BatchJobs) Create(ctx context.Context, reqs []*Request, opts ...CreateO
 // JSON object of GenerateRequest fields (`prompt` as text, `messages` as {"role", "content"}
 // objects), usually with WithItemDefaults for the model. Blank lines are skipped; a line the
 // server cannot read is that item's INVALID_ARGUMENT, not the job's. If reading r fails, the
-// upload is abandoned (the server keeps no job) and the read error is returned.
+// upload is abandoned (cancelled: the server runs none of it) and the read error is returned.
 func (j *BatchJobs) CreateFromJSONL(ctx context.Context, r io.Reader, opts ...CreateOption) (*BatchJob, error) {
 	return j.upload(ctx, newCreateConfig(opts), func(send func(*gengatev1.UploadBatchJobRequest) bool) error {
 		lines := bufio.NewReader(r)
@@ -161,7 +161,7 @@ func (j *BatchJobs) upload(ctx context.Context, cfg *createConfig, items func(se
 	if send(&gengatev1.UploadBatchJobRequest{Part: &gengatev1.UploadBatchJobRequest_Header{Header: cfg.header}}) {
 		if err := items(send); err != nil {
 			// Cancelled without a half-close: the server never sees the end of the upload,
-			// so it stores no job of the items sent so far.
+			// so it runs none of the items sent so far.
 			cancel()
 			return nil, err
 		}
