@@ -1,5 +1,6 @@
 // Package gengate is a small typed client for the gengate.v1 GenerationService: text,
-// streams, batches and structured output decoded into Go types, over one gRPC connection.
+// streams, batches and structured output decoded into Go types, over one gRPC connection;
+// and for the BatchJobService (Client.BatchJobs): durable jobs that run on the server.
 //
 // The generated API lives in github.com/gengate/gengate/clients/go/gen/gengate/v1; this
 // package re-exports its request and response types and adds TLS and auth options, typed
@@ -39,6 +40,7 @@ type (
 type Client struct {
 	conn *grpc.ClientConn
 	rpc  gengatev1.GenerationServiceClient
+	jobs *BatchJobs
 	md   metadata.MD
 }
 
@@ -129,7 +131,9 @@ func Dial(addr string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{conn: conn, rpc: gengatev1.NewGenerationServiceClient(conn), md: cfg.md}, nil
+	c := &Client{conn: conn, rpc: gengatev1.NewGenerationServiceClient(conn), md: cfg.md}
+	c.jobs = &BatchJobs{c: c, rpc: gengatev1.NewBatchJobServiceClient(conn)}
+	return c, nil
 }
 
 // Close releases the connection.

@@ -34,6 +34,8 @@ type fakeServer struct {
 	slowEndedOnce sync.Once
 	// jsonText is what a json_schema request gets back.
 	jsonText string
+	// jobs is the BatchJobService served beside it.
+	jobs *fakeJobs
 }
 
 func (f *fakeServer) record(ctx context.Context, req *gengatev1.GenerateRequest) {
@@ -176,6 +178,8 @@ func startFake(t *testing.T, creds credentials.TransportCredentials) (*fakeServe
 	srv := grpc.NewServer(opts...)
 	fake := &fakeServer{cancelled: make(chan struct{}), slowEnded: make(chan struct{}), jsonText: `{"name":"Ada","age":36}`}
 	gengatev1.RegisterGenerationServiceServer(srv, fake)
+	fake.jobs = newFakeJobs(fake)
+	gengatev1.RegisterBatchJobServiceServer(srv, fake.jobs)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	return fake, lis.Addr().String()

@@ -5,6 +5,7 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import type { z } from "zod";
 
 import { GengateError } from "./errors.js";
+import { BatchJobService } from "./gen/gengate/v1/jobs_pb.js";
 import {
   GenerateRequestSchema,
   GenerationService,
@@ -13,6 +14,7 @@ import {
   type GenerateStreamResponse,
 } from "./gen/gengate/v1/generation_pb.js";
 import { StructuredOutputSchema, type ModelInfo } from "./gen/gengate/v1/types_pb.js";
+import { BatchJobs } from "./jobs.js";
 import { jsonSchema, parseWithZod, schemaFromZod } from "./structured.js";
 import { tracingInterceptor, type TracingOptions } from "./tracing.js";
 
@@ -91,6 +93,8 @@ function baseUrl(address: string, tls: ClientOptions["tls"]): string {
 export class GengateClient {
   private readonly rpc: ConnectClient<typeof GenerationService>;
   private readonly options: ClientOptions;
+  /** Durable batch jobs (the BatchJobService), over the same connection and options. */
+  readonly batchJobs: BatchJobs;
 
   constructor(options: ClientOptions) {
     this.options = options;
@@ -105,6 +109,7 @@ export class GengateClient {
       ...(options.timeoutMs !== undefined ? { defaultTimeoutMs: options.timeoutMs } : {}),
     });
     this.rpc = createClient(GenerationService, transport);
+    this.batchJobs = new BatchJobs(createClient(BatchJobService, transport), (o) => this.callOptions(o));
   }
 
   private callOptions(options: CallOptions = {}) {

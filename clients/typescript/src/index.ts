@@ -10,6 +10,13 @@ export {
   type ObjectResult,
   type TlsOptions,
 } from "./client.js";
+export {
+  BatchJobs,
+  UPLOAD_ABOVE,
+  type CreateJobOptions,
+  type ListJobsOptions,
+  type ResultsOptions,
+} from "./jobs.js";
 export { Code, GengateError, InvalidOutputError, type FieldViolation } from "./errors.js";
 export {
   choice,
@@ -24,3 +31,4 @@ export {
 export { tracingInterceptor, type TracingOptions } from "./tracing.js";
 export * from "./gen/gengate/v1/generation_pb.js";
 export * from "./gen/gengate/v1/types_pb.js";
+export * from "./gen/gengate/v1/jobs_pb.js";

@@ -1,20 +1,35 @@
-/** An in-process GenerationService (connect-node over HTTP/2) that records what it receives. */
+/**
+ * An in-process GenerationService and BatchJobService (connect-node over HTTP/2) that records
+ * what it receives.
+ */
 import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 
-import { create } from "@bufbuild/protobuf";
+import { clone, create, fromJsonString, mergeFromBinary, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError, type ConnectRouter, type HandlerContext } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 
 import {
+  GenerateRequestSchema,
   GenerateResponseSchema,
   GenerationService,
   type GenerateRequest,
   type GenerateStreamResponse,
 } from "../src/gen/gengate/v1/generation_pb.js";
+import {
+  BatchJobSchema,
+  BatchJobService,
+  BatchJobState,
+  type BatchJob,
+  type BatchJobHeader,
+  type CreateBatchJobRequest,
+  type ListBatchJobsRequest,
+  type StreamBatchJobResultsRequest,
+  type StreamBatchJobResultsResponse,
+} from "../src/gen/gengate/v1/jobs_pb.js";
 import { BadRequestSchema, ErrorInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
 import { FinishReason } from "../src/gen/gengate/v1/types_pb.js";
-import { StatusSchema } from "../src/gen/google/rpc/status_pb.js";
+import { StatusSchema, type Status } from "../src/gen/google/rpc/status_pb.js";
 import { anyPack } from "@bufbuild/protobuf/wkt";
 
 export interface Fake {
@@ -26,7 +41,37 @@ export interface Fake {
   /** Resolves when the server saw a "slow" unary call end (deadline passed or caller gone); the slow call never answers on its own. */
   slowEnded: Promise<void>;
   jsonText: string;
+  jobs: FakeJobs;
   close(): Promise<void>;
+}
+
+/**
+ * The in-memory BatchJobService. A job's items are answered when it is created (by the
+ * Generate rules), except items whose prompt is "pending": they stay unfinished, and the job
+ * RUNNING, until the job is cancelled.
+ */
+export interface FakeJobs {
+  /** Each RPC received ("createBatchJob", "uploadBatchJob", ...), in order. */
+  calls: string[];
+  /** What the last calls carried. */
+  last: {
+    headers?: Headers;
+    create?: CreateBatchJobRequest;
+    header?: BatchJobHeader;
+    list?: ListBatchJobsRequest;
+    results?: StreamBatchJobResultsRequest;
+  };
+  /** How each upload ended: "stored"; "refused" (a message after the header that is no item);
+   * "aborted" (the caller went away before the end). */
+  uploads: string[];
+  /** Resolves once `count` uploads have ended. */
+  uploadsEnded(count: number): Promise<void>;
+}
+
+interface StoredJob {
+  job: BatchJob;
+  /** undefined: not finished. */
+  results: (StreamBatchJobResultsResponse | undefined)[];
 }
 
 function check(req: GenerateRequest): ConnectError | undefined {
@@ -46,6 +91,17 @@ function check(req: GenerateRequest): ConnectError | undefined {
   }
   return undefined;
 }
+
+/** A ConnectError as the google.rpc.Status a batch item carries. */
+function statusOf(err: ConnectError): Status {
+  const details = err.details.map((d) => ("desc" in d ? anyPack(d.desc, create(d.desc, d.value)) : undefined)).filter((d) => d !== undefined);
+  return create(StatusSchema, { code: err.code, message: err.rawMessage, details });
+}
+
+const jobError = (code: Code, reason: string, message: string): ConnectError =>
+  new ConnectError(message, code, undefined, [{ desc: ErrorInfoSchema, value: { reason, domain: "gengate.dev" } }]);
+
+const FINISHED = [BatchJobState.SUCCEEDED, BatchJobState.FAILED, BatchJobState.CANCELLED];
 
 const sleep = (ms: number, signal?: AbortSignal): Promise<void> =>
   new Promise((resolve, reject) => {
@@ -73,7 +129,64 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
     cancelled: new Promise((resolve) => (markCancelled = resolve)),
     slowEnded: new Promise((resolve) => (markSlowEnded = resolve)),
     jsonText: '{"name":"Ada","age":36}',
+    jobs: { calls: [], last: {}, uploads: [], uploadsEnded: () => Promise.resolve() },
     close: async () => {},
+  };
+  const stored: StoredJob[] = [];
+  // Resolved (and replaced) whenever a job changes, waking following streams.
+  let changed!: () => void;
+  let change = new Promise<void>((resolve) => (changed = resolve));
+  const notify = (): void => {
+    const wake = changed;
+    change = new Promise<void>((resolve) => (changed = resolve));
+    wake();
+  };
+  const uploadWaiters: { count: number; resolve: () => void }[] = [];
+  fake.jobs.uploadsEnded = (count) =>
+    fake.jobs.uploads.length >= count ? Promise.resolve() : new Promise((resolve) => uploadWaiters.push({ count, resolve }));
+  const uploadEnded = (outcome: string): void => {
+    fake.jobs.uploads.push(outcome);
+    for (const w of uploadWaiters.filter((w) => fake.jobs.uploads.length >= w.count)) {
+      uploadWaiters.splice(uploadWaiters.indexOf(w), 1);
+      w.resolve();
+    }
+  };
+  const called = (name: string, ctx: HandlerContext): void => {
+    fake.jobs.calls.push(name);
+    fake.jobs.last.headers = new Headers(ctx.requestHeader);
+  };
+  const find = (id: string): StoredJob => {
+    const found = stored.find((s) => s.job.id === id);
+    if (!found) throw jobError(Code.NotFound, "JOB_NOT_FOUND", `no batch job ${JSON.stringify(id)}`);
+    return found;
+  };
+  /** Stores a job of items (an error stands for an item refused with it). */
+  const store = (header: Pick<BatchJobHeader, "displayName" | "idempotencyKey" | "options">, items: (GenerateRequest | ConnectError)[]): BatchJob => {
+    const job = create(BatchJobSchema, {
+      id: `job-${(stored.length + 1).toString(16).padStart(24, "0")}`,
+      displayName: header.displayName,
+      idempotencyKey: header.idempotencyKey,
+      options: header.options,
+      total: BigInt(items.length),
+      state: BatchJobState.SUCCEEDED,
+    });
+    const results = items.map((item, i): StreamBatchJobResultsResponse | undefined => {
+      const index = BigInt(i);
+      if (!(item instanceof ConnectError) && item.input.case === "prompt" && item.input.value === "pending") {
+        job.state = BatchJobState.RUNNING;
+        return undefined;
+      }
+      job.done++;
+      const err = item instanceof ConnectError ? item : check(item);
+      if (err) {
+        job.failed++;
+        return { index, result: { case: "error", value: statusOf(err) } } as StreamBatchJobResultsResponse;
+      }
+      return { index, result: { case: "response", value: answer(item as GenerateRequest) } } as StreamBatchJobResultsResponse;
+    });
+    stored.push({ job, results });
+    notify();
+    return clone(BatchJobSchema, job);
   };
   const record = (req: GenerateRequest | undefined, ctx: HandlerContext): void => {
     fake.headers.push(new Headers(ctx.requestHeader));
@@ -89,6 +202,97 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
     });
   };
   const routes = (router: ConnectRouter): void => {
+    router.service(BatchJobService, {
+      async createBatchJob(req, ctx) {
+        called("createBatchJob", ctx);
+        fake.jobs.last.create = req;
+        if (req.requests.length === 0) throw new ConnectError("requests must contain at least one request", Code.InvalidArgument);
+        return { job: store(req, req.requests) };
+      },
+      async uploadBatchJob(messages, ctx) {
+        called("uploadBatchJob", ctx);
+        const items: (GenerateRequest | ConnectError)[] = [];
+        let header: BatchJobHeader | undefined;
+        try {
+          for await (const message of messages) {
+            const part = message.part;
+            if (!header) {
+              if (part.case !== "header") throw new ConnectError("the first message of an upload must be the header", Code.InvalidArgument);
+              header = fake.jobs.last.header = part.value;
+              continue;
+            }
+            let item: GenerateRequest | ConnectError;
+            if (part.case === "request") {
+              item = part.value;
+            } else if (part.case === "jsonLine") {
+              try {
+                item = fromJsonString(GenerateRequestSchema, part.value);
+              } catch (e) {
+                item = new ConnectError(`requests[${items.length}] is not a JSON request: ${String(e)}`, Code.InvalidArgument);
+              }
+            } else {
+              uploadEnded("refused");
+              throw new ConnectError("only the first message is a header", Code.InvalidArgument);
+            }
+            if (header.defaults && !(item instanceof ConnectError)) {
+              item = mergeFromBinary(GenerateRequestSchema, clone(GenerateRequestSchema, header.defaults), toBinary(GenerateRequestSchema, item));
+            }
+            items.push(item);
+          }
+        } catch (e) {
+          if (ctx.signal.aborted) uploadEnded("aborted"); // the caller went away before the end: no job
+          throw e;
+        }
+        if (!header) throw new ConnectError("an upload must start with the header", Code.InvalidArgument);
+        const job = store(header, items);
+        uploadEnded("stored");
+        return { job };
+      },
+      async getBatchJob(req, ctx) {
+        called("getBatchJob", ctx);
+        return { job: clone(BatchJobSchema, find(req.id).job) };
+      },
+      async listBatchJobs(req, ctx) {
+        called("listBatchJobs", ctx);
+        fake.jobs.last.list = req;
+        const size = req.pageSize || 50;
+        const start = req.pageToken ? Number(req.pageToken) : 0;
+        const newest = [...stored].reverse();
+        return {
+          jobs: newest.slice(start, start + size).map((s) => clone(BatchJobSchema, s.job)),
+          nextPageToken: start + size < newest.length ? String(start + size) : "",
+        };
+      },
+      async cancelBatchJob(req, ctx) {
+        called("cancelBatchJob", ctx);
+        const found = find(req.id);
+        if (FINISHED.includes(found.job.state)) {
+          throw jobError(Code.FailedPrecondition, "JOB_FINISHED", `batch job ${found.job.id} has already ended`);
+        }
+        const cancelled = statusOf(jobError(Code.Canceled, "JOB_CANCELLED", "the batch job was cancelled before this item finished"));
+        found.results = found.results.map((r, i) => {
+          if (r) return r;
+          found.job.done++;
+          found.job.failed++;
+          return { index: BigInt(i), result: { case: "error", value: cancelled } } as StreamBatchJobResultsResponse;
+        });
+        found.job.state = BatchJobState.CANCELLED;
+        notify();
+        return { job: clone(BatchJobSchema, found.job) };
+      },
+      async *streamBatchJobResults(req, ctx) {
+        called("streamBatchJobResults", ctx);
+        fake.jobs.last.results = req;
+        let next = req.afterIndex === undefined ? 0 : Number(req.afterIndex) + 1;
+        for (;;) {
+          const found = find(req.id);
+          const wait = change;
+          for (let r = found.results[next]; r !== undefined; r = found.results[++next]) yield r;
+          if (next >= found.results.length || !req.follow) return;
+          await Promise.race([wait, untilAborted(ctx.signal)]);
+        }
+      },
+    });
     router.service(GenerationService, {
       async generate(req, ctx) {
         record(req, ctx);
@@ -129,8 +333,7 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
           record(item, ctx);
           const err = check(item);
           if (err) {
-            const details = err.details.map((d) => ("desc" in d ? anyPack(d.desc, create(d.desc, d.value)) : undefined)).filter((d) => d !== undefined);
-            yield { index, result: { case: "error", value: create(StatusSchema, { code: err.code, message: err.rawMessage, details }) } };
+            yield { index, result: { case: "error", value: statusOf(err) } };
           } else {
             yield { index, result: { case: "response", value: answer(item) } };
           }
