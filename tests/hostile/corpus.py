@@ -191,6 +191,14 @@ CASES: list[Case] = [
         "lark chain 5,000 rules (was SIGSEGV)", lambda: lark(chain_lark(5000)), INVALID, LIMIT, GRAMMAR_FIELD
     ),
     Case("lark chain 20,000 rules", lambda: lark(chain_lark(20000)), INVALID, LIMIT, GRAMMAR_FIELD),
+    # a rule that never ends: the grammar is accepted, then nothing can follow its first "a"
+    # (found by the fuzzer: was INTERNAL "constraint matcher error: NoExtensionBias")
+    Case(
+        "lark rule that never ends",
+        lambda: lark('start: r0\nr0: "a" r2\nr2: r2\n'),
+        INVALID,
+        "CONSTRAINT_UNSATISFIABLE",
+    ),
     Case(
         "gbnf chain 5,000 rules",
         lambda: lark(chain_gbnf(5000), syntax=t.GRAMMAR_SYNTAX_GBNF),

@@ -18,7 +18,7 @@ async def test_a_freed_slot_goes_to_interactive_callers_first() -> None:
         await slots.acquire(background=background)
         order.append(name)
         await asyncio.sleep(0)
-        slots.release()
+        slots.release(background=background)
 
     tasks = [asyncio.create_task(take(f"job{i}", True)) for i in range(3)]
     await asyncio.sleep(0)
@@ -40,7 +40,7 @@ async def test_background_waits_while_an_interactive_call_waits() -> None:
     background = asyncio.create_task(slots.acquire(background=True))
     await asyncio.sleep(0)
     assert not background.done()
-    slots.release()
+    slots.release()  # the call ends: one job item may run beside the one still running
     await background
 
 
@@ -54,7 +54,7 @@ async def test_a_cancelled_waiter_passes_its_slot_on() -> None:
     leaving.cancel()  # ...which is cancelled before it runs: the slot moves on
     await asyncio.gather(leaving, return_exceptions=True)
     await staying
-    slots.release()
+    slots.release(background=True)
     await slots.acquire()  # exactly one slot again: free now, not leaked or doubled
     task = asyncio.create_task(slots.acquire())
     await asyncio.sleep(0)

@@ -70,9 +70,17 @@ _RESOURCE_WORDS = ("too many", "fuel", "limit", "too large", "too big", "max_")
 
 
 def matcher_error(message: str, what: str) -> errors.GengateError:
-    """INVALID_ARGUMENT when the grammar engine ran out of a resource limit on the constraint,
-    INTERNAL (a bug of ours: a token outside the mask was sampled) otherwise."""
+    """INVALID_ARGUMENT when the grammar engine ran out of a resource limit on the constraint, or
+    when the output so far can be completed in no way (a grammar such as `r: "a" r2; r2: r2`,
+    whose rules never end: nothing is allowed next and nothing is complete); INTERNAL (a bug of
+    ours: a token outside the mask was sampled) otherwise."""
     text = errors.brief(message)
+    if "NoExtension" in message:
+        return errors.InvalidArgument(
+            f"the constraint admits no complete output: after what was generated, nothing can "
+            f"follow and nothing is finished ({text})",
+            reason="CONSTRAINT_UNSATISFIABLE",
+        )
     if any(word in message.lower() for word in _RESOURCE_WORDS):
         return errors.InvalidArgument(
             f"the constraint is too complex for the grammar engine's limits: {text}",

@@ -134,6 +134,7 @@ class JobStore:
         self.where = where  # for messages: the path or host, never a password
         self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)  # kept out of messages
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gengate-jobs")
+        self._closed = False
         self._conn: Any = None
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -187,6 +188,11 @@ class JobStore:
         await asyncio.get_running_loop().run_in_executor(self._executor, setup)
 
     async def close(self) -> None:
+        """Closes the connection and the store's thread; a second close does nothing."""
+        if self._closed:  # a server stopped twice
+            return
+        self._closed = True
+
         def shut() -> None:
             if self._conn is not None:
                 self._conn.close()
