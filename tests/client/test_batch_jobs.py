@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from gengate_client import BatchJob, Client, FailedPreconditionError, NotFoundError, Request
+from gengate_client import AsyncClient, BatchJob, Client, FailedPreconditionError, NotFoundError, Request
 from gengate_client import jobs as client_jobs
 from observe import ServerFactory
 from pydantic import BaseModel
@@ -85,3 +85,20 @@ async def test_jsonl_with_defaults_list_and_errors(address: str) -> None:
                 client.batch_jobs.create()
 
     await asyncio.to_thread(scenario)
+
+
+async def test_the_async_client_has_the_same_jobs(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_jobs, "UPLOAD_ABOVE", 3)
+    async with AsyncClient(address) as client:
+        small = await client.batch_jobs.create([Request(model="pets", prompt="p", output_type=Pet)])
+        large = await client.batch_jobs.create([{"model": "echo", "prompt": f"a{i}"} for i in range(5)])
+        parsed = [item.unwrap().parsed async for item in client.batch_jobs.results(small.id, output_type=Pet)]
+        texts = [item.unwrap().text async for item in client.batch_jobs.results(large.id, after_index=1)]
+        assert parsed == [Pet(name="Rex")] and texts == ["a2", "a3", "a4"]
+        assert (await client.batch_jobs.wait(large.id, poll_s=0.05)).state == "succeeded"
+        listed = [job.id async for job in client.batch_jobs.list(page_size=1)]
+        assert listed[:2] == [large.id, small.id]
+        with pytest.raises(FailedPreconditionError):
+            await client.batch_jobs.cancel(large.id)
+        with pytest.raises(NotFoundError):
+            await client.batch_jobs.get("job-missing")

@@ -26,7 +26,7 @@ from gengate_client.errors import (
     UnavailableError,
     UnimplementedError,
 )
-from gengate_client.jobs import BatchJob, BatchJobs, JobUsage
+from gengate_client.jobs import AsyncBatchJobs, BatchJob, BatchJobs, JobUsage
 from gengate_client.output_types import Choice, Grammar, JsonObject, JsonSchema, Regex
 from gengate_client.types import (
     ConstraintKind,
@@ -57,6 +57,7 @@ from gengate_client.types import (
 
 __all__ = [
     "AbortedError",
+    "AsyncBatchJobs",
     "AsyncClient",
     "BatchJob",
     "BatchJobs",

@@ -13,6 +13,7 @@ from gengate_client import _convert as convert
 from gengate_client._convert import BaseOptions, CallSettings, GenerateOptions, MetadataLike
 from gengate_client._progress import BatchProgress
 from gengate_client.errors import error_from_rpc
+from gengate_client.jobs import AsyncBatchJobs
 from gengate_client.types import ItemResult, ModelInfo, Request, Response, StreamFrame
 
 T = TypeVar("T")
@@ -38,6 +39,8 @@ class AsyncClient:
         self._stub = generation_pb2_grpc.GenerationServiceStub(self._channel)
         self._metadata = metadata
         self._timeout = timeout
+        # Durable jobs on the server: create, get, list, cancel, results (gengate_client.jobs).
+        self.batch_jobs = AsyncBatchJobs(self._channel, CallSettings(None, metadata), timeout)
 
     async def __aenter__(self) -> AsyncClient:
         return self

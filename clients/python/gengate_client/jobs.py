@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import grpc.aio
 from gengate_proto.v1 import generation_pb2, jobs_pb2, jobs_pb2_grpc
 from google.protobuf import timestamp_pb2
 
@@ -121,39 +123,14 @@ class BatchJobs:
         line is that item's error); `defaults` fill what items leave unset. With an
         `idempotency_key`, creating again returns the first job instead of a second one.
         """
-        if (requests is None) == (jsonl is None):
-            raise ValueError("give either requests or jsonl")
-        options = jobs_pb2.BatchJobOptions(
-            offline=offline, priority=priority, max_concurrency=max_concurrency
+        plan = plan_create(
+            requests, jsonl, defaults, display_name, idempotency_key, offline, priority, max_concurrency
         )
         kwargs = self._kwargs(timeout, metadata)
-        built = [convert.build_request(convert.as_request(r))[0] for r in requests or ()]
         try:
-            if requests is not None and len(built) <= UPLOAD_ABOVE and defaults is None:
-                reply = self._stub.CreateBatchJob(
-                    jobs_pb2.CreateBatchJobRequest(
-                        requests=built,
-                        display_name=display_name,
-                        idempotency_key=idempotency_key,
-                        options=options,
-                    ),
-                    **kwargs,
-                )
-                return job_from_pb(reply.job)
-            header = jobs_pb2.BatchJobHeader(
-                display_name=display_name, idempotency_key=idempotency_key, options=options
-            )
-            if defaults is not None:
-                header.defaults.CopyFrom(_defaults(defaults))
-
-            def parts() -> Iterator[jobs_pb2.UploadBatchJobRequest]:
-                yield jobs_pb2.UploadBatchJobRequest(header=header)
-                for item in built:
-                    yield jobs_pb2.UploadBatchJobRequest(request=item)
-                for line in jsonl or ():
-                    yield jobs_pb2.UploadBatchJobRequest(json_line=line)
-
-            return job_from_pb(self._stub.UploadBatchJob(parts(), **kwargs).job)
+            if isinstance(plan, jobs_pb2.CreateBatchJobRequest):
+                return job_from_pb(self._stub.CreateBatchJob(plan, **kwargs).job)
+            return job_from_pb(self._stub.UploadBatchJob(iter(plan), **kwargs).job)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
 
@@ -237,7 +214,152 @@ class BatchJobs:
             time.sleep(poll_s)
 
 
+def plan_create(
+    requests: Sequence[Request | Mapping[str, Any]] | None,
+    jsonl: Iterable[str] | None,
+    defaults: Request | Mapping[str, Any] | None,
+    display_name: str,
+    idempotency_key: str,
+    offline: bool,
+    priority: int,
+    max_concurrency: int,
+) -> jobs_pb2.CreateBatchJobRequest | list[jobs_pb2.UploadBatchJobRequest]:
+    """The one CreateBatchJob message, or the messages of an upload (header first) for jobs
+    over UPLOAD_ABOVE items, JSONL lines or item defaults."""
+    if (requests is None) == (jsonl is None):
+        raise ValueError("give either requests or jsonl")
+    options = jobs_pb2.BatchJobOptions(offline=offline, priority=priority, max_concurrency=max_concurrency)
+    built = [convert.build_request(convert.as_request(r))[0] for r in requests or ()]
+    if requests is not None and len(built) <= UPLOAD_ABOVE and defaults is None:
+        return jobs_pb2.CreateBatchJobRequest(
+            requests=built, display_name=display_name, idempotency_key=idempotency_key, options=options
+        )
+    header = jobs_pb2.BatchJobHeader(
+        display_name=display_name, idempotency_key=idempotency_key, options=options
+    )
+    if defaults is not None:
+        header.defaults.CopyFrom(_defaults(defaults))
+    parts = [jobs_pb2.UploadBatchJobRequest(header=header)]
+    parts += [jobs_pb2.UploadBatchJobRequest(request=item) for item in built]
+    parts += [jobs_pb2.UploadBatchJobRequest(json_line=line) for line in jsonl or ()]
+    return parts
+
+
 def _defaults(defaults: Request | Mapping[str, Any]) -> generation_pb2.GenerateRequest:
     """The header's defaults: a Request (or its fields), `model` optional."""
     request = convert.as_request(defaults if not isinstance(defaults, Mapping) else {"model": "", **defaults})
     return convert.build_request(request)[0]
+
+
+class AsyncBatchJobs:
+    """The BatchJobService of one AsyncClient (`client.batch_jobs`): BatchJobs, awaitable."""
+
+    def __init__(self, channel: grpc.aio.Channel, call: CallSettings, default_timeout: float | None) -> None:
+        self._stub = jobs_pb2_grpc.BatchJobServiceStub(channel)
+        self._call = call
+        self._timeout = default_timeout
+
+    def _kwargs(self, timeout: float | None, metadata: MetadataLike | None) -> dict[str, Any]:
+        return CallSettings(timeout, metadata).kwargs(self._timeout, self._call.metadata)
+
+    async def create(
+        self,
+        requests: Sequence[Request | Mapping[str, Any]] | None = None,
+        *,
+        jsonl: Iterable[str] | None = None,
+        defaults: Request | Mapping[str, Any] | None = None,
+        display_name: str = "",
+        idempotency_key: str = "",
+        offline: bool = False,
+        priority: int = 0,
+        max_concurrency: int = 0,
+        timeout: float | None = None,
+        metadata: MetadataLike | None = None,
+    ) -> BatchJob:
+        """As BatchJobs.create."""
+        plan = plan_create(
+            requests, jsonl, defaults, display_name, idempotency_key, offline, priority, max_concurrency
+        )
+        kwargs = self._kwargs(timeout, metadata)
+        try:
+            if isinstance(plan, jobs_pb2.CreateBatchJobRequest):
+                return job_from_pb((await self._stub.CreateBatchJob(plan, **kwargs)).job)
+            return job_from_pb((await self._stub.UploadBatchJob(iter(plan), **kwargs)).job)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+
+    async def get(
+        self, job_id: str, *, timeout: float | None = None, metadata: MetadataLike | None = None
+    ) -> BatchJob:
+        try:
+            reply = await self._stub.GetBatchJob(
+                jobs_pb2.GetBatchJobRequest(id=job_id), **self._kwargs(timeout, metadata)
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return job_from_pb(reply.job)
+
+    async def list(
+        self, *, page_size: int = 50, timeout: float | None = None, metadata: MetadataLike | None = None
+    ) -> AsyncIterator[BatchJob]:
+        """Every job, newest first, fetched a page at a time."""
+        token = ""
+        while True:
+            try:
+                page = await self._stub.ListBatchJobs(
+                    jobs_pb2.ListBatchJobsRequest(page_size=page_size, page_token=token),
+                    **self._kwargs(timeout, metadata),
+                )
+            except grpc.RpcError as exc:
+                raise error_from_rpc(exc) from None
+            for job in page.jobs:
+                yield job_from_pb(job)
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def cancel(
+        self, job_id: str, *, timeout: float | None = None, metadata: MetadataLike | None = None
+    ) -> BatchJob:
+        try:
+            reply = await self._stub.CancelBatchJob(
+                jobs_pb2.CancelBatchJobRequest(id=job_id), **self._kwargs(timeout, metadata)
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return job_from_pb(reply.job)
+
+    async def results(
+        self,
+        job_id: str,
+        *,
+        after_index: int | None = None,
+        follow: bool = True,
+        output_type: Any = None,
+        timeout: float | None = None,
+        metadata: MetadataLike | None = None,
+    ) -> AsyncIterator[ItemResult]:
+        """As BatchJobs.results: each item's outcome in index order, from `after_index + 1`."""
+        spec = resolve_output_type(output_type)
+        request = jobs_pb2.StreamBatchJobResultsRequest(id=job_id, follow=follow)
+        if after_index is not None:
+            request.after_index = after_index
+        stream = self._stub.StreamBatchJobResults(request, **self._kwargs(timeout, metadata))
+        try:
+            async for item in stream:
+                yield result_from_pb(item, spec)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        finally:
+            stream.cancel()
+
+    async def wait(self, job_id: str, *, poll_s: float = 1.0, timeout: float | None = None) -> BatchJob:
+        """Polls until the job has finished (or `timeout` seconds pass: TimeoutError)."""
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = await self.get(job_id)
+            if job.finished:
+                return job
+            if give_up is not None and time.monotonic() > give_up:
+                raise TimeoutError(f"batch job {job_id} still {job.state} after {timeout:g} s")
+            await asyncio.sleep(poll_s)
