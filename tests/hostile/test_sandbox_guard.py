@@ -15,8 +15,7 @@ from gengate.api.server import RunningServer, start_server
 from gengate.config import parse_config
 from gengate_proto.v1 import generation_pb2 as g
 from gengate_proto.v1 import generation_pb2_grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
+from observe import reason
 
 WIDE_OPEN = {"max_grammar_rules": 100_000, "max_schema_refs": 100_000, "max_constraint_bytes": 4 << 20}
 
@@ -30,17 +29,6 @@ async def server() -> AsyncIterator[RunningServer]:
     running = await start_server(parse_config(config), host="127.0.0.1", port=0)
     yield running
     await running.stop(grace=0.5)
-
-
-def reason_of(error: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return info.reason
-    return ""
 
 
 async def test_engine_crashing_constraints_cost_only_their_caller(server: RunningServer) -> None:
@@ -59,7 +47,7 @@ async def test_engine_crashing_constraints_cost_only_their_caller(server: Runnin
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub.Generate(message, timeout=120)
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
-            return reason_of(caught.value)
+            return reason(caught.value)
 
         frames, reasons = await asyncio.gather(
             asyncio.gather(*(drain(s) for s in streams)),

@@ -15,9 +15,7 @@ from gengate.api.server import RunningServer
 from gengate_proto.v1 import generation_pb2 as g
 from gengate_proto.v1 import generation_pb2_grpc
 from gengate_proto.v1 import types_pb2 as t
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
-from observe import ServerFactory, until
+from observe import ServerFactory, field_violations, reason, until
 
 WRONG = "definitely not valid"
 REGEX = t.StructuredOutput(regex=t.Regex(pattern="[0-9]{3}"))
@@ -41,16 +39,6 @@ async def stub(make_server: ServerFactory) -> AsyncIterator[generation_pb2_grpc.
     )
     async with grpc.aio.insecure_channel(server.address) as channel:
         yield generation_pb2_grpc.GenerationServiceStub(channel)
-
-
-def reason(error: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    info = error_details_pb2.ErrorInfo()
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            detail.Unpack(info)
-    return info.reason
 
 
 def request(model: str) -> g.GenerateRequest:
@@ -107,18 +95,6 @@ EVERY_KIND = {
     "choice": t.StructuredOutput(choice=t.Choice(choices=["a", "b"])),
     "grammar": t.StructuredOutput(grammar=t.Grammar(syntax=t.GRAMMAR_SYNTAX_LARK, definition='start: "a"')),
 }
-
-
-def field_violations(error: grpc.aio.AioRpcError) -> list[str]:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    fields: list[str] = []
-    for detail in status.details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            fields += [v.field for v in bad.field_violations]
-    return fields
 
 
 @pytest.mark.parametrize("kind", sorted(EVERY_KIND))

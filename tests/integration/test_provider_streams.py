@@ -24,8 +24,7 @@ import fake_tgi
 from fakehttp import Fault
 from gengate_proto.v1 import generation_pb2 as g
 from gengate_proto.v1 import generation_pb2_grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
+from observe import reason
 
 # provider: (SDK it needs, fake factory, model entry given the fake's base URL)
 PROVIDERS: dict[str, tuple[str, Callable[[], Any], Callable[[str], dict[str, Any]]]] = {
@@ -85,14 +84,6 @@ def provider(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
     fake.stop()
 
 
-def _reason(error: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(error)
-    assert status is not None
-    info = error_details_pb2.ErrorInfo()
-    assert any(d.Unpack(info) for d in status.details if d.Is(info.DESCRIPTOR))
-    return str(info.reason)
-
-
 async def test_stream_without_a_whole_event_stream_is_unavailable(
     make_server: Any, provider: tuple[str, Any]
 ) -> None:
@@ -114,5 +105,5 @@ async def test_stream_without_a_whole_event_stream_is_unavailable(
                     pass
             error = caught.value
             assert error.code() == grpc.StatusCode.UNAVAILABLE, (what, error.details())
-            assert _reason(error) == "UPSTREAM_PROTOCOL", (what, error.details())
+            assert reason(error) == "UPSTREAM_PROTOCOL", (what, error.details())
             assert "server-sent-event stream" in (error.details() or ""), what

@@ -17,9 +17,8 @@ from gengate.api.auth import BearerTokenInterceptor
 from gengate.errors import ConfigError
 from gengate_proto.v1 import generation_pb2 as g
 from gengate_proto.v1 import generation_pb2_grpc
-from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_status import rpc_status
+from observe import reason
 
 SCRIPTED = [{"name": "echo", "backend": "scripted"}]
 TOKEN = "gg-test-token-7f3a9c"
@@ -131,14 +130,6 @@ async def test_mutual_tls_requires_a_client_certificate(make_server: Any, pki: d
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def _reason(error: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    info = error_details_pb2.ErrorInfo()
-    assert any(d.Unpack(info) for d in status.details if d.Is(info.DESCRIPTOR))
-    return info.reason
-
-
 async def test_bearer_tokens_guard_every_rpc_but_health(
     make_server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -150,10 +141,10 @@ async def test_bearer_tokens_guard_every_rpc_but_health(
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await _echo(channel)
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert _reason(caught.value) == "MISSING_CREDENTIALS"
+        assert reason(caught.value) == "MISSING_CREDENTIALS"
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await _echo(channel, metadata=(("authorization", "Bearer wrong"),))
-        assert _reason(caught.value) == "INVALID_CREDENTIALS"
+        assert reason(caught.value) == "INVALID_CREDENTIALS"
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             async for _ in stub.GenerateStream(
                 g.GenerateStreamRequest(request=g.GenerateRequest(model="echo"))
@@ -243,12 +234,12 @@ async def test_model_health_needs_a_token_but_overall_health_stays_open(
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await _health(channel, name)
             assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert _reason(caught.value) == "MISSING_CREDENTIALS"
+            assert reason(caught.value) == "MISSING_CREDENTIALS"
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await _health(
                 channel, "gengate.v1.GenerationService/echo", metadata=(("authorization", "Bearer no"),)
             )
-        assert _reason(caught.value) == "INVALID_CREDENTIALS"
+        assert reason(caught.value) == "INVALID_CREDENTIALS"
 
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service="gengate.v1.GenerationService/echo")
@@ -279,7 +270,7 @@ async def test_rejected_call_body_is_never_parsed(make_server: Any, monkeypatch:
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await call
             assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert _reason(caught.value) == "MISSING_CREDENTIALS"
+            assert reason(caught.value) == "MISSING_CREDENTIALS"
         # The same bytes with a valid token do reach the parser, and fail there: they are garbage.
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await generate(garbage, timeout=5, metadata=(("authorization", f"Bearer {TOKEN}"),))

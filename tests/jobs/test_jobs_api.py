@@ -14,9 +14,7 @@ from gengate_proto.v1 import generation_pb2 as g
 from gengate_proto.v1 import generation_pb2_grpc, jobs_pb2_grpc
 from gengate_proto.v1 import jobs_pb2 as j
 from gengate_proto.v1 import types_pb2 as t
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
-from observe import ServerFactory, until
+from observe import ServerFactory, reason, until
 
 MODELS: list[dict[str, Any]] = [
     {"name": "echo", "backend": "scripted"},
@@ -31,17 +29,6 @@ MODELS: list[dict[str, Any]] = [
 
 def ask(prompt: str, model: str = "echo", **kw: Any) -> g.GenerateRequest:
     return g.GenerateRequest(model=model, prompt=prompt, **kw)
-
-
-def reason(error: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return info.reason
-    return ""
 
 
 @pytest.fixture

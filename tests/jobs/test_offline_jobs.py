@@ -31,8 +31,7 @@ from gengate_proto.v1 import generation_pb2 as g
 from gengate_proto.v1 import jobs_pb2 as j
 from gengate_proto.v1 import jobs_pb2_grpc
 from gengate_proto.v1 import types_pb2 as t
-from google.rpc import error_details_pb2, status_pb2
-from observe import ServerFactory, until
+from observe import ServerFactory, reason, until
 
 PERSON = json.dumps(
     {
@@ -115,15 +114,6 @@ async def results(
 
 async def get(stub: jobs_pb2_grpc.BatchJobServiceStub, job_id: str) -> j.BatchJob:
     return (await stub.GetBatchJob(j.GetBatchJobRequest(id=job_id))).job
-
-
-def reason(status: status_pb2.Status) -> str:
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return info.reason
-    return ""
 
 
 def code(name: str) -> int:
