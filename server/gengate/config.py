@@ -79,9 +79,12 @@ class JobSettings(BaseModel):
     # Items in flight at once across this server's jobs, and the most items one job may hold.
     concurrency: int = Field(default=8, gt=0, le=100_000)
     max_items: int = Field(default=10_000_000, gt=0)
-    # Job items in flight on one model: at most this many while no interactive call has run for
-    # a second, one while calls run (interactive calls go first; README "Batch jobs").
-    per_model_concurrency: int = Field(default=4, gt=0)
+    # Job items in flight on one model while it serves no interactive call (none for
+    # `quiet_s`), and while it does: by default none start then, so calls never wait behind job
+    # items in the engine (README "Batch jobs": a model never quiet gives a job no time).
+    per_model_concurrency: int = Field(default=16, gt=0)
+    busy_per_model_concurrency: int = Field(default=0, ge=0)
+    quiet_s: float = Field(default=0.5, ge=0)
     # A runner that dies leaves its items to the others after this many seconds.
     lease_s: float = Field(default=60.0, gt=0)
     poll_s: float = Field(default=1.0, gt=0)

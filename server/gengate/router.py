@@ -41,8 +41,8 @@ class Slots:
     """
 
     __slots__ = (
-        "_background", "_busy_background", "_free", "_interactive", "_quiet_at", "_quiet_s",
-        "_timer", "background_active", "idle_background", "interactive_active",
+        "_background", "_free", "_interactive", "_quiet_at", "_timer",
+        "background_active", "busy_background", "idle_background", "interactive_active", "quiet_s",
     )  # fmt: skip
 
     def __init__(
@@ -57,8 +57,8 @@ class Slots:
         self.idle_background = count if idle_background is None else idle_background
         self._interactive: deque[asyncio.Future[None]] = deque()
         self._background: deque[asyncio.Future[None]] = deque()
-        self._quiet_s = quiet_s
-        self._busy_background = busy_background
+        self.quiet_s = quiet_s
+        self.busy_background = busy_background
         self._quiet_at = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self.interactive_active = 0
@@ -68,7 +68,7 @@ class Slots:
         if self._free <= 0 or self._interactive:
             return False
         busy = self.interactive_active > 0 or time.monotonic() < self._quiet_at
-        return self.background_active < (self._busy_background if busy else self.idle_background)
+        return self.background_active < (self.busy_background if busy else self.idle_background)
 
     async def acquire(self, *, background: bool = False) -> None:
         if background:
@@ -99,10 +99,10 @@ class Slots:
         else:
             self.interactive_active -= 1
             if self.interactive_active == 0:
-                self._quiet_at = time.monotonic() + self._quiet_s
+                self._quiet_at = time.monotonic() + self.quiet_s
                 if self._background and self._timer is None:
                     loop = asyncio.get_running_loop()
-                    self._timer = loop.call_later(self._quiet_s, self._quiet)
+                    self._timer = loop.call_later(self.quiet_s, self._quiet)
         self._dispatch()
 
     def _quiet(self) -> None:

@@ -157,6 +157,8 @@ async def start_server(
     for route in router.routes:  # job items leave room for interactive calls on every model
         if isinstance(route.slots, Slots):
             route.slots.idle_background = settings.jobs.per_model_concurrency
+            route.slots.busy_background = settings.jobs.busy_per_model_concurrency
+            route.slots.quiet_s = settings.jobs.quiet_s
     codec = ItemCodec(settings.limits.max_constraint_bytes)
     jobs = settings.jobs
     runner = JobRunner(

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -40,6 +42,8 @@ class RunnerSettings:
 class _Running:
     job: Job
     tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    # Leased ahead, not started yet: one lease query serves many items.
+    buffered: deque[LeasedItem] = field(default_factory=deque)
 
 
 class JobRunner:
@@ -74,6 +78,12 @@ class JobRunner:
         )
         self._running: dict[str, _Running] = {}
         self._wake = asyncio.Event()
+        self._jobs: list[Job] = []  # the runnable jobs, re-read when woken and every poll_s
+        self._jobs_read_at = -1e9
+        self._refresh = True
+        # Finished items waiting to be stored: written together, one transaction per flush.
+        self._finished: list[tuple[str, ItemResult, asyncio.Future[bool]]] = []
+        self._flush_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.finished_items = 0  # results this runner stored (for tests and logs)
 
@@ -88,10 +98,12 @@ class JobRunner:
         self._tasks = [
             asyncio.create_task(self._loop(), name="gengate-jobs"),
             asyncio.create_task(self._heartbeat(), name="gengate-jobs-leases"),
+            asyncio.create_task(self._flusher(), name="gengate-jobs-results"),
         ]
 
     def wake(self) -> None:
         """Something changed (a job was created or cancelled): look for work now."""
+        self._refresh = True
         self._wake.set()
 
     async def aclose(self) -> None:
@@ -100,7 +112,7 @@ class JobRunner:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.offline is not None:  # the provider batches run on; a restart resumes polling them
             await self.offline.aclose()
-        items = [(job_id, list(r.tasks)) for job_id, r in self._running.items()]
+        items = [(job_id, [*r.tasks, *(i.index for i in r.buffered)]) for job_id, r in self._running.items()]
         for running in self._running.values():
             for task in running.tasks.values():
                 task.cancel()
@@ -115,7 +127,9 @@ class JobRunner:
     async def cancel(self, job_id: str) -> None:
         """Stops this runner's items of a job (the store already holds their CANCELLED results)."""
         running = self._running.pop(job_id, None)
+        self._refresh = True
         if running is not None:
+            running.buffered.clear()
             for task in running.tasks.values():
                 task.cancel()
         if self.offline is not None:  # an offline job's provider batches are cancelled upstream too
@@ -136,9 +150,20 @@ class JobRunner:
                 async with asyncio.timeout(self.settings.poll_s):
                     await self._wake.wait()
 
+    async def _runnable(self) -> list[Job]:
+        """The runnable jobs: read again when something woke the runner or poll_s passed, not
+        on every finished item."""
+        now = time.monotonic()
+        if self._refresh or now - self._jobs_read_at >= self.settings.poll_s:
+            self._refresh = False
+            self._jobs_read_at = now
+            self._jobs = await self.store.runnable()
+        return self._jobs
+
     async def _fill(self) -> None:
-        """Leases items for the runnable jobs, by priority, up to the concurrency limits."""
-        for job in await self.store.runnable():
+        """Starts items of the runnable jobs, by priority, up to the concurrency limits; leases
+        ahead (one query for up to a job's concurrency of items)."""
+        for job in await self._runnable():
             if job.options.offline and self.offline is not None:
                 self.offline.ensure(job)  # no online slots: the provider runs the items
                 continue
@@ -151,22 +176,29 @@ class JobRunner:
             want = min(free, cap - len(running.tasks))
             if want <= 0:
                 continue
-            items = await self.store.lease(job.id, self.owner, want, self.settings.lease_s)
-            if not items:
-                if not running.tasks:
+            if len(running.buffered) < want:
+                leased = await self.store.lease(job.id, self.owner, want + cap, self.settings.lease_s)
+                running.buffered.extend(leased)
+            if not running.buffered:
+                if not running.tasks and not self._finished:
                     self._running.pop(job.id, None)
+                    self._refresh = True
                     await self.store.finish_if_complete(job.id)
                 continue
             if job.start_time is None:
                 running.job = await self.store.mark_running(job.id)
-            for item in items:
+                self._refresh = True
+            for _ in range(min(want, len(running.buffered))):
+                item = running.buffered.popleft()
                 running.tasks[item.index] = asyncio.create_task(self._run_item(job.id, item))
 
     async def _run_item(self, job_id: str, item: LeasedItem) -> None:
         try:
             result = await self._outcome(item)
-            stored = await self.store.complete(job_id, result)
-            if stored:
+            stored: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._finished.append((job_id, result, stored))
+            self._flush_wake.set()
+            if await stored:
                 self.finished_items += 1
         except asyncio.CancelledError:
             raise
@@ -196,6 +228,25 @@ class JobRunner:
         u = result.usage
         usage = JobUsage(u.input_tokens, u.output_tokens, u.cached_input_tokens)
         return ItemResult(item.index, self.codec.encode_result(result), failed=False, usage=usage)
+
+    async def _flusher(self) -> None:
+        """Stores finished items, all that finished since the last write in one transaction."""
+        while True:
+            await self._flush_wake.wait()
+            self._flush_wake.clear()
+            batch, self._finished = self._finished, []
+            if not batch:
+                continue
+            try:
+                stored = await self.store.complete_many([(job_id, result) for job_id, result, _ in batch])
+            except Exception as exc:
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, _, future), ok in zip(batch, stored, strict=True):
+                if not future.done():
+                    future.set_result(ok)
 
     async def _heartbeat(self) -> None:
         """Keeps this runner's leases alive while their items run."""

@@ -558,29 +558,39 @@ class JobStore:
     async def complete(self, job_id: str, result: ItemResult) -> bool:
         """Stores an item's result unless it already has one; False when another runner's result
         came first (this one is dropped: one result per index)."""
-        sql = self._sql
+        return (await self.complete_many([(job_id, result)]))[0]
 
-        def store(conn: Any) -> bool:
+    async def complete_many(self, results: Sequence[tuple[str, ItemResult]]) -> list[bool]:
+        """`complete` for several items in one transaction (a runner stores what finished
+        together at once: one commit instead of one per item)."""
+        sql = self._sql
+        item_sql = sql(
+            "UPDATE gengate_job_items SET result = ?, failed = ?, lease_owner = NULL, "
+            "lease_until = NULL, request = NULL WHERE job_id = ? AND idx = ? AND result IS NULL"
+        )
+        job_sql = sql(
+            "UPDATE gengate_jobs SET done = done + ?, failed = failed + ?, "
+            "input_tokens = input_tokens + ?, output_tokens = output_tokens + ?, "
+            "cached_input_tokens = cached_input_tokens + ? WHERE id = ?"
+        )
+
+        def store(conn: Any) -> list[bool]:
             cur = conn.cursor()
-            cur.execute(
-                sql(
-                    "UPDATE gengate_job_items SET result = ?, failed = ?, lease_owner = NULL, "
-                    "lease_until = NULL, request = NULL WHERE job_id = ? AND idx = ? AND result IS NULL"
-                ),
-                (result.payload, int(result.failed), job_id, result.index),
-            )
-            if cur.rowcount != 1:
-                return False
-            u = result.usage
-            cur.execute(
-                sql(
-                    "UPDATE gengate_jobs SET done = done + 1, failed = failed + ?, "
-                    "input_tokens = input_tokens + ?, output_tokens = output_tokens + ?, "
-                    "cached_input_tokens = cached_input_tokens + ? WHERE id = ?"
-                ),
-                (int(result.failed), u.input_tokens, u.output_tokens, u.cached_input_tokens, job_id),
-            )
-            return True
+            stored: list[bool] = []
+            counts: dict[str, list[int]] = {}
+            for job_id, result in results:
+                cur.execute(item_sql, (result.payload, int(result.failed), job_id, result.index))
+                stored.append(cur.rowcount == 1)
+                if cur.rowcount == 1:
+                    u = result.usage
+                    c = counts.setdefault(job_id, [0, 0, 0, 0, 0])
+                    for i, value in enumerate(
+                        (1, int(result.failed), u.input_tokens, u.output_tokens, u.cached_input_tokens)
+                    ):
+                        c[i] += value
+            for job_id, c in counts.items():
+                cur.execute(job_sql, (*c, job_id))
+            return stored
 
         return await self._run(store)
 
