@@ -205,3 +205,25 @@ async def test_interactive_calls_go_before_the_jobs_items(make_server: ServerFac
         done = (await jobs.GetBatchJob(j.GetBatchJobRequest(id=job.id))).job.done
         assert done <= 1  # only the item already running finished before the call
         await jobs.CancelBatchJob(j.CancelBatchJobRequest(id=job.id))
+
+
+async def test_hostile_jsonl_lines_are_their_items_errors(jobs: jobs_pb2_grpc.BatchJobServiceStub) -> None:
+    """A line nested past any parser's depth and a large one (parsed off the event loop) end as
+    their own items; the job and the server go on."""
+
+    async def parts() -> AsyncIterator[j.UploadBatchJobRequest]:
+        yield j.UploadBatchJobRequest(header=j.BatchJobHeader(defaults=ask("")))
+        yield j.UploadBatchJobRequest(json_line="[" * 200_000 + "]" * 200_000)
+        yield j.UploadBatchJobRequest(json_line='{"prompt": "' + "x" * 300_000 + '"}')
+        yield j.UploadBatchJobRequest(json_line='{"prompt": "ok", "unknownField": 1}')
+        yield j.UploadBatchJobRequest(json_line='{"prompt": "fine"}')
+
+    job = (await jobs.UploadBatchJob(parts())).job
+    items = await results(jobs, job.id)
+    assert [reason(i.error) if i.HasField("error") else "" for i in items] == [
+        "INVALID_JSON_LINE", "", "INVALID_JSON_LINE", ""
+    ]  # fmt: skip
+    assert (
+        len(items[1].response.generations[0].text) == 300_000
+        and items[3].response.generations[0].text == "fine"
+    )

@@ -32,6 +32,8 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 # Items converted per step while creating a job (a large job is converted off the event loop).
 _CONVERT_CHUNK = 1000
+# JSONL lines longer than this are parsed in a thread, off the event loop.
+_INLINE_LINE_CHARS = 64 * 1024
 # Results read per query while streaming.
 _READ_CHUNK = 500
 # How often a following stream looks for the next result.
@@ -172,8 +174,12 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
                 if part == "request":
                     item: gpb.GenerateRequest | GengateError = message.request
                 elif part == "json_line":
+                    line = message.json_line
                     try:
-                        item = convert.request_from_json_line(message.json_line, index)
+                        if len(line) <= _INLINE_LINE_CHARS:
+                            item = convert.request_from_json_line(line, index)
+                        else:  # parsing scales with the line: never on the event loop
+                            item = await asyncio.to_thread(convert.request_from_json_line, line, index)
                     except GengateError as bad_line:
                         item = bad_line
                 else:
