@@ -11,6 +11,7 @@ from gengate_proto.v1 import generation_pb2_grpc
 from gengate_proto.v1 import types_pb2 as t
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from observe import ServerFactory, until
 
 
 def details(error: grpc.aio.AioRpcError) -> tuple[error_details_pb2.ErrorInfo, list[tuple[str, str]]]:
@@ -300,4 +301,37 @@ async def test_a_batch_larger_than_the_queue_waits_instead_of_failing(
     requests = [g.GenerateRequest(model="narrow", prompt=str(i)) for i in range(6)]
     items = [item async for item in stub.BatchGenerate(g.BatchGenerateRequest(requests=requests))]
     assert sorted(i.index for i in items) == list(range(6))
+    assert all(i.WhichOneof("result") == "response" for i in items), [i.error.message for i in items]
+
+
+async def test_a_batch_holds_one_callers_share_of_a_model_and_leaves_its_queue_to_others(
+    make_server: ServerFactory,
+) -> None:
+    """A batch arriving at a model whose queue is full waits instead of failing (one caller's
+    demand, bounded by the batch itself), and keeps at most max_concurrency items of the model
+    in flight with none queued behind them, so callers arriving meanwhile still get queue room."""
+    slow = {"name": "narrow", "backend": "scripted", "text": "a b c d e f", "tokens_per_s": 60,
+            "max_concurrency": 1, "max_queue": 1}  # fmt: skip
+    server = await make_server({"models": [slow]})
+    route = server.router.route("narrow")
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+
+        def call(prompt: str) -> asyncio.Future[g.GenerateResponse]:
+            return asyncio.ensure_future(stub.Generate(g.GenerateRequest(model="narrow", prompt=prompt)))
+
+        running = call("one")
+        await until(lambda: route.in_flight == 1, "a caller runs")
+        queued = call("two")
+        await until(lambda: route.waiting == 1, "another waits: the queue is full")
+        requests = [g.GenerateRequest(model="narrow", prompt=str(i)) for i in range(4)]
+        batch = stub.BatchGenerate(g.BatchGenerateRequest(requests=requests))
+        first = await anext(aiter(batch))
+        assert first.WhichOneof("result") == "response", first.error.message  # waited, not QUEUE_FULL
+        await asyncio.gather(running, queued)
+        await until(lambda: route.in_flight == 1, "the next batch item runs")
+        assert route.waiting == 0  # its other items wait in the batch, not in the model's queue
+        rest = [item async for item in batch]
+    items = [first, *rest]
+    assert sorted(i.index for i in items) == [0, 1, 2, 3]
     assert all(i.WhichOneof("result") == "response" for i in items), [i.error.message for i in items]
