@@ -85,6 +85,7 @@ async def test_results_resume_after_any_index(jobs: jobs_pb2_grpc.BatchJobServic
     everything = await results(jobs, job.id)
     assert [i.index for i in await results(jobs, job.id, after=3)] == [4, 5]
     assert [i.index for i in await results(jobs, job.id, after=5)] == []
+    assert await results(jobs, job.id, after=2**64 - 1) == []  # the largest uint64: nothing, no error
     again = await results(jobs, job.id, after=-1 + 1)  # after index 0
     assert [i.index for i in again] == [1, 2, 3, 4, 5]
     assert [i.SerializeToString() for i in again] == [i.SerializeToString() for i in everything[1:]]

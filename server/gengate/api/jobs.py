@@ -256,7 +256,8 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
         try:
             job_id = _job_id(request.id)
             job = await self.store.get(job_id)
-            after = request.after_index if request.HasField("after_index") else -1
+            # A uint64 past the job's items means "nothing after it"; never an SQL integer overflow.
+            after = min(request.after_index, job.total) if request.HasField("after_index") else -1
             while True:
                 rows = await self.store.results(job_id, after, _READ_CHUNK)
                 for index, result in rows:
