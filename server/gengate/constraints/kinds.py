@@ -19,6 +19,7 @@ The functions at the end are what other modules call; each asks the kind's spec.
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 
@@ -120,6 +121,30 @@ class ConstraintSpec(ABC, Generic[C]):
         """The system-prompt paragraph describing the constraint, for a provider that does not
         enforce it (the answer is validated)."""
 
+    def tidy_prompted(self, structured: StructuredOutput, text: str) -> str:
+        """A prompted (not enforced) answer with the wrapping models add around it removed, before
+        it is validated: code fences around JSON, quotes around a choice."""
+        return text
+
+    def unserved_by(self, structured: StructuredOutput, grammar_syntaxes: frozenset[GrammarSyntax]) -> str:
+        """Why a provider that declares this kind still cannot serve this constraint ("" when it
+        can): e.g. a grammar in a syntax it does not take."""
+        return ""
+
+    def as_json_schema(self, structured: StructuredOutput) -> dict[str, Any] | None:
+        """The constraint as a JSON Schema, for providers whose native structured output is JSON
+        Schema (None when the kind has no such form)."""
+        return None
+
+    def from_json_answer(self, value: Any) -> str:
+        """The caller's text for the JSON value a provider answered `as_json_schema` with."""
+        return json.dumps(value, ensure_ascii=False)
+
+    def from_json_text(self, text: str) -> str:
+        """The caller's text for a provider's JSON answer to `as_json_schema`, taken as it came
+        (not strict mode: nothing was added to unwrap)."""
+        return text
+
 
 class JsonSchemaSpec(ConstraintSpec[JsonSchemaConstraint]):
     kind = ConstraintKind.JSON_SCHEMA
@@ -184,6 +209,12 @@ class JsonSchemaSpec(ConstraintSpec[JsonSchemaConstraint]):
         c = self.constraint(structured)
         return validation.validate_json(text, validation.schema_validator(c, structured))
 
+    def tidy_prompted(self, structured: StructuredOutput, text: str) -> str:
+        return _unfenced(text)
+
+    def as_json_schema(self, structured: StructuredOutput) -> dict[str, Any] | None:
+        return self.constraint(structured).schema
+
     def instructions(self, structured: StructuredOutput) -> str:
         schema = self.constraint(structured).schema
         return (
@@ -222,6 +253,9 @@ class JsonObjectSpec(ConstraintSpec[JsonObjectConstraint]):
 
     def instructions(self, structured: StructuredOutput) -> str:
         return "Answer with only one valid JSON object: no prose, no Markdown code fences."
+
+    def tidy_prompted(self, structured: StructuredOutput, text: str) -> str:
+        return _unfenced(text)
 
 
 class RegexSpec(ConstraintSpec[RegexConstraint]):
@@ -330,6 +364,28 @@ class ChoiceSpec(ConstraintSpec[ChoiceConstraint]):
             list(self.constraint(structured).choices)
         )
 
+    def tidy_prompted(self, structured: StructuredOutput, text: str) -> str:
+        choices = self.constraint(structured).choices
+        stripped = text.strip()
+        if stripped not in choices:
+            unquoted = stripped.strip("\"'`").rstrip(".")
+            if unquoted in choices:
+                return unquoted
+        return stripped
+
+    def as_json_schema(self, structured: StructuredOutput) -> dict[str, Any] | None:
+        return {"type": "string", "enum": list(self.constraint(structured).choices)}
+
+    def from_json_answer(self, value: Any) -> str:
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+    def from_json_text(self, text: str) -> str:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text.strip()
+        return value if isinstance(value, str) else text.strip()
+
 
 class GrammarSpec(ConstraintSpec[GrammarConstraint]):
     kind = ConstraintKind.GRAMMAR
@@ -412,6 +468,10 @@ class GrammarSpec(ConstraintSpec[GrammarConstraint]):
             f"else:\n{c.definition}"
         )
 
+    def unserved_by(self, structured: StructuredOutput, grammar_syntaxes: frozenset[GrammarSyntax]) -> str:
+        syntax = self.constraint(structured).syntax
+        return "" if syntax in grammar_syntaxes else f"grammar syntax {syntax.value} is not accepted"
+
     def _grammar(self, c: GrammarConstraint) -> str:
         """The llguidance grammar of the definition (GBNF and EBNF converted to Lark)."""
         return LLMatcher.grammar_from_lark(
@@ -421,6 +481,15 @@ class GrammarSpec(ConstraintSpec[GrammarConstraint]):
     def _check(self, c: GrammarConstraint, grammar: str) -> None:
         what = f"invalid {c.syntax.value.upper()} grammar"
         lowering.check_grammar(grammar, self.content_field, "INVALID_GRAMMAR", what=what)
+
+
+_FENCE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
+
+
+def _unfenced(text: str) -> str:
+    """JSON a model wrapped in a Markdown code fence, without it."""
+    match = _FENCE.match(text)
+    return (match.group(1) if match else text).strip()
 
 
 SPECS: dict[ConstraintKind, ConstraintSpec[Any]] = {

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,13 +16,10 @@ from typing import Any
 from gengate import errors
 from gengate.constraints import kinds, schemas
 from gengate.domain import (
-    ChoiceConstraint,
     ConstraintKind,
     Enforcement,
-    GrammarConstraint,
     GrammarSyntax,
     JsonObjectConstraint,
-    JsonSchemaConstraint,
 )
 from gengate.domain import (
     StructuredOutput as StructuredOutput,
@@ -34,15 +30,6 @@ StructuredSupport = Mapping[ConstraintKind, Enforcement]
 
 def _identity(text: str) -> str:
     return text
-
-
-def _decode_json_string(text: str) -> str:
-    """A choice sent as a JSON Schema enum comes back as a JSON string: its value."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text.strip()
-    return value if isinstance(value, str) else text.strip()
 
 
 @dataclass(frozen=True)
@@ -89,8 +76,9 @@ def check_supported(
     level = support.get(constraint.kind)
     if level is None:
         raise refuse(constraint.kind, provider)
-    if isinstance(constraint, GrammarConstraint) and constraint.syntax not in grammar_syntaxes:
-        raise refuse(constraint.kind, provider, f"grammar syntax {constraint.syntax.value} is not accepted")
+    why = kinds.spec_of(structured).unserved_by(structured, grammar_syntaxes)
+    if why:
+        raise refuse(constraint.kind, provider, why)
     return level
 
 
@@ -112,23 +100,10 @@ def reask_message(error: str) -> str:
     )
 
 
-_FENCE = re.compile(r"^\s*```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
-
-
 def clean_output(structured: StructuredOutput, text: str) -> str:
-    """Light clean-up of a prompted (not enforced) answer: code fences, whitespace, quotes."""
-    kind = structured.constraint.kind
-    if kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
-        match = _FENCE.match(text)
-        return (match.group(1) if match else text).strip()
-    if isinstance(structured.constraint, ChoiceConstraint):
-        stripped = text.strip()
-        if stripped not in structured.constraint.choices:
-            unquoted = stripped.strip("\"'`").rstrip(".")
-            if unquoted in structured.constraint.choices:
-                return unquoted
-        return stripped
-    return text
+    """Light clean-up of a prompted (not enforced) answer: code fences, whitespace, quotes (its
+    kind's spec knows which)."""
+    return kinds.spec_of(structured).tidy_prompted(structured, text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,6 +233,16 @@ def unwrapped_value(text: str) -> Any:
     return value[_WRAP_KEY]
 
 
+def _json_answer(text: str, wrapped: bool) -> Any:
+    """The JSON value of a provider's answer (inside the wrapper when `wrapped`), or _NOT_WRAPPED."""
+    if wrapped:
+        return unwrapped_value(text)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return _NOT_WRAPPED
+
+
 def _resolve(node: Any, root: dict[str, Any]) -> Any:
     seen = 0
     while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/"):
@@ -329,42 +314,32 @@ def plan_openai_style(
 
     Choice constraints become a JSON Schema enum wrapped in an object (unwrapped again), so
     they are native wherever JSON Schema is; `strict_transform` applies OpenAI strict rules."""
-    c = structured.constraint
     if level != Enforcement.NATIVE:
         return StructuredPlan(
             structured, level, native=False, instructions=constraint_instructions(structured)
         )
-    if isinstance(c, JsonObjectConstraint):
+    if isinstance(structured.constraint, JsonObjectConstraint):
         return StructuredPlan(structured, Enforcement.NATIVE, native=True)
-    if isinstance(c, ChoiceConstraint):
-        schema: dict[str, Any] = {"type": "string", "enum": list(c.choices)}
-        original: dict[str, Any] = schema
-    elif isinstance(c, JsonSchemaConstraint):
-        schema = original = c.schema
-    else:
+    spec = kinds.spec_of(structured)
+    schema = spec.as_json_schema(structured)
+    if schema is None:
         return StructuredPlan(structured, level, native=True)
     if not strict_transform:
-        unquote = _decode_json_string if isinstance(c, ChoiceConstraint) else _identity
         return StructuredPlan(
-            structured, Enforcement.NATIVE, native=True, native_schema=schema, strict=False, unwrap=unquote
+            structured,
+            Enforcement.NATIVE,
+            native=True,
+            native_schema=schema,
+            strict=False,
+            unwrap=spec.from_json_text,
         )
     wire, wrapped, relaxed = openai_strict_schema(schema)
-    is_choice = isinstance(c, ChoiceConstraint)
 
     def unwrap(text: str) -> str:
-        if wrapped:
-            value = unwrapped_value(text)
-        else:
-            try:
-                value = json.loads(text)
-            except ValueError:
-                value = _NOT_WRAPPED
+        value = _json_answer(text, wrapped)
         if value is _NOT_WRAPPED:
             return text  # validation reports it
-        value = strip_added_nulls(value, original, original)
-        if is_choice and isinstance(value, str):
-            return value
-        return json.dumps(value, ensure_ascii=False)
+        return spec.from_json_answer(strip_added_nulls(value, schema, schema))
 
     return StructuredPlan(
         structured,
@@ -387,7 +362,6 @@ def plan_object_root(
     Gemini...): choices become an enum, a non-object root is wrapped as {"value": ...} and
     unwrapped again; `transform` adapts the wire schema (ValueError: prompt + validate instead)
     and `relaxed(schema)` says the provider would not enforce all of it (report VALIDATED)."""
-    c = structured.constraint
     prompted = StructuredPlan(
         structured,
         Enforcement.VALIDATED if level == Enforcement.NATIVE else level,
@@ -396,28 +370,22 @@ def plan_object_root(
     )
     if level != Enforcement.NATIVE:
         return prompted
-    if isinstance(c, JsonObjectConstraint):
+    if isinstance(structured.constraint, JsonObjectConstraint):
         return StructuredPlan(structured, Enforcement.NATIVE, native=True)
-    if not isinstance(c, JsonSchemaConstraint | ChoiceConstraint):
+    spec = kinds.spec_of(structured)
+    schema = spec.as_json_schema(structured)
+    if schema is None:
         return StructuredPlan(structured, level, native=True)
-    schema: dict[str, Any] = (
-        {"type": "string", "enum": list(c.choices)} if isinstance(c, ChoiceConstraint) else c.schema
-    )
     wrapped = schema.get("type") != "object"
     root = wrapped_in_object(schema) if wrapped else schema
     try:
         wire = transform(root) if transform is not None else root
     except (ValueError, TypeError, KeyError, AssertionError):
         return prompted
-    is_choice = isinstance(c, ChoiceConstraint)
 
     def unwrap(text: str) -> str:
         value = unwrapped_value(text) if wrapped else _NOT_WRAPPED
-        if value is _NOT_WRAPPED:
-            return text
-        if is_choice and isinstance(value, str):
-            return value
-        return json.dumps(value, ensure_ascii=False)
+        return text if value is _NOT_WRAPPED else spec.from_json_answer(value)
 
     level = Enforcement.VALIDATED if relaxed is not None and relaxed(schema) else Enforcement.NATIVE
     return StructuredPlan(structured, level, native=True, native_schema=wire, unwrap=unwrap)
