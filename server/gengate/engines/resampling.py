@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 
 from gengate.constraints import validate_output
-from gengate.constraints.retries import VALIDATION_RETRIES, validation_failed
+from gengate.constraints.retries import Attempts
 from gengate.domain import (
     Enforcement,
     FinishReason,
@@ -66,9 +66,10 @@ async def validated_events(
 ) -> AsyncGenerator[StreamEvent, None]:
     """Generations 0..n-1 from `run`, each released (one merged delta, then its end) once its
     text validates; those that fail are run again together, with the next attempt's seed."""
-    pending: dict[int, str] = {}  # generation index -> why its last attempt failed
+    attempts = Attempts()
     indices: Sequence[int] = range(n)
-    for attempt in range(1 + VALIDATION_RETRIES):
+    attempt = 0
+    while indices:
         held: dict[int, list[GenerationDelta]] = {i: [] for i in indices}
         async with aclosing(run(indices, attempt)) as events:
             async for event in events:
@@ -81,14 +82,11 @@ async def validated_events(
                 complete = event.finish_reason is FinishReason.STOP
                 problem = validate_output(structured, "".join(d.text for d in deltas)) if complete else None
                 if problem is not None:
-                    pending[event.index] = problem
+                    attempts.failed(event.index, problem)
                     continue
-                pending.pop(event.index, None)
+                attempts.passed(event.index)
                 if deltas:
                     yield merge_deltas(deltas)
                 yield event
-        if not pending:
-            return
-        indices = sorted(pending)
-    index = min(pending)
-    raise validation_failed(index, 1 + VALIDATION_RETRIES, pending[index])
+        indices = attempts.to_retry()
+        attempt += 1

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from gengate import errors
 from gengate.backend import aclose_stream
 from gengate.constraints import validate_output
-from gengate.constraints.retries import VALIDATION_RETRIES, validation_failed
+from gengate.constraints.retries import VALIDATION_RETRIES, Attempts
 from gengate.domain import (
     ChatMessage,
     ConstraintKind,
@@ -401,10 +401,9 @@ class ProviderBackend(abc.ABC):
         usage = self._usage_or_estimate(completion, call)
         enforcement = Enforcement.NONE
         if call.plan is not None:
-            gens, pending = self._validated(call.plan, gens)
-            if pending:
-                index, (_, error) = min(pending.items())
-                raise validation_failed(index, 1, error, kind=call.plan.kind, source=self.label)
+            attempts = Attempts(0, kind=call.plan.kind, source=self.label)  # a batch answers once
+            gens = self._validated(call.plan, gens, attempts)
+            attempts.to_retry()
             enforcement = call.plan.enforcement
         return self._result(call.request, gens, usage, enforcement, Timings())
 
@@ -421,45 +420,38 @@ class ProviderBackend(abc.ABC):
         plan = call.plan
         assert plan is not None
         extra = Usage()
-        out, pending = self._validated(plan, gens)
-        for attempt in range(self.options.validation_retries):
-            if not pending:
-                break
+        attempts = Attempts(self.options.validation_retries, kind=plan.kind, source=self.label)
+        out = self._validated(plan, gens, attempts)
+        round_no = 0
+        while indices := attempts.to_retry():
+            round_no += 1
             log.info(
-                "%s: %d invalid structured result(s), re-asking (round %d)",
-                self.name,
-                len(pending),
-                attempt + 1,
+                "%s: %d invalid structured result(s), re-asking (round %d)", self.name, len(indices), round_no
             )
-            indices = sorted(pending)
-            calls = [self._reask_call(call, *pending[i]) for i in indices]
+            calls = [self._reask_call(call, *attempts.failing[i]) for i in indices]
             answers = await asyncio.gather(*(self._complete_retrying(c) for c in calls))
             for i, c, answer in zip(indices, calls, answers, strict=True):
                 extra = extra + self._usage_or_estimate(answer, c)
                 if not answer.generations:
+                    attempts.failed(i, *attempts.failing[i])  # no answer: the try is spent all the same
                     continue
                 g = answer.generations[0]
                 text = self._final_text(plan, g.text)
                 error = validate_output(plan.structured, text)
                 if error is None:
                     out[i] = replace(g, index=i, text=text)
-                    del pending[i]
+                    attempts.passed(i)
                 else:
-                    pending[i] = (g.text, error)
-        if pending:
-            index, (_, error) = next(iter(sorted(pending.items())))
-            tries = 1 + self.options.validation_retries
-            raise validation_failed(index, tries, error, kind=plan.kind, source=self.label)
+                    attempts.failed(i, error, g.text)
         return out, extra
 
     def _validated(
-        self, plan: so.StructuredPlan, gens: list[Generation]
-    ) -> tuple[list[Generation], dict[int, tuple[str, str]]]:
-        """The generations with their final text where valid, and the invalid ones by index
-        (raw text, error). Refusals and filtered outputs are left as they are (their finish
-        reason says so)."""
+        self, plan: so.StructuredPlan, gens: list[Generation], attempts: Attempts
+    ) -> list[Generation]:
+        """The generations with their final text where valid; the invalid ones are recorded in
+        `attempts` (error, raw text). Refusals and filtered outputs are left as they are (their
+        finish reason says so)."""
         out = list(gens)
-        pending: dict[int, tuple[str, str]] = {}
         for i, g in enumerate(out):
             if g.finish_reason in (FinishReason.REFUSAL, FinishReason.CONTENT_FILTER):
                 continue  # reported as the finish reason, not as structured output
@@ -468,10 +460,10 @@ class ProviderBackend(abc.ABC):
             if error is None:
                 out[i] = replace(g, text=text)
             else:
-                pending[i] = (g.text, error)
-        return out, pending
+                attempts.failed(i, error, g.text)
+        return out
 
-    def _reask_call(self, call: ProviderCall, bad_text: str, error: str) -> ProviderCall:
+    def _reask_call(self, call: ProviderCall, error: str, bad_text: str) -> ProviderCall:
         feedback = (
             ChatMessage(Role.ASSISTANT, (TextPart(bad_text),)),
             ChatMessage(Role.USER, (TextPart(so.reask_message(error)),)),

@@ -15,7 +15,7 @@ from typing import Any
 
 from gengate import errors
 from gengate.constraints import CompiledConstraint, validate_output
-from gengate.constraints.retries import VALIDATION_RETRIES, validation_failed
+from gengate.constraints.retries import Attempts
 from gengate.domain import (
     Enforcement,
     FinishReason,
@@ -82,6 +82,7 @@ class RequestRun:
         self.arrived = arrived
         self.options = options
         self.validating = compiled is not None and compiled.enforcement is Enforcement.VALIDATED
+        self._attempts = Attempts()
         self._queue: asyncio.Queue[tuple[Sequence, SequenceEvent]] = asyncio.Queue()
         self._sink = asyncio_sink(asyncio.get_running_loop(), self._queue)
         self._owners: dict[Sequence, _Generation] = {}
@@ -192,11 +193,12 @@ class RequestRun:
         assert structured is not None
         problem = validate_output(structured, text) if reason is FinishReason.STOP else None
         if problem is not None:
-            if gen.attempt >= VALIDATION_RETRIES:
-                raise validation_failed(gen.index, gen.attempt + 1, problem)
+            if not self._attempts.failed(gen.index, problem):
+                raise self._attempts.refusal(gen.index)
             gen.attempt += 1
             self._launch(gen)
             return False
+        self._attempts.passed(gen.index)
         if text or gen.held_logprobs:
             logprobs = tuple(gen.held_logprobs) if gen.held_logprobs else None
             out.append(GenerationDelta(gen.index, text, gen.tokens, logprobs))
