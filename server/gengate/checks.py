@@ -6,7 +6,6 @@ one, max_tokens set, and a constraint kind the model declared. Field paths name 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import secrets
 from typing import Any
@@ -19,6 +18,7 @@ from gengate.domain import (
     ModelCapabilities,
     SamplingParams,
     StoppingCriteria,
+    evolve,
 )
 from gengate.errors import FieldViolation, InvalidArgument, Unimplemented, echo
 from gengate.limits import LIMIT_REASON, RequestLimits, text_violations
@@ -91,16 +91,16 @@ def prepare(
     changes: dict[str, Any] = {}
     sampling = request.sampling
     if sampling.seed is None and caps.seed:
-        changes["sampling"] = dataclasses.replace(sampling, seed=secrets.randbits(63))
+        changes["sampling"] = evolve(sampling, seed=secrets.randbits(63))
     stopping = request.stopping
     if stopping.max_tokens is None:
         limit = (
             DEFAULT_MAX_TOKENS if caps.context_length == 0 else min(DEFAULT_MAX_TOKENS, caps.context_length)
         )
-        changes["stopping"] = dataclasses.replace(stopping, max_tokens=limit)
+        changes["stopping"] = evolve(stopping, max_tokens=limit)
     if request_id is not None and not request.request_id:
         changes["request_id"] = request_id
-    return dataclasses.replace(request, **changes) if changes else request
+    return evolve(request, **changes) if changes else request
 
 
 def request_violations(

@@ -8,7 +8,20 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
+
+_D = TypeVar("_D")
+
+
+def evolve(obj: _D, **changes: Any) -> _D:
+    """`dataclasses.replace` for the per-request path: the same copy with fields changed, at a
+    fifth of the cost (no field introspection). Domain objects have no __post_init__ to rerun."""
+    assert changes.keys() <= obj.__dataclass_fields__.keys(), f"not fields: {set(changes)}"  # type: ignore[attr-defined]
+    new = object.__new__(type(obj))
+    state = new.__dict__
+    state.update(obj.__dict__)
+    state.update(changes)
+    return new
 
 
 class Role(enum.StrEnum):

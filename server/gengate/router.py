@@ -5,7 +5,6 @@ service for callers, composites for their members."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -22,6 +21,7 @@ from gengate.domain import (
     ModelCapabilities,
     ModelInfo,
     StreamEvent,
+    evolve,
 )
 from gengate.errors import ECHO_CHARS, ConfigError, InvalidArgument, NotFound, ResourceExhausted, echo
 from gengate.telemetry import backend_span
@@ -166,7 +166,7 @@ class Route:
             async with self.slot(bounded=bounded, background=background) as queued_s:
                 result = await within_deadline(self.backend.generate(request), request)
             span.record_result(result)
-        return dataclasses.replace(result, timings=result.timings.later(queued_s, queued=True))
+        return evolve(result, timings=result.timings.later(queued_s, queued=True))
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         """One routed stream: as `generate`, each event awaited under the deadline, each end's
@@ -178,9 +178,7 @@ class Route:
                     async for event in iterate_within_deadline(span.events(stream), request):
                         if isinstance(event, GenerationEnd):
                             span.record_end(event)
-                            event = dataclasses.replace(
-                                event, timings=event.timings.later(queued_s, queued=True)
-                            )
+                            event = evolve(event, timings=event.timings.later(queued_s, queued=True))
                         yield event
                 finally:
                     await aclose_stream(stream)

@@ -8,7 +8,6 @@ original constraint before it is returned: an invalid result is never a success.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
@@ -31,6 +30,7 @@ from gengate.domain import (
     StreamEvent,
     StreamStart,
     StructuredOutput,
+    evolve,
 )
 from gengate.errors import (
     Aborted,
@@ -108,8 +108,8 @@ class GenerationCore:
             await self.validator.check(request.structured_output, generation, result.enforcement.value)
         timings = result.timings
         if arrived is not None:
-            timings = dataclasses.replace(timings, total_s=time.monotonic() - arrived)
-        return dataclasses.replace(result, request_id=request.request_id, model=route.name, timings=timings)
+            timings = evolve(timings, total_s=time.monotonic() - arrived)
+        return evolve(result, request_id=request.request_id, model=route.name, timings=timings)
 
     def _checked(self, route: Route, request: GenerationRequest) -> GenerationRequest:
         request_id = None if request.request_id else uuid.uuid4().hex
@@ -139,7 +139,7 @@ class GenerationCore:
             async for event in stream:
                 if isinstance(event, StreamStart):
                     enforcement = event.enforcement.value
-                    event = dataclasses.replace(event, request_id=request.request_id, model=route.name)
+                    event = evolve(event, request_id=request.request_id, model=route.name)
                 elif isinstance(event, GenerationDelta):
                     texts.setdefault(event.index, []).append(event.text)
                 elif isinstance(event, GenerationEnd):
@@ -149,8 +149,8 @@ class GenerationCore:
                         finish_reason=event.finish_reason,
                     )
                     await self.validator.check(request.structured_output, generation, enforcement)
-                    timings = dataclasses.replace(event.timings, total_s=time.monotonic() - arrived)
-                    event = dataclasses.replace(event, timings=timings)
+                    timings = evolve(event.timings, total_s=time.monotonic() - arrived)
+                    event = evolve(event, timings=timings)
                 yield event
         finally:
             await aclose_stream(stream)

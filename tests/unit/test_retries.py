@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gengate import errors
 from gengate.constraints.retries import VALIDATION_FAILED, VALIDATION_RETRIES, Attempts
 from gengate.domain import ConstraintKind
