@@ -20,6 +20,7 @@ from gengate_client import (
     AsyncClient,
     Client,
     GengateError,
+    Magpie,
     OutputError,
     Regex,
     Response,
@@ -58,8 +59,12 @@ def _print_response(response: Response, as_json: bool) -> None:
     if as_json:
         print(json_format.MessageToJson(response.raw))
         return
-    for text in response.texts:
-        print(text)
+    for generation in response.generations:
+        if generation.conversation:  # Magpie: the conversation, a turn per paragraph
+            prefix = f"[{generation.index}] " if len(response.generations) > 1 else ""
+            print("\n".join(f"{prefix}{turn.role}: {turn.text}" for turn in generation.conversation))
+        else:
+            print(generation.text)
 
 
 def _stream(client: Client, model: str, prompt: str | None, kwargs: dict[str, Any], as_json: bool) -> None:
@@ -84,6 +89,10 @@ def _stream(client: Client, model: str, prompt: str | None, kwargs: dict[str, An
 
 def cmd_generate(args: argparse.Namespace) -> int:
     kwargs = generate_kwargs(args)
+    if args.magpie is not None:
+        kwargs["magpie"] = Magpie(args.magpie, system_prompt=args.system, n_turns=args.turns)
+    elif args.system is not None or args.turns is not None:
+        raise CliError("--system and --turns go with --magpie")
     metadata = call_metadata(args.metadata or [])
     with Client(args.address, metadata=metadata or None, timeout=args.timeout) as client:
         try:
@@ -352,6 +361,15 @@ def build_parser() -> argparse.ArgumentParser:
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="raw prompt text")
     source.add_argument("--messages", metavar="FILE", help="JSON list of {role, content} ('-' for stdin)")
+    source.add_argument(
+        "--magpie",
+        metavar="PRESET|TEXT",
+        help="the model writes the user turn itself (Magpie): llama3, qwen2, phi3, gemma or a pre-query text",
+    )
+    gen.add_argument("--system", help="with --magpie: a system prompt steering the instructions")
+    gen.add_argument(
+        "--turns", type=int, help="with --magpie: user turns to write, each answered (default 1)"
+    )
     add_request_options(gen)
     gen.add_argument("--request-id")
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")

@@ -96,3 +96,19 @@ def test_demo_builds_serves_and_shows_each_kind(tmp_path: Path) -> None:
     assert re.search(r"^\([0-9]{3}\) [0-9]{3}-[0-9]{4}", out, re.MULTILINE)
     assert re.search(r"^(positive|negative|neutral)$", out, re.MULTILINE)
     assert "[1] NOT_FOUND" in out and out.rstrip().endswith("server stopped")
+
+
+def test_generate_magpie_prints_the_written_conversation(served: str) -> None:
+    common = ["generate", "--address", served, "--model", "tiny", "--max-tokens", "4", "--seed", "5"]
+    result = gengate(*common, "--magpie", "qwen2", "--system", "Ask about maps.", "--turns", "2")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(":", 1)[0] for line in lines if line.startswith(("user:", "assistant:"))] == [
+        "user", "assistant", "user", "assistant",
+    ]  # fmt: skip
+    as_json = json.loads(gengate(*common, "--magpie", "qwen2", "--json").stdout)
+    assert [t["role"] for t in as_json["generations"][0]["conversation"]] == ["ROLE_USER", "ROLE_ASSISTANT"]
+    refused = gengate(*common, "--magpie", "llama3")
+    assert refused.returncode != 0 and "MAGPIE_TOKENS_MISSING" in refused.stderr + refused.stdout
+    misuse = gengate(*common, "--prompt", "hi", "--turns", "2")
+    assert misuse.returncode != 0 and "--magpie" in misuse.stderr

@@ -152,3 +152,16 @@ async def test_a_batch_runs_magpie_items_beside_plain_ones(make_server: ServerFa
     assert [t.role for t in items[0].response.generations[0].conversation] == ["user", "assistant"]
     assert isinstance(items[1].error, InvalidArgumentError)
     assert items[2].response is not None and not items[2].response.generations[0].conversation
+
+
+async def test_transformers_continues_its_own_chat_template(make_server: ServerFactory) -> None:
+    pytest.importorskip("transformers")
+    server = await make_server({"models": [{"name": "hf", "backend": "transformers", "tiny": True}]})
+    async with AsyncClient(server.address) as client:
+        magpie = Magpie("qwen2", system_prompt="Ask about rivers.", n_turns=1)
+        reply = await client.generate("hf", magpie=magpie, max_tokens=4, seed=3)
+        with pytest.raises(InvalidArgumentError) as gemma:
+            await client.generate("hf", magpie=Magpie("gemma"), max_tokens=4)
+    assert [t.role for t in reply.generations[0].conversation] == ["user", "assistant"]
+    assert all(t.output_tokens > 0 for t in reply.generations[0].conversation)
+    assert gemma.value.reason == "MAGPIE_TOKENS_MISSING" and "<start_of_turn>" in str(gemma.value)

@@ -64,3 +64,4 @@ def test_row_matches_declared_capabilities(kind: str) -> None:
     assert syntaxes == {s.value for s in caps.grammar_syntaxes}, kind
     assert (cells[6] == "yes") == caps.logprobs, kind
     assert (cells[7] == "yes") == (Modality.IMAGE in caps.input_modalities), kind
+    assert (cells[8] == "yes") == caps.raw_prompt, f"{kind}: README's magpie column"

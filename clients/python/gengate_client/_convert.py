@@ -225,7 +225,7 @@ def build_request(request: Request) -> tuple[generation_pb2.GenerateRequest, Out
     Values go to the server as given: the server is the one judge of ranges and limits.
     """
     if sum(x is not None for x in (request.prompt, request.messages, request.magpie)) > 1:
-        raise ValueError("give one of prompt, messages or magpie")
+        raise ValueError("give one of prompt, messages or magpie (not both)")
     pb = generation_pb2.GenerateRequest(model=request.model, request_id=request.request_id or "")
     if request.prompt is not None:
         pb.prompt = request.prompt
