@@ -33,7 +33,7 @@ from distilabel.mixins.runtime_parameters import RuntimeParameter
 from distilabel.models.llms.base import AsyncLLM
 from distilabel.models.mixins.magpie import MAGPIE_PRE_QUERY_TEMPLATES, MagpieChatTemplateMixin
 from distilabel.typing import FormattedInput, GenerateOutput, OutlinesStructuredOutputType
-from pydantic import Field, PrivateAttr, SecretStr, field_validator
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator
 
 import gengate_client
 from gengate_client.aio import AsyncClient
@@ -260,6 +260,9 @@ class GengateLLM(AsyncLLM, MagpieChatTemplateMixin):
     tls_server_name, metadata, timeout, structured_output, batch_job_offline.
     """
 
+    # A refused value (a token in metadata, a bad api_key) is never echoed in the error.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     model: str
     address: RuntimeParameter[str] | None = Field(
         default_factory=lambda: os.getenv("GENGATE_ADDRESS", "127.0.0.1:50051"),
@@ -304,6 +307,12 @@ class GengateLLM(AsyncLLM, MagpieChatTemplateMixin):
                 "put the token in api_key, not in metadata: api_key is kept out of pipeline dumps and logs"
             )
         return value
+
+    def __del__(self) -> None:
+        # distilabel's AsyncLLM.__del__ fails on an instance whose validation failed (no private
+        # attributes yet): noise at garbage collection, after the real error was raised.
+        if getattr(self, "__pydantic_private__", None) is not None:
+            super().__del__()
 
     @property
     def model_name(self) -> str:
