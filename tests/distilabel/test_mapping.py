@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import gengate_client
@@ -322,3 +323,21 @@ def test_a_structured_generation_that_cannot_complete_is_that_generations_none(
     assert out["generations"] == ['{"name": "Oslo", "population": 700000}', None, None]
     assert out["statistics"] == {"input_tokens": [11] * 3, "output_tokens": [9, 4, 9]}
     assert "generation 1 hit max_new_tokens" in caplog.text and "generation 2 does not parse" in caplog.text
+
+
+def test_the_readme_table_has_a_row_for_every_distilabel_llm() -> None:
+    """tests/unit/test_readme_distilabel.py checks the kinds and settings; this, the classes."""
+    import distilabel.models.llms as llms
+    from distilabel.models.llms.base import LLM
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("<!-- distilabel:start -->")[1].split("<!-- distilabel:end -->")[0]
+    named = {line.strip("| ").split(" ")[0] for line in table.strip().splitlines()[2:]}
+    classes = {
+        name
+        for name in llms.__all__
+        if isinstance(getattr(llms, name), type)
+        and issubclass(getattr(llms, name), LLM)
+        and name not in ("LLM", "AsyncLLM")
+    }
+    assert classes <= named, sorted(classes - named)
