@@ -16,12 +16,14 @@ from gengate.domain import (
     ImagePart,
     Modality,
     ModelCapabilities,
+    Role,
     SamplingParams,
     StoppingCriteria,
     evolve,
 )
 from gengate.errors import FieldViolation, InvalidArgument, Unimplemented, echo
 from gengate.limits import LIMIT_REASON, RequestLimits, text_violations
+from gengate.magpie import PRESETS
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_LIMITS = RequestLimits()
@@ -115,6 +117,8 @@ def request_violations(
 
 
 def _input_violations(request: GenerationRequest, caps: ModelCapabilities) -> list[FieldViolation]:
+    if request.magpie is not None:
+        return _magpie_violations(request, caps)
     if request.prompt is None and request.messages is None:
         return [FieldViolation("input", "set either prompt or messages")]
     if request.messages is None:
@@ -136,6 +140,56 @@ def _input_violations(request: GenerationRequest, caps: ModelCapabilities) -> li
                     out.append(FieldViolation(where, "set data or url"))
                 elif part.data is not None and not part.mime_type:
                     out.append(FieldViolation(f"{where}.mime_type", "is required with data"))
+    return out
+
+
+def _magpie_violations(request: GenerationRequest, caps: ModelCapabilities) -> list[FieldViolation]:
+    """A Magpie input on this model: refused (UNIMPLEMENTED) where prompts are not raw text, or
+    (INVALID_ARGUMENT) for a preset whose special tokens the model's tokenizer lacks; else its
+    fields' violations."""
+    magpie = request.magpie
+    assert magpie is not None
+    if not caps.raw_prompt:
+        raise Unimplemented(
+            "this model takes no raw prompt (its provider applies the chat template), so it cannot "
+            "write a user turn from a pre-query template (Magpie)",
+            reason="MAGPIE_UNSUPPORTED",
+            violations=[FieldViolation("magpie", "not supported by this model")],
+        )
+    out: list[FieldViolation] = []
+    if magpie.preset is None and not magpie.template:
+        out.append(FieldViolation("magpie.pre_query", "set a preset or a template"))
+    if magpie.preset is not None and caps.special_tokens is not None:
+        missing = sorted(PRESETS[magpie.preset].tokens - caps.special_tokens)
+        if missing:
+            raise InvalidArgument.field(
+                "magpie.preset",
+                f"the {magpie.preset.value} chat format needs special tokens this model's tokenizer "
+                f"does not have: {', '.join(missing)}",
+                reason="MAGPIE_TOKENS_MISSING",
+            )
+    if magpie.n_turns < 1:
+        out.append(FieldViolation("magpie.n_turns", "must be at least 1"))
+    for i, message in enumerate(magpie.conversation):
+        if message.role is Role.SYSTEM:
+            out.append(
+                FieldViolation(f"magpie.conversation[{i}].role", "use system_prompt for the system turn")
+            )
+        if message.has_images:
+            out.append(
+                FieldViolation(f"magpie.conversation[{i}].content", "Magpie conversations are text only")
+            )
+    if (magpie.conversation or magpie.system_prompt) and magpie.preset is None and not caps.chat_continuation:
+        raise Unimplemented(
+            "a custom pre-query template after a system prompt or conversation needs the model's chat "
+            "template, which this server cannot render for this model; use a preset",
+            reason="MAGPIE_UNSUPPORTED",
+            violations=[FieldViolation("magpie.template", "needs a preset on this model")],
+        )
+    if request.structured_output is not None:
+        out.append(FieldViolation("structured_output", "is not supported with magpie"))
+    if request.logprobs is not None:
+        out.append(FieldViolation("logprobs", "is not supported with magpie"))
     return out
 
 

@@ -63,6 +63,38 @@ class ChatMessage:
         return any(isinstance(p, ImagePart) for p in self.content)
 
 
+class MagpiePreset(enum.StrEnum):
+    """A chat format whose pre-query text gengate knows (gengate.magpie.PRESETS)."""
+
+    LLAMA3 = "llama3"
+    QWEN2 = "qwen2"
+    PHI3 = "phi3"
+    GEMMA = "gemma"
+
+
+@dataclass(frozen=True)
+class MagpieInput:
+    """Magpie: the model writes the user turns itself, from the pre-query text of its chat format
+    (a preset's, or `template` verbatim), after an optional system prompt and the turns so far."""
+
+    preset: MagpiePreset | None = None
+    template: str | None = None
+    system_prompt: str | None = None
+    conversation: tuple[ChatMessage, ...] = ()
+    n_turns: int = 1
+    only_instruction: bool = False
+    end_with_user: bool = False
+
+
+@dataclass(frozen=True)
+class ConversationTurn:
+    """One turn of a Magpie conversation, with the tokens generated for it (0 for given turns)."""
+
+    role: Role
+    text: str
+    output_tokens: int = 0
+
+
 def with_system_text(messages: tuple[ChatMessage, ...], text: str) -> tuple[ChatMessage, ...]:
     """`text` added to the first system message (after a blank line), or a system message put
     first: how instructions reach a model that only takes chat messages."""
@@ -190,11 +222,17 @@ BackendOptionValue: TypeAlias = str | int | float | bool
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One request for n generations from one model. Exactly one of prompt / messages is set."""
+    """One request for n generations from one model. Exactly one of prompt / messages / magpie
+    is set (the service turns a Magpie request into prompt and messages requests)."""
 
     model: str
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] | None = None
+    magpie: MagpieInput | None = None
+    # With messages: the text the model continues from, after the messages rendered by its chat
+    # template WITHOUT the generation prompt (Magpie's pre-query after a conversation). Only for
+    # models with `raw_prompt`.
+    continuation: str | None = None
     sampling: SamplingParams = SamplingParams()
     stopping: StoppingCriteria = StoppingCriteria()
     n: int = 1
@@ -279,6 +317,8 @@ class Generation:
     output_tokens: int = 0
     matched_stop: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # A Magpie request's turns, oldest first (empty otherwise).
+    conversation: tuple[ConversationTurn, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -346,6 +386,13 @@ class ModelCapabilities:
     chat: bool = True
     # Keys accepted in GenerateRequest.backend_options; anything else is refused.
     backend_options: frozenset[str] = frozenset()
+    # The prompt reaches the model as raw text, no chat template around it: Magpie can be served.
+    raw_prompt: bool = False
+    # GenerationRequest.continuation is honoured (the server renders the chat template itself).
+    chat_continuation: bool = False
+    # The chat-format tokens (of gengate.magpie.PRESET_TOKENS) the model's tokenizer has; None
+    # when the server cannot see the tokenizer (a remote model).
+    special_tokens: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)

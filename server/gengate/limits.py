@@ -8,6 +8,7 @@ over a limit is refused with INVALID_ARGUMENT naming the field, the limit and it
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gengate.domain import GenerationRequest, TextPart
+from gengate.domain import GenerationRequest, MagpieInput, TextPart
 from gengate.errors import FieldViolation
 
 LIMIT_REASON = "LIMIT_EXCEEDED"
@@ -61,6 +62,34 @@ def over_limit(field: str, what: str, value: int, name: str, limit: int) -> Fiel
     return FieldViolation(field, f"{what} {measured}, over the limit of {limit} (server.limits.{name})")
 
 
+# The most user turns one Magpie request writes (each is one or two model calls per generation).
+MAX_MAGPIE_TURNS = 16
+
+
+def _magpie_violations(magpie: MagpieInput, limits: RequestLimits) -> list[FieldViolation]:
+    """A Magpie input's limits: its turns, its conversation's length and its texts' total size
+    (template, system prompt and conversation count against max_prompt_bytes together)."""
+    out: list[FieldViolation] = []
+    if magpie.n_turns > MAX_MAGPIE_TURNS:
+        out.append(
+            FieldViolation("magpie.n_turns", f"is {magpie.n_turns}, over the most of {MAX_MAGPIE_TURNS}")
+        )
+    if len(magpie.conversation) > limits.max_messages:
+        what = "the number of messages"
+        out.append(
+            over_limit(
+                "magpie.conversation", what, len(magpie.conversation), "max_messages", limits.max_messages
+            )
+        )
+    texts = [magpie.template or "", magpie.system_prompt or ""]
+    parts = (p.text for m in magpie.conversation for p in m.content if isinstance(p, TextPart))
+    size = texts_bytes(itertools.chain(texts, parts), limits.max_prompt_bytes)
+    if size > limits.max_prompt_bytes:
+        what = "the Magpie template, system prompt and conversation's size in bytes"
+        out.append(over_limit("magpie", what, size, "max_prompt_bytes", limits.max_prompt_bytes))
+    return out
+
+
 def text_violations(request: GenerationRequest, limits: RequestLimits) -> list[FieldViolation]:
     """Every limit the request's texts exceed (prompt, messages, stop sequences; empty when none),
     cheap and linear in their size. A constraint's own limits are its kind's
@@ -104,6 +133,8 @@ def text_violations(request: GenerationRequest, limits: RequestLimits) -> list[F
                     limits.max_prompt_bytes,
                 )
             )
+    if request.magpie is not None:
+        out += _magpie_violations(request.magpie, limits)
     stops = request.stopping.stop
     if len(stops) > limits.max_stop_sequences:
         out.append(

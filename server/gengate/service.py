@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from gengate.backend import aclose_stream
 from gengate.checks import prepare
 from gengate.constraints.sandbox import ConstraintSandbox
+from gengate.conversation import MagpieWriter
 from gengate.domain import (
     ConstraintKind,
     Enforcement,
@@ -34,10 +35,12 @@ from gengate.domain import (
 )
 from gengate.errors import (
     Aborted,
+    FieldViolation,
     GengateError,
     Internal,
     InvalidArgument,
     ResourceExhausted,
+    Unimplemented,
 )
 from gengate.limits import LIMIT_REASON, RequestLimits
 from gengate.router import Route, Router
@@ -126,12 +129,21 @@ class GenerationCore:
         model's slots to interactive calls (Route.slot)."""
         arrived = time.monotonic()
         route, request = await self._prepare(request)
+        if request.magpie is not None:
+            writer = MagpieWriter(route, request, bounded=queue_bounded, background=background)
+            return await self.finish(route, request, await writer.write(), arrived)
         result = await route.generate(request, bounded=queue_bounded, background=background)
         return await self.finish(route, request, result, arrived)
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         arrived = time.monotonic()
         route, request = await self._prepare(request)
+        if request.magpie is not None:
+            raise Unimplemented(
+                "a Magpie request is answered whole, turn after turn: use Generate or BatchGenerate",
+                reason="MAGPIE_NOT_STREAMED",
+                violations=[FieldViolation("request.magpie", "not served by GenerateStream")],
+            )
         texts: dict[int, list[str]] = {}
         enforcement = "none"
         stream = route.generate_stream(request)

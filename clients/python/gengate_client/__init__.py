@@ -37,6 +37,7 @@ from gengate_client.types import (
     GrammarSyntax,
     ImagePart,
     ItemResult,
+    Magpie,
     Message,
     Modality,
     ModelCapabilities,
@@ -52,6 +53,7 @@ from gengate_client.types import (
     Timings,
     TokenLogprob,
     TopLogprob,
+    Turn,
     Usage,
 )
 
@@ -82,6 +84,7 @@ __all__ = [
     "JobUsage",
     "JsonObject",
     "JsonSchema",
+    "Magpie",
     "Message",
     "Modality",
     "ModelCapabilities",
@@ -104,6 +107,7 @@ __all__ = [
     "TokenLogprob",
     "TopLogprob",
     "TruncatedOutputError",
+    "Turn",
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",

@@ -15,6 +15,7 @@ from google.protobuf import duration_pb2
 from gengate_client.errors import OutputError, TruncatedOutputError, error_from_status
 from gengate_client.output_types import OutputSpec, resolve_output_type
 from gengate_client.types import (
+    MAGPIE_PRESETS,
     ConstraintKind,
     ConstraintSupport,
     Enforcement,
@@ -23,6 +24,7 @@ from gengate_client.types import (
     GrammarSyntax,
     ImagePart,
     ItemResult,
+    Magpie,
     Message,
     MessageLike,
     Modality,
@@ -30,6 +32,7 @@ from gengate_client.types import (
     ModelInfo,
     Request,
     Response,
+    RoleName,
     StreamDelta,
     StreamEnd,
     StreamFrame,
@@ -38,6 +41,7 @@ from gengate_client.types import (
     Timings,
     TokenLogprob,
     TopLogprob,
+    Turn,
     Usage,
 )
 
@@ -48,6 +52,7 @@ class BaseOptions(TypedDict, total=False):
     """Keyword arguments of `generate()` and friends other than `output_type`, for both clients."""
 
     messages: Sequence[MessageLike] | None
+    magpie: Magpie | None
     max_tokens: int | None
     temperature: float | None
     top_p: float | None
@@ -78,6 +83,7 @@ _ROLES = {
     "user": types_pb2.ROLE_USER,
     "assistant": types_pb2.ROLE_ASSISTANT,
 }
+_ROLE_NAMES: dict[int, RoleName] = {v: k for k, v in _ROLES.items()}  # type: ignore[misc]
 _SAMPLING_FIELDS = (
     "temperature",
     "top_p",
@@ -218,13 +224,15 @@ def build_request(request: Request) -> tuple[generation_pb2.GenerateRequest, Out
 
     Values go to the server as given: the server is the one judge of ranges and limits.
     """
-    if request.prompt is not None and request.messages is not None:
-        raise ValueError("give either prompt or messages, not both")
+    if sum(x is not None for x in (request.prompt, request.messages, request.magpie)) > 1:
+        raise ValueError("give one of prompt, messages or magpie")
     pb = generation_pb2.GenerateRequest(model=request.model, request_id=request.request_id or "")
     if request.prompt is not None:
         pb.prompt = request.prompt
     elif request.messages is not None:
         pb.messages.messages.extend(build_message(m) for m in request.messages)
+    elif request.magpie is not None:
+        pb.magpie.CopyFrom(build_magpie(request.magpie))
     for name in _SAMPLING_FIELDS:
         value = getattr(request, name)
         if value is not None:
@@ -243,6 +251,24 @@ def build_request(request: Request) -> tuple[generation_pb2.GenerateRequest, Out
     if spec is not None and spec.structured is not None:
         pb.structured_output.CopyFrom(spec.structured)
     return pb, spec
+
+
+def build_magpie(magpie: Magpie) -> types_pb2.Magpie:
+    """The proto Magpie input: a preset name becomes the preset, any other text is the template."""
+    pb = types_pb2.Magpie(
+        conversation=[build_message(m) for m in magpie.conversation],
+        only_instruction=magpie.only_instruction,
+        end_with_user=magpie.end_with_user,
+    )
+    if magpie.template in MAGPIE_PRESETS:
+        pb.preset = types_pb2.MagpiePreset.Value(f"MAGPIE_PRESET_{magpie.template.upper()}")
+    else:
+        pb.template = magpie.template
+    if magpie.system_prompt is not None:
+        pb.system_prompt = magpie.system_prompt
+    if magpie.n_turns is not None:
+        pb.n_turns = magpie.n_turns
+    return pb
 
 
 def _enum_name(value: int, enum_type: Any, prefix: str) -> str:
@@ -315,6 +341,9 @@ def _generation(pb: types_pb2.Generation, spec: OutputSpec | None) -> Generation
         output_tokens=pb.output_tokens,
         logprobs=logprobs(pb.logprobs) if pb.HasField("logprobs") else None,
         parsed=parsed,
+        conversation=tuple(
+            Turn(_ROLE_NAMES.get(t.role, "user"), t.text, t.output_tokens) for t in pb.conversation
+        ),
     )
 
 
@@ -400,5 +429,6 @@ def model_info(pb: types_pb2.ModelInfo) -> ModelInfo:
         seed=c.seed,
         chat=c.chat,
         backend_options=tuple(c.backend_options),
+        magpie=c.magpie,
     )
     return ModelInfo(name=pb.name, backend=pb.backend, capabilities=caps, raw=pb)

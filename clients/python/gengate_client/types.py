@@ -99,6 +99,31 @@ class Message:
 
 MessageLike = Message | Mapping[str, Any] | types_pb2.ChatMessage
 
+MAGPIE_PRESETS = ("llama3", "qwen2", "phi3", "gemma")
+
+
+@dataclass(frozen=True)
+class Magpie:
+    """Ask the model to write the user turns itself (Magpie): `template` is a preset name
+    (llama3, qwen2, phi3, gemma: that chat format's pre-query text) or a custom pre-query text sent
+    as given. `conversation`: turns so far (user/assistant) the next user turn follows."""
+
+    template: str
+    system_prompt: str | None = None
+    conversation: Sequence[MessageLike] = ()
+    n_turns: int | None = None
+    only_instruction: bool = False
+    end_with_user: bool = False
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a Magpie conversation; output_tokens: generated for it (0 for given turns)."""
+
+    role: RoleName
+    text: str
+    output_tokens: int = 0
+
 
 @dataclass(frozen=True)
 class Request:
@@ -107,6 +132,7 @@ class Request:
     model: str
     prompt: str | None = None
     messages: Sequence[MessageLike] | None = None
+    magpie: Magpie | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -170,6 +196,8 @@ class Generation:
     output_tokens: int
     logprobs: tuple[TokenLogprob, ...] | None
     parsed: Any = None
+    # A Magpie request's turns, oldest first (the given conversation, then the written turns).
+    conversation: tuple[Turn, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -332,6 +360,7 @@ class ModelCapabilities:
     seed: bool
     chat: bool
     backend_options: tuple[str, ...] = ()  # keys accepted in `backend_options=`
+    magpie: bool = False  # takes `magpie=` (a model that takes raw prompts)
 
     def enforcement_of(self, kind: ConstraintKind) -> Enforcement | None:
         """How `kind` is enforced, or None when the model does not serve it."""

@@ -61,6 +61,13 @@ _KIND_TO_PB = {
     d.ConstraintKind.GRAMMAR: pb.CONSTRAINT_KIND_GRAMMAR,
     d.ConstraintKind.JSON_OBJECT: pb.CONSTRAINT_KIND_JSON_OBJECT,
 }
+_PRESET_TO_PB = {
+    d.MagpiePreset.LLAMA3: pb.MAGPIE_PRESET_LLAMA3,
+    d.MagpiePreset.QWEN2: pb.MAGPIE_PRESET_QWEN2,
+    d.MagpiePreset.PHI3: pb.MAGPIE_PRESET_PHI3,
+    d.MagpiePreset.GEMMA: pb.MAGPIE_PRESET_GEMMA,
+}
+_PRESET_FROM_PB = {v: k for k, v in _PRESET_TO_PB.items()}
 _MODALITY_TO_PB = {d.Modality.TEXT: pb.MODALITY_TEXT, d.Modality.IMAGE: pb.MODALITY_IMAGE}
 
 
@@ -84,14 +91,21 @@ def request_from_pb(
     which = msg.WhichOneof("input")
     prompt: str | None = None
     messages: tuple[d.ChatMessage, ...] | None = None
+    magpie: d.MagpieInput | None = None
     if which == "prompt":
         prompt = msg.prompt
     elif which == "messages":
-        messages = tuple(_message_from_pb(m, i, prefix) for i, m in enumerate(msg.messages.messages))
+        messages = tuple(
+            _message_from_pb(m, f"{prefix}messages.messages[{i}]")
+            for i, m in enumerate(msg.messages.messages)
+        )
+    elif which == "magpie":
+        magpie = magpie_from_pb(msg.magpie, f"{prefix}magpie")
     return d.GenerationRequest(
         model=msg.model,
         prompt=prompt,
         messages=messages,
+        magpie=magpie,
         sampling=sampling_from_pb(msg.sampling),
         stopping=stopping_from_pb(msg.stopping),
         n=msg.n if msg.HasField("n") else 1,
@@ -108,8 +122,45 @@ def request_from_pb(
     )
 
 
-def _message_from_pb(msg: pb.ChatMessage, index: int, prefix: str) -> d.ChatMessage:
-    where = f"{prefix}messages.messages[{index}]"
+def magpie_from_pb(msg: pb.Magpie, where: str) -> d.MagpieInput:
+    """A Magpie input; an unknown preset is INVALID_ARGUMENT naming the field."""
+    preset: d.MagpiePreset | None = None
+    which = msg.WhichOneof("pre_query")
+    if which == "preset":
+        preset = _PRESET_FROM_PB.get(msg.preset)
+        if preset is None:
+            names = ", ".join(pb.MagpiePreset.Name(v) for v in _PRESET_FROM_PB)
+            raise InvalidArgument.field(f"{where}.preset", f"must be one of {names}")
+    return d.MagpieInput(
+        preset=preset,
+        template=msg.template if which == "template" else None,
+        system_prompt=msg.system_prompt if msg.HasField("system_prompt") else None,
+        conversation=tuple(
+            _message_from_pb(m, f"{where}.conversation[{i}]") for i, m in enumerate(msg.conversation)
+        ),
+        n_turns=msg.n_turns if msg.HasField("n_turns") else 1,
+        only_instruction=msg.only_instruction,
+        end_with_user=msg.end_with_user,
+    )
+
+
+def magpie_to_pb(m: d.MagpieInput) -> pb.Magpie:
+    msg = pb.Magpie(
+        conversation=[_message_to_pb(c) for c in m.conversation],
+        n_turns=m.n_turns,
+        only_instruction=m.only_instruction,
+        end_with_user=m.end_with_user,
+    )
+    if m.preset is not None:
+        msg.preset = _PRESET_TO_PB[m.preset]
+    elif m.template is not None:
+        msg.template = m.template
+    if m.system_prompt is not None:
+        msg.system_prompt = m.system_prompt
+    return msg
+
+
+def _message_from_pb(msg: pb.ChatMessage, where: str) -> d.ChatMessage:
     role = _ROLE_FROM_PB.get(msg.role)
     if role is None:
         raise InvalidArgument.field(f"{where}.role", "must be ROLE_SYSTEM, ROLE_USER or ROLE_ASSISTANT")
@@ -261,15 +312,9 @@ def request_to_pb(req: d.GenerationRequest) -> gpb.GenerateRequest:
         msg.prompt = req.prompt
     elif req.messages is not None:
         msg.messages.SetInParent()
-        for m in req.messages:
-            out = msg.messages.messages.add(role=_ROLE_TO_PB[m.role], name=m.name)
-            for part in m.content:
-                if isinstance(part, d.TextPart):
-                    out.content.add(text=part.text)
-                elif part.data is not None:
-                    out.content.add(image=pb.Image(data=part.data, mime_type=part.mime_type))
-                else:
-                    out.content.add(image=pb.Image(url=part.url or "", mime_type=part.mime_type))
+        msg.messages.messages.extend(_message_to_pb(m) for m in req.messages)
+    elif req.magpie is not None:
+        msg.magpie.CopyFrom(magpie_to_pb(req.magpie))
     msg.sampling.CopyFrom(sampling_to_pb(req.sampling))
     msg.stopping.CopyFrom(stopping_to_pb(req.stopping))
     msg.n = req.n
@@ -280,6 +325,18 @@ def request_to_pb(req: d.GenerationRequest) -> gpb.GenerateRequest:
     for key, value in req.backend_options.items():
         msg.backend_options[key].CopyFrom(_option_to_pb(value))
     return msg
+
+
+def _message_to_pb(m: d.ChatMessage) -> pb.ChatMessage:
+    out = pb.ChatMessage(role=_ROLE_TO_PB[m.role], name=m.name)
+    for part in m.content:
+        if isinstance(part, d.TextPart):
+            out.content.add(text=part.text)
+        elif part.data is not None:
+            out.content.add(image=pb.Image(data=part.data, mime_type=part.mime_type))
+        else:
+            out.content.add(image=pb.Image(url=part.url or "", mime_type=part.mime_type))
+    return out
 
 
 def _option_to_pb(value: d.BackendOptionValue) -> pb.BackendOptionValue:
@@ -382,6 +439,8 @@ def generation_to_pb(g: d.Generation) -> pb.Generation:
         msg.matched_stop = g.matched_stop
     if g.logprobs is not None:
         msg.logprobs.CopyFrom(logprobs_to_pb(g.logprobs))
+    for turn in g.conversation:
+        msg.conversation.add(role=_ROLE_TO_PB[turn.role], text=turn.text, output_tokens=turn.output_tokens)
     return msg
 
 
@@ -424,6 +483,9 @@ def result_from_pb(msg: gpb.GenerateResponse) -> d.GenerationResult:
                 )
                 if g.HasField("logprobs")
                 else None,
+                conversation=tuple(
+                    d.ConversationTurn(_ROLE_FROM_PB[t.role], t.text, t.output_tokens) for t in g.conversation
+                ),
             )
             for g in msg.generations
         ),
@@ -488,6 +550,7 @@ def model_info_to_pb(info: d.ModelInfo) -> pb.ModelInfo:
             seed=caps.seed,
             chat=caps.chat,
             backend_options=sorted(caps.backend_options),
+            magpie=caps.raw_prompt,
         ),
     )
 
@@ -599,6 +662,8 @@ def merged_request(defaults: gpb.GenerateRequest, item: gpb.GenerateRequest) -> 
     out.MergeFrom(item)
     if item.HasField("messages"):
         out.messages.CopyFrom(item.messages)
+    if item.HasField("magpie"):
+        out.magpie.CopyFrom(item.magpie)
     if item.stopping.stop:
         del out.stopping.stop[:]
         out.stopping.stop.extend(item.stopping.stop)

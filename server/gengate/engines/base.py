@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import replace
+from typing import Any
 
 from gengate import errors
 from gengate.domain import (
@@ -20,6 +21,7 @@ from gengate.domain import (
     StreamStart,
 )
 from gengate.engines.options import ENGINE_OPTIONS
+from gengate.magpie import PRESET_TOKENS
 
 PROMPT_TOO_LONG = "PROMPT_TOO_LONG"
 
@@ -32,9 +34,12 @@ def engine_capabilities(
     context_length: int,
     chat: bool,
     backend_options: frozenset[str] = ENGINE_OPTIONS,
+    special_tokens: frozenset[str] | None = None,
 ) -> ModelCapabilities:
     """A local engine's capabilities: every constraint kind enforced in its own decoding loop,
-    seeds, text input, logprobs where it keeps any, and the engine options."""
+    seeds, text input, logprobs where it keeps any, the engine options, and raw prompts (Magpie),
+    continuing a conversation where the model has a chat template. `special_tokens`: the
+    tokenizer's tokens among gengate.magpie.PRESET_TOKENS (None until the model is loaded)."""
     return ModelCapabilities(
         constraints={kind: Enforcement.ENGINE for kind in ConstraintKind},
         grammar_syntaxes=grammar_syntaxes,
@@ -46,7 +51,21 @@ def engine_capabilities(
         seed=True,
         chat=chat,
         backend_options=backend_options,
+        raw_prompt=True,
+        chat_continuation=chat,
+        special_tokens=special_tokens,
     )
+
+
+def special_tokens_of(tokenizer: Any) -> frozenset[str]:
+    """The Magpie presets' tokens (gengate.magpie.PRESET_TOKENS) a Hugging Face tokenizer reads as one
+    special token: one id, and not what the same text gives as plain text."""
+    found = set()
+    for text in PRESET_TOKENS:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) == 1 and ids[0] in tokenizer.all_special_ids + list(tokenizer.added_tokens_decoder):
+            found.add(text)
+    return frozenset(found)
 
 
 def seeded(sampling: SamplingParams) -> SamplingParams:

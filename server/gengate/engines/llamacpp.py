@@ -46,6 +46,7 @@ from gengate.domain import (
 from gengate.engines.base import engine_capabilities, output_room, seeded, stream_start
 from gengate.engines.options import EngineOptions, engine_options
 from gengate.engines.resampling import all_generations, merge_deltas, retry_seed
+from gengate.magpie import PRESET_TOKENS
 
 if TYPE_CHECKING:
     from gengate.engines.decoding import LoopHandoff
@@ -128,13 +129,14 @@ class LlamaCppBackend:
         self._pieces: dict[int, bytes] = {}  # token -> its text, as llm.detokenize([token]) gives it
         self._logits_views: dict[int, np.ndarray[Any, np.dtype[np.float32]]] = {}  # address -> view
 
-    def _capabilities(self, *, chat: bool) -> ModelCapabilities:
+    def _capabilities(self, *, chat: bool, special_tokens: frozenset[str] | None = None) -> ModelCapabilities:
         return engine_capabilities(
             grammar_syntaxes=frozenset({GrammarSyntax.LARK, GrammarSyntax.GBNF, GrammarSyntax.EBNF}),
             max_n=MAX_N,
             max_top_logprobs=MAX_TOP_LOGPROBS,
             context_length=self.options.n_ctx,
             chat=chat,
+            special_tokens=special_tokens,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -169,7 +171,9 @@ class LlamaCppBackend:
         self._eos_text = _special_text(llm, llm.token_eos())
         template = self.options.chat_template or llm.metadata.get("tokenizer.chat_template")
         self._chat_template = _compile_template(template) if template else None
-        self.capabilities = self._capabilities(chat=self._chat_template is not None)
+        self.capabilities = self._capabilities(
+            chat=self._chat_template is not None, special_tokens=_special_tokens(llm, PRESET_TOKENS)
+        )
         with warnings.catch_warnings():  # llguidance's helper calls a deprecated llama.cpp function
             warnings.simplefilter("ignore", DeprecationWarning)
             ll_tokenizer = make_ll_tokenizer_from_llama(llm)
@@ -442,14 +446,13 @@ class LlamaCppBackend:
     def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
         """Tokenizes the raw prompt, or the messages rendered with the model's chat template."""
         llm = self._llm
-        if request.prompt is not None:
-            tokens: list[int] = llm.tokenize(request.prompt.encode(), add_bos=True, special=True)
-        else:
-            text = self._render_chat(request)
-            tokens = llm.tokenize(text.encode(), add_bos=True, special=True)
-            bos = llm.token_bos()
-            if len(tokens) > 1 and tokens[0] == tokens[1] == bos:
-                tokens = tokens[1:]  # the template wrote BOS and the tokenizer added another
+        text = request.prompt if request.prompt is not None else self._render_chat(request)
+        tokens: list[int] = llm.tokenize(text.encode(), add_bos=True, special=True)
+        bos = llm.token_bos()
+        if len(tokens) > 1 and tokens[0] == tokens[1] == bos:
+            tokens = tokens[
+                1:
+            ]  # the text began with BOS (a template's, a pre-query's) and the tokenizer added another
         if not tokens:
             if llm.token_bos() < 0:
                 raise errors.InvalidArgument.field("prompt", "the prompt is empty")
@@ -477,13 +480,23 @@ class LlamaCppBackend:
                 messages=[{"role": m.role.value, "content": m.text} for m in messages],
                 bos_token=self._bos_text,
                 eos_token=self._eos_text,
-                add_generation_prompt=True,
+                add_generation_prompt=request.continuation is None,
             )
         except Exception as exc:  # template errors (raise_exception, bad roles) are the caller's
             raise errors.InvalidArgument.field(
                 "messages", f"chat template refused the messages: {exc}"
             ) from exc
-        return rendered
+        return rendered + (request.continuation or "")
+
+
+def _special_tokens(llm: Any, candidates: frozenset[str]) -> frozenset[str]:
+    """The candidate texts the GGUF's vocabulary reads as one special token."""
+    found = set()
+    for text in candidates:
+        ids = llm.tokenize(text.encode(), add_bos=False, special=True)
+        if len(ids) == 1 and llm.tokenize(text.encode(), add_bos=False, special=False) != ids:
+            found.add(text)
+    return frozenset(found)
 
 
 def _compile_template(source: str) -> Any:

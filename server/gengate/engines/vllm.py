@@ -64,7 +64,7 @@ from gengate.domain import (
     Usage,
     Whitespace,
 )
-from gengate.engines.base import engine_capabilities, output_room, stream_start
+from gengate.engines.base import engine_capabilities, output_room, special_tokens_of, stream_start
 from gengate.engines.options import ENGINE_OPTIONS, engine_options
 from gengate.engines.resampling import all_generations, retry_seed
 from gengate.lru import LruCache
@@ -360,7 +360,9 @@ class OutputTracker:
         return len(self.generations) >= n and all(g.done for g in self.generations.values())
 
 
-def capabilities_for(options: VLLMOptions, *, context_length: int, chat: bool) -> ModelCapabilities:
+def capabilities_for(
+    options: VLLMOptions, *, context_length: int, chat: bool, special_tokens: frozenset[str] | None = None
+) -> ModelCapabilities:
     return engine_capabilities(
         grammar_syntaxes=GRAMMAR_SYNTAXES[options.structured_outputs_backend],
         max_n=options.max_n,
@@ -368,6 +370,7 @@ def capabilities_for(options: VLLMOptions, *, context_length: int, chat: bool) -
         context_length=context_length,
         chat=chat,
         backend_options=ENGINE_OPTIONS | VLLM_OPTIONS if options.lora_adapters else ENGINE_OPTIONS,
+        special_tokens=special_tokens,
     )
 
 
@@ -489,7 +492,12 @@ class VLLMBackend:
         self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
         self._context_length = int(self._engine.model_config.max_model_len)
         chat = bool(self.options.chat_template or getattr(self._tokenizer, "chat_template", None))
-        self.capabilities = capabilities_for(self.options, context_length=self._context_length, chat=chat)
+        self.capabilities = capabilities_for(
+            self.options,
+            context_length=self._context_length,
+            chat=chat,
+            special_tokens=special_tokens_of(self._tokenizer),
+        )
         await self._load_adapters()
 
     async def _load_adapters(self) -> None:
@@ -520,10 +528,23 @@ class VLLMBackend:
             self._scratch = None
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        tokenizer = self._tokenizer
         if request.prompt is not None:
-            return list(self._tokenizer.encode(request.prompt))
+            ids = list(tokenizer.encode(request.prompt))
+            bos = getattr(tokenizer, "bos_token_id", None)
+            if len(ids) > 1 and ids[0] == ids[1] == bos:
+                ids = ids[1:]  # the prompt began with BOS (a pre-query's) and the tokenizer added one
+            return ids
         messages = [{"role": str(m.role), "content": m.text} for m in request.messages or ()]
-        ids = self._tokenizer.apply_chat_template(
+        if request.continuation is not None:  # the conversation continued from a text (Magpie)
+            text = tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=False,
+                chat_template=self.options.chat_template,
+            )
+            return list(tokenizer.encode(text + request.continuation, add_special_tokens=False))
+        ids = tokenizer.apply_chat_template(
             messages, tokenize=True, add_generation_prompt=True, chat_template=self.options.chat_template
         )
         if isinstance(ids, Mapping):  # tokenizers that answer a BatchEncoding

@@ -234,6 +234,9 @@ class ProviderBackend(abc.ABC):
     max_top_logprobs: ClassVar[int] = 0
     image_input: ClassVar[bool] = False
     seed_supported: ClassVar[bool] = False
+    # A prompt request goes upstream as raw text (a completions route, no chat template): Magpie
+    # can be served with a preset's chat format.
+    raw_prompts: ClassVar[bool] = False
     requires_api_key: ClassVar[bool] = True
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
@@ -287,6 +290,7 @@ class ProviderBackend(abc.ABC):
             context_length=self.options.context_length,
             seed=self.seed_supported,
             chat=True,
+            raw_prompt=self.raw_prompts,
         )
 
     # --- Backend protocol ----------------------------------------------------------------------

@@ -113,6 +113,7 @@ class TGIBackend(ProviderBackend):
     native_n: ClassVar[bool] = False
     logprobs_supported: ClassVar[bool] = True
     max_top_logprobs: ClassVar[int] = 5
+    raw_prompts: ClassVar[bool] = True  # a prompt goes to /generate as it is
     seed_supported: ClassVar[bool] = True
     requires_api_key: ClassVar[bool] = False  # a local TGI needs none; Inference Endpoints do
 

@@ -50,6 +50,7 @@ class GenerateRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     PROMPT_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    MAGPIE_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     STOPPING_FIELD_NUMBER: _builtins.int
     N_FIELD_NUMBER: _builtins.int
@@ -71,6 +72,8 @@ class GenerateRequest(_message.Message):
     @_builtins.property
     def messages(self) -> _types_pb2.ChatMessages: ...
     @_builtins.property
+    def magpie(self) -> _types_pb2.Magpie: ...
+    @_builtins.property
     def sampling(self) -> _types_pb2.SamplingParams: ...
     @_builtins.property
     def stopping(self) -> _types_pb2.StoppingCriteria: ...
@@ -88,6 +91,7 @@ class GenerateRequest(_message.Message):
         model: _builtins.str = ...,
         prompt: _builtins.str = ...,
         messages: _types_pb2.ChatMessages | None = ...,
+        magpie: _types_pb2.Magpie | None = ...,
         sampling: _types_pb2.SamplingParams | None = ...,
         stopping: _types_pb2.StoppingCriteria | None = ...,
         n: _builtins.int | None = ...,
@@ -96,15 +100,15 @@ class GenerateRequest(_message.Message):
         backend_options: _abc.Mapping[_builtins.str, _types_pb2.BackendOptionValue] | None = ...,
         request_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_n", b"_n", "input", b"input", "logprobs", b"logprobs", "messages", b"messages", "n", b"n", "prompt", b"prompt", "sampling", b"sampling", "stopping", b"stopping", "structured_output", b"structured_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_n", b"_n", "input", b"input", "logprobs", b"logprobs", "magpie", b"magpie", "messages", b"messages", "n", b"n", "prompt", b"prompt", "sampling", b"sampling", "stopping", b"stopping", "structured_output", b"structured_output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_n", b"_n", "backend_options", b"backend_options", "input", b"input", "logprobs", b"logprobs", "messages", b"messages", "model", b"model", "n", b"n", "prompt", b"prompt", "request_id", b"request_id", "sampling", b"sampling", "stopping", b"stopping", "structured_output", b"structured_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_n", b"_n", "backend_options", b"backend_options", "input", b"input", "logprobs", b"logprobs", "magpie", b"magpie", "messages", b"messages", "model", b"model", "n", b"n", "prompt", b"prompt", "request_id", b"request_id", "sampling", b"sampling", "stopping", b"stopping", "structured_output", b"structured_output"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__logprobs: _TypeAlias = _typing.Literal["logprobs"]  # noqa: Y015
     _WhichOneofArgType__logprobs: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs"]  # noqa: Y015
     _WhichOneofReturnType__n: _TypeAlias = _typing.Literal["n"]  # noqa: Y015
     _WhichOneofArgType__n: _TypeAlias = _typing.Literal["_n", b"_n"]  # noqa: Y015
-    _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["prompt", "messages"]  # noqa: Y015
+    _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["prompt", "messages", "magpie"]  # noqa: Y015
     _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__logprobs) -> _WhichOneofReturnType__logprobs | None: ...

@@ -41,6 +41,36 @@ ROLE_USER: Role.ValueType  # 2
 ROLE_ASSISTANT: Role.ValueType  # 3
 Global___Role: _TypeAlias = Role  # noqa: Y015
 
+class _MagpiePreset:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MagpiePresetEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MagpiePreset.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MAGPIE_PRESET_UNSPECIFIED: _MagpiePreset.ValueType  # 0
+    MAGPIE_PRESET_LLAMA3: _MagpiePreset.ValueType  # 1
+    """"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n" """
+    MAGPIE_PRESET_QWEN2: _MagpiePreset.ValueType  # 2
+    """"<|im_start|>user\\n" (ChatML)"""
+    MAGPIE_PRESET_PHI3: _MagpiePreset.ValueType  # 3
+    """"<|user|>\\n" """
+    MAGPIE_PRESET_GEMMA: _MagpiePreset.ValueType  # 4
+    """"<start_of_turn>user\\n" """
+
+class MagpiePreset(_MagpiePreset, metaclass=_MagpiePresetEnumTypeWrapper):
+    """MagpiePreset names the pre-query text of a chat format (the exact text is in the README)."""
+
+MAGPIE_PRESET_UNSPECIFIED: MagpiePreset.ValueType  # 0
+MAGPIE_PRESET_LLAMA3: MagpiePreset.ValueType  # 1
+""""<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n" """
+MAGPIE_PRESET_QWEN2: MagpiePreset.ValueType  # 2
+""""<|im_start|>user\\n" (ChatML)"""
+MAGPIE_PRESET_PHI3: MagpiePreset.ValueType  # 3
+""""<|user|>\\n" """
+MAGPIE_PRESET_GEMMA: MagpiePreset.ValueType  # 4
+""""<start_of_turn>user\\n" """
+Global___MagpiePreset: _TypeAlias = MagpiePreset  # noqa: Y015
+
 class _GrammarSyntax:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -261,6 +291,98 @@ class ChatMessage(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
+
+@_typing.final
+class Magpie(_message.Message):
+    """Magpie asks an instruction-tuned model to write the user's turn itself: the conversation so
+    far is rendered in the model's chat format and ended with the pre-query text (the header of a
+    user turn), so the model continues as the user. Each turn then gets the model's answer, for
+    n_turns turns. Served by models that take raw prompts (ModelCapabilities.magpie); refused with
+    UNIMPLEMENTED elsewhere. Each generation's `conversation` holds the turns; its `text` the last.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRESET_FIELD_NUMBER: _builtins.int
+    TEMPLATE_FIELD_NUMBER: _builtins.int
+    SYSTEM_PROMPT_FIELD_NUMBER: _builtins.int
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    N_TURNS_FIELD_NUMBER: _builtins.int
+    ONLY_INSTRUCTION_FIELD_NUMBER: _builtins.int
+    END_WITH_USER_FIELD_NUMBER: _builtins.int
+    preset: Global___MagpiePreset.ValueType
+    """The pre-query text of a known chat format."""
+    template: _builtins.str
+    """A custom pre-query text, sent exactly as given."""
+    system_prompt: _builtins.str
+    """An optional system prompt, to steer the instructions toward a topic or style."""
+    n_turns: _builtins.int
+    """User turns to write, each followed by the model's answer (default 1, at most 16)."""
+    only_instruction: _builtins.bool
+    """Write the first user turn only: no answer, n_turns ignored."""
+    end_with_user: _builtins.bool
+    """End on a user turn: the last turn gets no answer."""
+    @_builtins.property
+    def conversation(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]:
+        """Turns already written (user and assistant, no system): the next user turn follows them."""
+
+    def __init__(
+        self,
+        *,
+        preset: Global___MagpiePreset.ValueType = ...,
+        template: _builtins.str = ...,
+        system_prompt: _builtins.str | None = ...,
+        conversation: _abc.Iterable[Global___ChatMessage] | None = ...,
+        n_turns: _builtins.int | None = ...,
+        only_instruction: _builtins.bool = ...,
+        end_with_user: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_n_turns", b"_n_turns", "_system_prompt", b"_system_prompt", "n_turns", b"n_turns", "pre_query", b"pre_query", "preset", b"preset", "system_prompt", b"system_prompt", "template", b"template"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_n_turns", b"_n_turns", "_system_prompt", b"_system_prompt", "conversation", b"conversation", "end_with_user", b"end_with_user", "n_turns", b"n_turns", "only_instruction", b"only_instruction", "pre_query", b"pre_query", "preset", b"preset", "system_prompt", b"system_prompt", "template", b"template"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__n_turns: _TypeAlias = _typing.Literal["n_turns"]  # noqa: Y015
+    _WhichOneofArgType__n_turns: _TypeAlias = _typing.Literal["_n_turns", b"_n_turns"]  # noqa: Y015
+    _WhichOneofReturnType__system_prompt: _TypeAlias = _typing.Literal["system_prompt"]  # noqa: Y015
+    _WhichOneofArgType__system_prompt: _TypeAlias = _typing.Literal["_system_prompt", b"_system_prompt"]  # noqa: Y015
+    _WhichOneofReturnType_pre_query: _TypeAlias = _typing.Literal["preset", "template"]  # noqa: Y015
+    _WhichOneofArgType_pre_query: _TypeAlias = _typing.Literal["pre_query", b"pre_query"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__n_turns) -> _WhichOneofReturnType__n_turns | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__system_prompt) -> _WhichOneofReturnType__system_prompt | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_pre_query) -> _WhichOneofReturnType_pre_query | None: ...
+
+Global___Magpie: _TypeAlias = Magpie  # noqa: Y015
+
+@_typing.final
+class ConversationTurn(_message.Message):
+    """ConversationTurn is one turn a Magpie request wrote."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    role: Global___Role.ValueType
+    text: _builtins.str
+    output_tokens: _builtins.int
+    """Tokens the model generated for this turn."""
+    def __init__(
+        self,
+        *,
+        role: Global___Role.ValueType = ...,
+        text: _builtins.str = ...,
+        output_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["output_tokens", b"output_tokens", "role", b"role", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConversationTurn: _TypeAlias = ConversationTurn  # noqa: Y015
 
 @_typing.final
 class ContentPart(_message.Message):
@@ -670,6 +792,7 @@ class Generation(_message.Message):
     MATCHED_STOP_FIELD_NUMBER: _builtins.int
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
+    CONVERSATION_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     text: _builtins.str
     finish_reason: Global___FinishReason.ValueType
@@ -681,6 +804,10 @@ class Generation(_message.Message):
     def logprobs(self) -> Global___Logprobs:
         """Present when the request asked for logprobs."""
 
+    @_builtins.property
+    def conversation(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConversationTurn]:
+        """A Magpie request's turns, oldest first (the given conversation, then the written turns)."""
+
     def __init__(
         self,
         *,
@@ -690,10 +817,11 @@ class Generation(_message.Message):
         matched_stop: _builtins.str | None = ...,
         output_tokens: _builtins.int = ...,
         logprobs: Global___Logprobs | None = ...,
+        conversation: _abc.Iterable[Global___ConversationTurn] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop", "logprobs", b"logprobs", "matched_stop", b"matched_stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop", "finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "matched_stop", b"matched_stop", "output_tokens", b"output_tokens", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop", "conversation", b"conversation", "finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "matched_stop", b"matched_stop", "output_tokens", b"output_tokens", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__matched_stop: _TypeAlias = _typing.Literal["matched_stop"]  # noqa: Y015
     _WhichOneofArgType__matched_stop: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop"]  # noqa: Y015
@@ -1008,6 +1136,7 @@ class ModelCapabilities(_message.Message):
     SEED_FIELD_NUMBER: _builtins.int
     CHAT_FIELD_NUMBER: _builtins.int
     BACKEND_OPTIONS_FIELD_NUMBER: _builtins.int
+    MAGPIE_FIELD_NUMBER: _builtins.int
     max_n: _builtins.int
     logprobs: _builtins.bool
     max_top_logprobs: _builtins.int
@@ -1015,6 +1144,8 @@ class ModelCapabilities(_message.Message):
     """Maximum tokens of prompt plus output; 0 when unknown."""
     seed: _builtins.bool
     chat: _builtins.bool
+    magpie: _builtins.bool
+    """Takes GenerateRequest.magpie (a model that takes raw prompts)."""
     @_builtins.property
     def constraints(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConstraintSupport]:
         """Constraint kinds this model serves, with how each is enforced. A kind not listed is
@@ -1044,10 +1175,11 @@ class ModelCapabilities(_message.Message):
         seed: _builtins.bool = ...,
         chat: _builtins.bool = ...,
         backend_options: _abc.Iterable[_builtins.str] | None = ...,
+        magpie: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_options", b"backend_options", "chat", b"chat", "constraints", b"constraints", "context_length", b"context_length", "grammar_syntaxes", b"grammar_syntaxes", "input_modalities", b"input_modalities", "logprobs", b"logprobs", "max_n", b"max_n", "max_top_logprobs", b"max_top_logprobs", "seed", b"seed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_options", b"backend_options", "chat", b"chat", "constraints", b"constraints", "context_length", b"context_length", "grammar_syntaxes", b"grammar_syntaxes", "input_modalities", b"input_modalities", "logprobs", b"logprobs", "magpie", b"magpie", "max_n", b"max_n", "max_top_logprobs", b"max_top_logprobs", "seed", b"seed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

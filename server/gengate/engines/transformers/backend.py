@@ -26,7 +26,7 @@ from gengate.domain import (
     ModelCapabilities,
     StreamEvent,
 )
-from gengate.engines.base import engine_capabilities, output_room, seeded, stream_start
+from gengate.engines.base import engine_capabilities, output_room, seeded, special_tokens_of, stream_start
 from gengate.engines.options import engine_options
 from gengate.engines.transformers.loaded import Loaded
 
@@ -72,13 +72,16 @@ class TransformersBackend:
         self._start_lock = asyncio.Lock()
         self.capabilities = self._capabilities(_context_length_from_folder(options.model))
 
-    def _capabilities(self, context_length: int, chat: bool = True) -> ModelCapabilities:
+    def _capabilities(
+        self, context_length: int, chat: bool = True, special_tokens: frozenset[str] | None = None
+    ) -> ModelCapabilities:
         return engine_capabilities(
             grammar_syntaxes=frozenset(GrammarSyntax),
             max_n=self.options.max_n,
             max_top_logprobs=MAX_TOP_LOGPROBS,
             context_length=context_length,
             chat=chat,
+            special_tokens=special_tokens,
         )
 
     @property
@@ -90,8 +93,11 @@ class TransformersBackend:
         async with self._start_lock:
             if self._loaded is None:
                 self._loaded = await asyncio.to_thread(self._load)
+                tokenizer = self._loaded.tokenizer
                 self.capabilities = self._capabilities(
-                    self._loaded.context_length, chat=self._loaded.tokenizer.chat_template is not None
+                    self._loaded.context_length,
+                    chat=tokenizer.chat_template is not None,
+                    special_tokens=special_tokens_of(tokenizer),
                 )
 
     def _load(self) -> Loaded:
@@ -216,10 +222,15 @@ class TransformersBackend:
                     reason="NO_CHAT_TEMPLATE",
                 )
             conversation = [{"role": m.role.value, "content": m.text} for m in request.messages]
-            text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
-            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            text = tokenizer.apply_chat_template(
+                conversation, add_generation_prompt=request.continuation is None, tokenize=False
+            )
+            ids = list(tokenizer(text + (request.continuation or ""), add_special_tokens=False)["input_ids"])
         else:
             ids = list(tokenizer(request.prompt or "")["input_ids"])
+            bos = tokenizer.bos_token_id
+            if len(ids) > 1 and ids[0] == ids[1] == bos:
+                ids = ids[1:]  # the prompt began with BOS (a pre-query's) and the tokenizer added one
         if not ids:
             bos = tokenizer.bos_token_id
             if bos is None:

@@ -27,13 +27,14 @@ type GenerateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name of a served model, as listed by ListModels.
 	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	// What the model is asked: raw prompt text, or chat messages rendered with the model's
-	// own chat template.
+	// What the model is asked: raw prompt text, chat messages rendered with the model's own
+	// chat template, or Magpie: the model writes the user turns itself.
 	//
 	// Types that are valid to be assigned to Input:
 	//
 	//	*GenerateRequest_Prompt
 	//	*GenerateRequest_Messages
+	//	*GenerateRequest_Magpie
 	Input    isGenerateRequest_Input `protobuf_oneof:"input"`
 	Sampling *SamplingParams         `protobuf:"bytes,4,opt,name=sampling,proto3" json:"sampling,omitempty"`
 	Stopping *StoppingCriteria       `protobuf:"bytes,5,opt,name=stopping,proto3" json:"stopping,omitempty"`
@@ -114,6 +115,15 @@ func (x *GenerateRequest) GetMessages() *ChatMessages {
 	return nil
 }
 
+func (x *GenerateRequest) GetMagpie() *Magpie {
+	if x != nil {
+		if x, ok := x.Input.(*GenerateRequest_Magpie); ok {
+			return x.Magpie
+		}
+	}
+	return nil
+}
+
 func (x *GenerateRequest) GetSampling() *SamplingParams {
 	if x != nil {
 		return x.Sampling
@@ -175,9 +185,15 @@ type GenerateRequest_Messages struct {
 	Messages *ChatMessages `protobuf:"bytes,3,opt,name=messages,proto3,oneof"`
 }
 
+type GenerateRequest_Magpie struct {
+	Magpie *Magpie `protobuf:"bytes,11,opt,name=magpie,proto3,oneof"`
+}
+
 func (*GenerateRequest_Prompt) isGenerateRequest_Input() {}
 
 func (*GenerateRequest_Messages) isGenerateRequest_Input() {}
+
+func (*GenerateRequest_Magpie) isGenerateRequest_Input() {}
 
 // GenerateResponse holds every generation of one request.
 type GenerateResponse struct {
@@ -653,11 +669,12 @@ var File_gengate_v1_generation_proto protoreflect.FileDescriptor
 const file_gengate_v1_generation_proto_rawDesc = "" +
 	"\n" +
 	"\x1bgengate/v1/generation.proto\x12\n" +
-	"gengate.v1\x1a\x16gengate/v1/types.proto\x1a\x17google/rpc/status.proto\"\xe2\x04\n" +
+	"gengate.v1\x1a\x16gengate/v1/types.proto\x1a\x17google/rpc/status.proto\"\x90\x05\n" +
 	"\x0fGenerateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\x06prompt\x18\x02 \x01(\tH\x00R\x06prompt\x126\n" +
-	"\bmessages\x18\x03 \x01(\v2\x18.gengate.v1.ChatMessagesH\x00R\bmessages\x126\n" +
+	"\bmessages\x18\x03 \x01(\v2\x18.gengate.v1.ChatMessagesH\x00R\bmessages\x12,\n" +
+	"\x06magpie\x18\v \x01(\v2\x12.gengate.v1.MagpieH\x00R\x06magpie\x126\n" +
 	"\bsampling\x18\x04 \x01(\v2\x1a.gengate.v1.SamplingParamsR\bsampling\x128\n" +
 	"\bstopping\x18\x05 \x01(\v2\x1c.gengate.v1.StoppingCriteriaR\bstopping\x12\x11\n" +
 	"\x01n\x18\x06 \x01(\rH\x01R\x01n\x88\x01\x01\x12\x1f\n" +
@@ -731,54 +748,56 @@ var file_gengate_v1_generation_proto_goTypes = []any{
 	(*ListModelsResponse)(nil),     // 7: gengate.v1.ListModelsResponse
 	nil,                            // 8: gengate.v1.GenerateRequest.BackendOptionsEntry
 	(*ChatMessages)(nil),           // 9: gengate.v1.ChatMessages
-	(*SamplingParams)(nil),         // 10: gengate.v1.SamplingParams
-	(*StoppingCriteria)(nil),       // 11: gengate.v1.StoppingCriteria
-	(*StructuredOutput)(nil),       // 12: gengate.v1.StructuredOutput
-	(*Generation)(nil),             // 13: gengate.v1.Generation
-	(*Usage)(nil),                  // 14: gengate.v1.Usage
-	(Enforcement)(0),               // 15: gengate.v1.Enforcement
-	(*Timings)(nil),                // 16: gengate.v1.Timings
-	(*StreamStart)(nil),            // 17: gengate.v1.StreamStart
-	(*GenerationDelta)(nil),        // 18: gengate.v1.GenerationDelta
-	(*GenerationEnd)(nil),          // 19: gengate.v1.GenerationEnd
-	(*status.Status)(nil),          // 20: google.rpc.Status
-	(*ModelInfo)(nil),              // 21: gengate.v1.ModelInfo
-	(*BackendOptionValue)(nil),     // 22: gengate.v1.BackendOptionValue
+	(*Magpie)(nil),                 // 10: gengate.v1.Magpie
+	(*SamplingParams)(nil),         // 11: gengate.v1.SamplingParams
+	(*StoppingCriteria)(nil),       // 12: gengate.v1.StoppingCriteria
+	(*StructuredOutput)(nil),       // 13: gengate.v1.StructuredOutput
+	(*Generation)(nil),             // 14: gengate.v1.Generation
+	(*Usage)(nil),                  // 15: gengate.v1.Usage
+	(Enforcement)(0),               // 16: gengate.v1.Enforcement
+	(*Timings)(nil),                // 17: gengate.v1.Timings
+	(*StreamStart)(nil),            // 18: gengate.v1.StreamStart
+	(*GenerationDelta)(nil),        // 19: gengate.v1.GenerationDelta
+	(*GenerationEnd)(nil),          // 20: gengate.v1.GenerationEnd
+	(*status.Status)(nil),          // 21: google.rpc.Status
+	(*ModelInfo)(nil),              // 22: gengate.v1.ModelInfo
+	(*BackendOptionValue)(nil),     // 23: gengate.v1.BackendOptionValue
 }
 var file_gengate_v1_generation_proto_depIdxs = []int32{
 	9,  // 0: gengate.v1.GenerateRequest.messages:type_name -> gengate.v1.ChatMessages
-	10, // 1: gengate.v1.GenerateRequest.sampling:type_name -> gengate.v1.SamplingParams
-	11, // 2: gengate.v1.GenerateRequest.stopping:type_name -> gengate.v1.StoppingCriteria
-	12, // 3: gengate.v1.GenerateRequest.structured_output:type_name -> gengate.v1.StructuredOutput
-	8,  // 4: gengate.v1.GenerateRequest.backend_options:type_name -> gengate.v1.GenerateRequest.BackendOptionsEntry
-	13, // 5: gengate.v1.GenerateResponse.generations:type_name -> gengate.v1.Generation
-	14, // 6: gengate.v1.GenerateResponse.usage:type_name -> gengate.v1.Usage
-	15, // 7: gengate.v1.GenerateResponse.enforcement:type_name -> gengate.v1.Enforcement
-	10, // 8: gengate.v1.GenerateResponse.effective_sampling:type_name -> gengate.v1.SamplingParams
-	11, // 9: gengate.v1.GenerateResponse.effective_stopping:type_name -> gengate.v1.StoppingCriteria
-	16, // 10: gengate.v1.GenerateResponse.timings:type_name -> gengate.v1.Timings
-	0,  // 11: gengate.v1.GenerateStreamRequest.request:type_name -> gengate.v1.GenerateRequest
-	17, // 12: gengate.v1.GenerateStreamResponse.start:type_name -> gengate.v1.StreamStart
-	18, // 13: gengate.v1.GenerateStreamResponse.delta:type_name -> gengate.v1.GenerationDelta
-	19, // 14: gengate.v1.GenerateStreamResponse.end:type_name -> gengate.v1.GenerationEnd
-	0,  // 15: gengate.v1.BatchGenerateRequest.requests:type_name -> gengate.v1.GenerateRequest
-	1,  // 16: gengate.v1.BatchGenerateResponse.response:type_name -> gengate.v1.GenerateResponse
-	20, // 17: gengate.v1.BatchGenerateResponse.error:type_name -> google.rpc.Status
-	21, // 18: gengate.v1.ListModelsResponse.models:type_name -> gengate.v1.ModelInfo
-	22, // 19: gengate.v1.GenerateRequest.BackendOptionsEntry.value:type_name -> gengate.v1.BackendOptionValue
-	0,  // 20: gengate.v1.GenerationService.Generate:input_type -> gengate.v1.GenerateRequest
-	2,  // 21: gengate.v1.GenerationService.GenerateStream:input_type -> gengate.v1.GenerateStreamRequest
-	4,  // 22: gengate.v1.GenerationService.BatchGenerate:input_type -> gengate.v1.BatchGenerateRequest
-	6,  // 23: gengate.v1.GenerationService.ListModels:input_type -> gengate.v1.ListModelsRequest
-	1,  // 24: gengate.v1.GenerationService.Generate:output_type -> gengate.v1.GenerateResponse
-	3,  // 25: gengate.v1.GenerationService.GenerateStream:output_type -> gengate.v1.GenerateStreamResponse
-	5,  // 26: gengate.v1.GenerationService.BatchGenerate:output_type -> gengate.v1.BatchGenerateResponse
-	7,  // 27: gengate.v1.GenerationService.ListModels:output_type -> gengate.v1.ListModelsResponse
-	24, // [24:28] is the sub-list for method output_type
-	20, // [20:24] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	10, // 1: gengate.v1.GenerateRequest.magpie:type_name -> gengate.v1.Magpie
+	11, // 2: gengate.v1.GenerateRequest.sampling:type_name -> gengate.v1.SamplingParams
+	12, // 3: gengate.v1.GenerateRequest.stopping:type_name -> gengate.v1.StoppingCriteria
+	13, // 4: gengate.v1.GenerateRequest.structured_output:type_name -> gengate.v1.StructuredOutput
+	8,  // 5: gengate.v1.GenerateRequest.backend_options:type_name -> gengate.v1.GenerateRequest.BackendOptionsEntry
+	14, // 6: gengate.v1.GenerateResponse.generations:type_name -> gengate.v1.Generation
+	15, // 7: gengate.v1.GenerateResponse.usage:type_name -> gengate.v1.Usage
+	16, // 8: gengate.v1.GenerateResponse.enforcement:type_name -> gengate.v1.Enforcement
+	11, // 9: gengate.v1.GenerateResponse.effective_sampling:type_name -> gengate.v1.SamplingParams
+	12, // 10: gengate.v1.GenerateResponse.effective_stopping:type_name -> gengate.v1.StoppingCriteria
+	17, // 11: gengate.v1.GenerateResponse.timings:type_name -> gengate.v1.Timings
+	0,  // 12: gengate.v1.GenerateStreamRequest.request:type_name -> gengate.v1.GenerateRequest
+	18, // 13: gengate.v1.GenerateStreamResponse.start:type_name -> gengate.v1.StreamStart
+	19, // 14: gengate.v1.GenerateStreamResponse.delta:type_name -> gengate.v1.GenerationDelta
+	20, // 15: gengate.v1.GenerateStreamResponse.end:type_name -> gengate.v1.GenerationEnd
+	0,  // 16: gengate.v1.BatchGenerateRequest.requests:type_name -> gengate.v1.GenerateRequest
+	1,  // 17: gengate.v1.BatchGenerateResponse.response:type_name -> gengate.v1.GenerateResponse
+	21, // 18: gengate.v1.BatchGenerateResponse.error:type_name -> google.rpc.Status
+	22, // 19: gengate.v1.ListModelsResponse.models:type_name -> gengate.v1.ModelInfo
+	23, // 20: gengate.v1.GenerateRequest.BackendOptionsEntry.value:type_name -> gengate.v1.BackendOptionValue
+	0,  // 21: gengate.v1.GenerationService.Generate:input_type -> gengate.v1.GenerateRequest
+	2,  // 22: gengate.v1.GenerationService.GenerateStream:input_type -> gengate.v1.GenerateStreamRequest
+	4,  // 23: gengate.v1.GenerationService.BatchGenerate:input_type -> gengate.v1.BatchGenerateRequest
+	6,  // 24: gengate.v1.GenerationService.ListModels:input_type -> gengate.v1.ListModelsRequest
+	1,  // 25: gengate.v1.GenerationService.Generate:output_type -> gengate.v1.GenerateResponse
+	3,  // 26: gengate.v1.GenerationService.GenerateStream:output_type -> gengate.v1.GenerateStreamResponse
+	5,  // 27: gengate.v1.GenerationService.BatchGenerate:output_type -> gengate.v1.BatchGenerateResponse
+	7,  // 28: gengate.v1.GenerationService.ListModels:output_type -> gengate.v1.ListModelsResponse
+	25, // [25:29] is the sub-list for method output_type
+	21, // [21:25] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_gengate_v1_generation_proto_init() }
@@ -790,6 +809,7 @@ func file_gengate_v1_generation_proto_init() {
 	file_gengate_v1_generation_proto_msgTypes[0].OneofWrappers = []any{
 		(*GenerateRequest_Prompt)(nil),
 		(*GenerateRequest_Messages)(nil),
+		(*GenerateRequest_Magpie)(nil),
 	}
 	file_gengate_v1_generation_proto_msgTypes[3].OneofWrappers = []any{
 		(*GenerateStreamResponse_Start)(nil),

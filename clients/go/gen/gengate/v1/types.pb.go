@@ -76,6 +76,66 @@ func (Role) EnumDescriptor() ([]byte, []int) {
 	return file_gengate_v1_types_proto_rawDescGZIP(), []int{0}
 }
 
+// MagpiePreset names the pre-query text of a chat format (the exact text is in the README).
+type MagpiePreset int32
+
+const (
+	MagpiePreset_MAGPIE_PRESET_UNSPECIFIED MagpiePreset = 0
+	// "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n"
+	MagpiePreset_MAGPIE_PRESET_LLAMA3 MagpiePreset = 1
+	// "<|im_start|>user\n" (ChatML)
+	MagpiePreset_MAGPIE_PRESET_QWEN2 MagpiePreset = 2
+	// "<|user|>\n"
+	MagpiePreset_MAGPIE_PRESET_PHI3 MagpiePreset = 3
+	// "<start_of_turn>user\n"
+	MagpiePreset_MAGPIE_PRESET_GEMMA MagpiePreset = 4
+)
+
+// Enum value maps for MagpiePreset.
+var (
+	MagpiePreset_name = map[int32]string{
+		0: "MAGPIE_PRESET_UNSPECIFIED",
+		1: "MAGPIE_PRESET_LLAMA3",
+		2: "MAGPIE_PRESET_QWEN2",
+		3: "MAGPIE_PRESET_PHI3",
+		4: "MAGPIE_PRESET_GEMMA",
+	}
+	MagpiePreset_value = map[string]int32{
+		"MAGPIE_PRESET_UNSPECIFIED": 0,
+		"MAGPIE_PRESET_LLAMA3":      1,
+		"MAGPIE_PRESET_QWEN2":       2,
+		"MAGPIE_PRESET_PHI3":        3,
+		"MAGPIE_PRESET_GEMMA":       4,
+	}
+)
+
+func (x MagpiePreset) Enum() *MagpiePreset {
+	p := new(MagpiePreset)
+	*p = x
+	return p
+}
+
+func (x MagpiePreset) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MagpiePreset) Descriptor() protoreflect.EnumDescriptor {
+	return file_gengate_v1_types_proto_enumTypes[1].Descriptor()
+}
+
+func (MagpiePreset) Type() protoreflect.EnumType {
+	return &file_gengate_v1_types_proto_enumTypes[1]
+}
+
+func (x MagpiePreset) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MagpiePreset.Descriptor instead.
+func (MagpiePreset) EnumDescriptor() ([]byte, []int) {
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{1}
+}
+
 // GrammarSyntax names the notation of a grammar definition.
 type GrammarSyntax int32
 
@@ -116,11 +176,11 @@ func (x GrammarSyntax) String() string {
 }
 
 func (GrammarSyntax) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[1].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[2].Descriptor()
 }
 
 func (GrammarSyntax) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[1]
+	return &file_gengate_v1_types_proto_enumTypes[2]
 }
 
 func (x GrammarSyntax) Number() protoreflect.EnumNumber {
@@ -129,7 +189,7 @@ func (x GrammarSyntax) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GrammarSyntax.Descriptor instead.
 func (GrammarSyntax) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{1}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{2}
 }
 
 // Whitespace says how much whitespace JSON output may contain.
@@ -168,11 +228,11 @@ func (x Whitespace) String() string {
 }
 
 func (Whitespace) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[2].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[3].Descriptor()
 }
 
 func (Whitespace) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[2]
+	return &file_gengate_v1_types_proto_enumTypes[3]
 }
 
 func (x Whitespace) Number() protoreflect.EnumNumber {
@@ -181,7 +241,7 @@ func (x Whitespace) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Whitespace.Descriptor instead.
 func (Whitespace) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
 // FinishReason is why a generation ended, the same for every backend.
@@ -244,11 +304,11 @@ func (x FinishReason) String() string {
 }
 
 func (FinishReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[3].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[4].Descriptor()
 }
 
 func (FinishReason) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[3]
+	return &file_gengate_v1_types_proto_enumTypes[4]
 }
 
 func (x FinishReason) Number() protoreflect.EnumNumber {
@@ -257,7 +317,7 @@ func (x FinishReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FinishReason.Descriptor instead.
 func (FinishReason) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 // Enforcement says how a structured-output constraint was (or can be) enforced.
@@ -305,11 +365,11 @@ func (x Enforcement) String() string {
 }
 
 func (Enforcement) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[4].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[5].Descriptor()
 }
 
 func (Enforcement) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[4]
+	return &file_gengate_v1_types_proto_enumTypes[5]
 }
 
 func (x Enforcement) Number() protoreflect.EnumNumber {
@@ -318,7 +378,7 @@ func (x Enforcement) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Enforcement.Descriptor instead.
 func (Enforcement) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 // ConstraintKind names a structured-output kind.
@@ -364,11 +424,11 @@ func (x ConstraintKind) String() string {
 }
 
 func (ConstraintKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[5].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[6].Descriptor()
 }
 
 func (ConstraintKind) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[5]
+	return &file_gengate_v1_types_proto_enumTypes[6]
 }
 
 func (x ConstraintKind) Number() protoreflect.EnumNumber {
@@ -377,7 +437,7 @@ func (x ConstraintKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ConstraintKind.Descriptor instead.
 func (ConstraintKind) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 // Modality names an input type.
@@ -414,11 +474,11 @@ func (x Modality) String() string {
 }
 
 func (Modality) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[6].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[7].Descriptor()
 }
 
 func (Modality) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[6]
+	return &file_gengate_v1_types_proto_enumTypes[7]
 }
 
 func (x Modality) Number() protoreflect.EnumNumber {
@@ -427,7 +487,7 @@ func (x Modality) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Modality.Descriptor instead.
 func (Modality) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 // ChatMessages is a conversation, oldest message first.
@@ -537,6 +597,202 @@ func (x *ChatMessage) GetName() string {
 	return ""
 }
 
+// Magpie asks an instruction-tuned model to write the user's turn itself: the conversation so
+// far is rendered in the model's chat format and ended with the pre-query text (the header of a
+// user turn), so the model continues as the user. Each turn then gets the model's answer, for
+// n_turns turns. Served by models that take raw prompts (ModelCapabilities.magpie); refused with
+// UNIMPLEMENTED elsewhere. Each generation's `conversation` holds the turns; its `text` the last.
+type Magpie struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to PreQuery:
+	//
+	//	*Magpie_Preset
+	//	*Magpie_Template
+	PreQuery isMagpie_PreQuery `protobuf_oneof:"pre_query"`
+	// An optional system prompt, to steer the instructions toward a topic or style.
+	SystemPrompt *string `protobuf:"bytes,3,opt,name=system_prompt,json=systemPrompt,proto3,oneof" json:"system_prompt,omitempty"`
+	// Turns already written (user and assistant, no system): the next user turn follows them.
+	Conversation []*ChatMessage `protobuf:"bytes,4,rep,name=conversation,proto3" json:"conversation,omitempty"`
+	// User turns to write, each followed by the model's answer (default 1, at most 16).
+	NTurns *uint32 `protobuf:"varint,5,opt,name=n_turns,json=nTurns,proto3,oneof" json:"n_turns,omitempty"`
+	// Write the first user turn only: no answer, n_turns ignored.
+	OnlyInstruction bool `protobuf:"varint,6,opt,name=only_instruction,json=onlyInstruction,proto3" json:"only_instruction,omitempty"`
+	// End on a user turn: the last turn gets no answer.
+	EndWithUser   bool `protobuf:"varint,7,opt,name=end_with_user,json=endWithUser,proto3" json:"end_with_user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Magpie) Reset() {
+	*x = Magpie{}
+	mi := &file_gengate_v1_types_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Magpie) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Magpie) ProtoMessage() {}
+
+func (x *Magpie) ProtoReflect() protoreflect.Message {
+	mi := &file_gengate_v1_types_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Magpie.ProtoReflect.Descriptor instead.
+func (*Magpie) Descriptor() ([]byte, []int) {
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Magpie) GetPreQuery() isMagpie_PreQuery {
+	if x != nil {
+		return x.PreQuery
+	}
+	return nil
+}
+
+func (x *Magpie) GetPreset() MagpiePreset {
+	if x != nil {
+		if x, ok := x.PreQuery.(*Magpie_Preset); ok {
+			return x.Preset
+		}
+	}
+	return MagpiePreset_MAGPIE_PRESET_UNSPECIFIED
+}
+
+func (x *Magpie) GetTemplate() string {
+	if x != nil {
+		if x, ok := x.PreQuery.(*Magpie_Template); ok {
+			return x.Template
+		}
+	}
+	return ""
+}
+
+func (x *Magpie) GetSystemPrompt() string {
+	if x != nil && x.SystemPrompt != nil {
+		return *x.SystemPrompt
+	}
+	return ""
+}
+
+func (x *Magpie) GetConversation() []*ChatMessage {
+	if x != nil {
+		return x.Conversation
+	}
+	return nil
+}
+
+func (x *Magpie) GetNTurns() uint32 {
+	if x != nil && x.NTurns != nil {
+		return *x.NTurns
+	}
+	return 0
+}
+
+func (x *Magpie) GetOnlyInstruction() bool {
+	if x != nil {
+		return x.OnlyInstruction
+	}
+	return false
+}
+
+func (x *Magpie) GetEndWithUser() bool {
+	if x != nil {
+		return x.EndWithUser
+	}
+	return false
+}
+
+type isMagpie_PreQuery interface {
+	isMagpie_PreQuery()
+}
+
+type Magpie_Preset struct {
+	// The pre-query text of a known chat format.
+	Preset MagpiePreset `protobuf:"varint,1,opt,name=preset,proto3,enum=gengate.v1.MagpiePreset,oneof"`
+}
+
+type Magpie_Template struct {
+	// A custom pre-query text, sent exactly as given.
+	Template string `protobuf:"bytes,2,opt,name=template,proto3,oneof"`
+}
+
+func (*Magpie_Preset) isMagpie_PreQuery() {}
+
+func (*Magpie_Template) isMagpie_PreQuery() {}
+
+// ConversationTurn is one turn a Magpie request wrote.
+type ConversationTurn struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Role  Role                   `protobuf:"varint,1,opt,name=role,proto3,enum=gengate.v1.Role" json:"role,omitempty"`
+	Text  string                 `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	// Tokens the model generated for this turn.
+	OutputTokens  uint32 `protobuf:"varint,3,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConversationTurn) Reset() {
+	*x = ConversationTurn{}
+	mi := &file_gengate_v1_types_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConversationTurn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConversationTurn) ProtoMessage() {}
+
+func (x *ConversationTurn) ProtoReflect() protoreflect.Message {
+	mi := &file_gengate_v1_types_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConversationTurn.ProtoReflect.Descriptor instead.
+func (*ConversationTurn) Descriptor() ([]byte, []int) {
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ConversationTurn) GetRole() Role {
+	if x != nil {
+		return x.Role
+	}
+	return Role_ROLE_UNSPECIFIED
+}
+
+func (x *ConversationTurn) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *ConversationTurn) GetOutputTokens() uint32 {
+	if x != nil {
+		return x.OutputTokens
+	}
+	return 0
+}
+
 // ContentPart is one piece of a message: text or an image.
 type ContentPart struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -551,7 +807,7 @@ type ContentPart struct {
 
 func (x *ContentPart) Reset() {
 	*x = ContentPart{}
-	mi := &file_gengate_v1_types_proto_msgTypes[2]
+	mi := &file_gengate_v1_types_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +819,7 @@ func (x *ContentPart) String() string {
 func (*ContentPart) ProtoMessage() {}
 
 func (x *ContentPart) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[2]
+	mi := &file_gengate_v1_types_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +832,7 @@ func (x *ContentPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContentPart.ProtoReflect.Descriptor instead.
 func (*ContentPart) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ContentPart) GetPart() isContentPart_Part {
@@ -636,7 +892,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_gengate_v1_types_proto_msgTypes[3]
+	mi := &file_gengate_v1_types_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +904,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[3]
+	mi := &file_gengate_v1_types_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +917,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Image) GetSource() isImage_Source {
@@ -731,7 +987,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_gengate_v1_types_proto_msgTypes[4]
+	mi := &file_gengate_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +999,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[4]
+	mi := &file_gengate_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +1012,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -828,7 +1084,7 @@ type StoppingCriteria struct {
 
 func (x *StoppingCriteria) Reset() {
 	*x = StoppingCriteria{}
-	mi := &file_gengate_v1_types_proto_msgTypes[5]
+	mi := &file_gengate_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +1096,7 @@ func (x *StoppingCriteria) String() string {
 func (*StoppingCriteria) ProtoMessage() {}
 
 func (x *StoppingCriteria) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[5]
+	mi := &file_gengate_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +1109,7 @@ func (x *StoppingCriteria) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoppingCriteria.ProtoReflect.Descriptor instead.
 func (*StoppingCriteria) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StoppingCriteria) GetMaxTokens() uint32 {
@@ -888,7 +1144,7 @@ type StructuredOutput struct {
 
 func (x *StructuredOutput) Reset() {
 	*x = StructuredOutput{}
-	mi := &file_gengate_v1_types_proto_msgTypes[6]
+	mi := &file_gengate_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +1156,7 @@ func (x *StructuredOutput) String() string {
 func (*StructuredOutput) ProtoMessage() {}
 
 func (x *StructuredOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[6]
+	mi := &file_gengate_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +1169,7 @@ func (x *StructuredOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StructuredOutput.ProtoReflect.Descriptor instead.
 func (*StructuredOutput) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StructuredOutput) GetKind() isStructuredOutput_Kind {
@@ -1029,7 +1285,7 @@ type JsonSchema struct {
 
 func (x *JsonSchema) Reset() {
 	*x = JsonSchema{}
-	mi := &file_gengate_v1_types_proto_msgTypes[7]
+	mi := &file_gengate_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1041,7 +1297,7 @@ func (x *JsonSchema) String() string {
 func (*JsonSchema) ProtoMessage() {}
 
 func (x *JsonSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[7]
+	mi := &file_gengate_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1054,7 +1310,7 @@ func (x *JsonSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JsonSchema.ProtoReflect.Descriptor instead.
 func (*JsonSchema) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *JsonSchema) GetSchema() *structpb.Struct {
@@ -1096,7 +1352,7 @@ type Regex struct {
 
 func (x *Regex) Reset() {
 	*x = Regex{}
-	mi := &file_gengate_v1_types_proto_msgTypes[8]
+	mi := &file_gengate_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1364,7 @@ func (x *Regex) String() string {
 func (*Regex) ProtoMessage() {}
 
 func (x *Regex) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[8]
+	mi := &file_gengate_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1377,7 @@ func (x *Regex) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Regex.ProtoReflect.Descriptor instead.
 func (*Regex) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Regex) GetPattern() string {
@@ -1141,7 +1397,7 @@ type Choice struct {
 
 func (x *Choice) Reset() {
 	*x = Choice{}
-	mi := &file_gengate_v1_types_proto_msgTypes[9]
+	mi := &file_gengate_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1409,7 @@ func (x *Choice) String() string {
 func (*Choice) ProtoMessage() {}
 
 func (x *Choice) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[9]
+	mi := &file_gengate_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1422,7 @@ func (x *Choice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Choice.ProtoReflect.Descriptor instead.
 func (*Choice) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Choice) GetChoices() []string {
@@ -1187,7 +1443,7 @@ type Grammar struct {
 
 func (x *Grammar) Reset() {
 	*x = Grammar{}
-	mi := &file_gengate_v1_types_proto_msgTypes[10]
+	mi := &file_gengate_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1455,7 @@ func (x *Grammar) String() string {
 func (*Grammar) ProtoMessage() {}
 
 func (x *Grammar) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[10]
+	mi := &file_gengate_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1468,7 @@ func (x *Grammar) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grammar.ProtoReflect.Descriptor instead.
 func (*Grammar) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Grammar) GetSyntax() GrammarSyntax {
@@ -1238,7 +1494,7 @@ type JsonObject struct {
 
 func (x *JsonObject) Reset() {
 	*x = JsonObject{}
-	mi := &file_gengate_v1_types_proto_msgTypes[11]
+	mi := &file_gengate_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1506,7 @@ func (x *JsonObject) String() string {
 func (*JsonObject) ProtoMessage() {}
 
 func (x *JsonObject) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[11]
+	mi := &file_gengate_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1519,7 @@ func (x *JsonObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JsonObject.ProtoReflect.Descriptor instead.
 func (*JsonObject) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 // StructuredOutputOptions tunes how a constraint is compiled.
@@ -1281,7 +1537,7 @@ type StructuredOutputOptions struct {
 
 func (x *StructuredOutputOptions) Reset() {
 	*x = StructuredOutputOptions{}
-	mi := &file_gengate_v1_types_proto_msgTypes[12]
+	mi := &file_gengate_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1549,7 @@ func (x *StructuredOutputOptions) String() string {
 func (*StructuredOutputOptions) ProtoMessage() {}
 
 func (x *StructuredOutputOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[12]
+	mi := &file_gengate_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1562,7 @@ func (x *StructuredOutputOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StructuredOutputOptions.ProtoReflect.Descriptor instead.
 func (*StructuredOutputOptions) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StructuredOutputOptions) GetWhitespace() Whitespace {
@@ -1339,7 +1595,7 @@ type BackendOptionValue struct {
 
 func (x *BackendOptionValue) Reset() {
 	*x = BackendOptionValue{}
-	mi := &file_gengate_v1_types_proto_msgTypes[13]
+	mi := &file_gengate_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1607,7 @@ func (x *BackendOptionValue) String() string {
 func (*BackendOptionValue) ProtoMessage() {}
 
 func (x *BackendOptionValue) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[13]
+	mi := &file_gengate_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1620,7 @@ func (x *BackendOptionValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendOptionValue.ProtoReflect.Descriptor instead.
 func (*BackendOptionValue) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BackendOptionValue) GetValue() isBackendOptionValue_Value {
@@ -1449,14 +1705,16 @@ type Generation struct {
 	// Number of tokens generated.
 	OutputTokens uint32 `protobuf:"varint,5,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
 	// Present when the request asked for logprobs.
-	Logprobs      *Logprobs `protobuf:"bytes,6,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	Logprobs *Logprobs `protobuf:"bytes,6,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// A Magpie request's turns, oldest first (the given conversation, then the written turns).
+	Conversation  []*ConversationTurn `protobuf:"bytes,7,rep,name=conversation,proto3" json:"conversation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Generation) Reset() {
 	*x = Generation{}
-	mi := &file_gengate_v1_types_proto_msgTypes[14]
+	mi := &file_gengate_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1726,7 @@ func (x *Generation) String() string {
 func (*Generation) ProtoMessage() {}
 
 func (x *Generation) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[14]
+	mi := &file_gengate_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1739,7 @@ func (x *Generation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Generation.ProtoReflect.Descriptor instead.
 func (*Generation) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Generation) GetIndex() uint32 {
@@ -1526,6 +1784,13 @@ func (x *Generation) GetLogprobs() *Logprobs {
 	return nil
 }
 
+func (x *Generation) GetConversation() []*ConversationTurn {
+	if x != nil {
+		return x.Conversation
+	}
+	return nil
+}
+
 // Logprobs lists the log-probability of each generated token.
 type Logprobs struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1536,7 +1801,7 @@ type Logprobs struct {
 
 func (x *Logprobs) Reset() {
 	*x = Logprobs{}
-	mi := &file_gengate_v1_types_proto_msgTypes[15]
+	mi := &file_gengate_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1813,7 @@ func (x *Logprobs) String() string {
 func (*Logprobs) ProtoMessage() {}
 
 func (x *Logprobs) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[15]
+	mi := &file_gengate_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1826,7 @@ func (x *Logprobs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Logprobs.ProtoReflect.Descriptor instead.
 func (*Logprobs) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Logprobs) GetTokens() []*TokenLogprob {
@@ -1584,7 +1849,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_gengate_v1_types_proto_msgTypes[16]
+	mi := &file_gengate_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1596,7 +1861,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[16]
+	mi := &file_gengate_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1609,7 +1874,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TokenLogprob) GetToken() string {
@@ -1652,7 +1917,7 @@ type TopLogprob struct {
 
 func (x *TopLogprob) Reset() {
 	*x = TopLogprob{}
-	mi := &file_gengate_v1_types_proto_msgTypes[17]
+	mi := &file_gengate_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +1929,7 @@ func (x *TopLogprob) String() string {
 func (*TopLogprob) ProtoMessage() {}
 
 func (x *TopLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[17]
+	mi := &file_gengate_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +1942,7 @@ func (x *TopLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLogprob.ProtoReflect.Descriptor instead.
 func (*TopLogprob) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TopLogprob) GetToken() string {
@@ -1715,7 +1980,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_gengate_v1_types_proto_msgTypes[18]
+	mi := &file_gengate_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1992,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[18]
+	mi := &file_gengate_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +2005,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Usage) GetInputTokens() uint32 {
@@ -1779,7 +2044,7 @@ type Timings struct {
 
 func (x *Timings) Reset() {
 	*x = Timings{}
-	mi := &file_gengate_v1_types_proto_msgTypes[19]
+	mi := &file_gengate_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +2056,7 @@ func (x *Timings) String() string {
 func (*Timings) ProtoMessage() {}
 
 func (x *Timings) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[19]
+	mi := &file_gengate_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +2069,7 @@ func (x *Timings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Timings.ProtoReflect.Descriptor instead.
 func (*Timings) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Timings) GetQueue() *durationpb.Duration {
@@ -1843,7 +2108,7 @@ type StreamStart struct {
 
 func (x *StreamStart) Reset() {
 	*x = StreamStart{}
-	mi := &file_gengate_v1_types_proto_msgTypes[20]
+	mi := &file_gengate_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +2120,7 @@ func (x *StreamStart) String() string {
 func (*StreamStart) ProtoMessage() {}
 
 func (x *StreamStart) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[20]
+	mi := &file_gengate_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +2133,7 @@ func (x *StreamStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamStart.ProtoReflect.Descriptor instead.
 func (*StreamStart) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StreamStart) GetRequestId() string {
@@ -1928,7 +2193,7 @@ type GenerationDelta struct {
 
 func (x *GenerationDelta) Reset() {
 	*x = GenerationDelta{}
-	mi := &file_gengate_v1_types_proto_msgTypes[21]
+	mi := &file_gengate_v1_types_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2205,7 @@ func (x *GenerationDelta) String() string {
 func (*GenerationDelta) ProtoMessage() {}
 
 func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[21]
+	mi := &file_gengate_v1_types_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2218,7 @@ func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationDelta.ProtoReflect.Descriptor instead.
 func (*GenerationDelta) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{21}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GenerationDelta) GetIndex() uint32 {
@@ -1999,7 +2264,7 @@ type GenerationEnd struct {
 
 func (x *GenerationEnd) Reset() {
 	*x = GenerationEnd{}
-	mi := &file_gengate_v1_types_proto_msgTypes[22]
+	mi := &file_gengate_v1_types_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2011,7 +2276,7 @@ func (x *GenerationEnd) String() string {
 func (*GenerationEnd) ProtoMessage() {}
 
 func (x *GenerationEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[22]
+	mi := &file_gengate_v1_types_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2024,7 +2289,7 @@ func (x *GenerationEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationEnd.ProtoReflect.Descriptor instead.
 func (*GenerationEnd) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{22}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GenerationEnd) GetIndex() uint32 {
@@ -2076,7 +2341,7 @@ type ModelInfo struct {
 
 func (x *ModelInfo) Reset() {
 	*x = ModelInfo{}
-	mi := &file_gengate_v1_types_proto_msgTypes[23]
+	mi := &file_gengate_v1_types_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2088,7 +2353,7 @@ func (x *ModelInfo) String() string {
 func (*ModelInfo) ProtoMessage() {}
 
 func (x *ModelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[23]
+	mi := &file_gengate_v1_types_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2101,7 +2366,7 @@ func (x *ModelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfo.ProtoReflect.Descriptor instead.
 func (*ModelInfo) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{23}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ModelInfo) GetName() string {
@@ -2143,13 +2408,15 @@ type ModelCapabilities struct {
 	// Keys this model accepts in GenerateRequest.backend_options (sorted); any other is refused
 	// with INVALID_ARGUMENT. Local engines: min_tokens, ignore_eos.
 	BackendOptions []string `protobuf:"bytes,10,rep,name=backend_options,json=backendOptions,proto3" json:"backend_options,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Takes GenerateRequest.magpie (a model that takes raw prompts).
+	Magpie        bool `protobuf:"varint,11,opt,name=magpie,proto3" json:"magpie,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelCapabilities) Reset() {
 	*x = ModelCapabilities{}
-	mi := &file_gengate_v1_types_proto_msgTypes[24]
+	mi := &file_gengate_v1_types_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2161,7 +2428,7 @@ func (x *ModelCapabilities) String() string {
 func (*ModelCapabilities) ProtoMessage() {}
 
 func (x *ModelCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[24]
+	mi := &file_gengate_v1_types_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2174,7 +2441,7 @@ func (x *ModelCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelCapabilities.ProtoReflect.Descriptor instead.
 func (*ModelCapabilities) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{24}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ModelCapabilities) GetConstraints() []*ConstraintSupport {
@@ -2247,6 +2514,13 @@ func (x *ModelCapabilities) GetBackendOptions() []string {
 	return nil
 }
 
+func (x *ModelCapabilities) GetMagpie() bool {
+	if x != nil {
+		return x.Magpie
+	}
+	return false
+}
+
 // ConstraintSupport pairs a constraint kind with its enforcement level.
 type ConstraintSupport struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2258,7 +2532,7 @@ type ConstraintSupport struct {
 
 func (x *ConstraintSupport) Reset() {
 	*x = ConstraintSupport{}
-	mi := &file_gengate_v1_types_proto_msgTypes[25]
+	mi := &file_gengate_v1_types_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2270,7 +2544,7 @@ func (x *ConstraintSupport) String() string {
 func (*ConstraintSupport) ProtoMessage() {}
 
 func (x *ConstraintSupport) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[25]
+	mi := &file_gengate_v1_types_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2283,7 +2557,7 @@ func (x *ConstraintSupport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConstraintSupport.ProtoReflect.Descriptor instead.
 func (*ConstraintSupport) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{25}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ConstraintSupport) GetKind() ConstraintKind {
@@ -2311,7 +2585,23 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\vChatMessage\x12$\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x10.gengate.v1.RoleR\x04role\x121\n" +
 	"\acontent\x18\x02 \x03(\v2\x17.gengate.v1.ContentPartR\acontent\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"V\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"\xd9\x02\n" +
+	"\x06Magpie\x122\n" +
+	"\x06preset\x18\x01 \x01(\x0e2\x18.gengate.v1.MagpiePresetH\x00R\x06preset\x12\x1c\n" +
+	"\btemplate\x18\x02 \x01(\tH\x00R\btemplate\x12(\n" +
+	"\rsystem_prompt\x18\x03 \x01(\tH\x01R\fsystemPrompt\x88\x01\x01\x12;\n" +
+	"\fconversation\x18\x04 \x03(\v2\x17.gengate.v1.ChatMessageR\fconversation\x12\x1c\n" +
+	"\an_turns\x18\x05 \x01(\rH\x02R\x06nTurns\x88\x01\x01\x12)\n" +
+	"\x10only_instruction\x18\x06 \x01(\bR\x0fonlyInstruction\x12\"\n" +
+	"\rend_with_user\x18\a \x01(\bR\vendWithUserB\v\n" +
+	"\tpre_queryB\x10\n" +
+	"\x0e_system_promptB\n" +
+	"\n" +
+	"\b_n_turns\"q\n" +
+	"\x10ConversationTurn\x12$\n" +
+	"\x04role\x18\x01 \x01(\x0e2\x10.gengate.v1.RoleR\x04role\x12\x12\n" +
+	"\x04text\x18\x02 \x01(\tR\x04text\x12#\n" +
+	"\routput_tokens\x18\x03 \x01(\rR\foutputTokens\"V\n" +
 	"\vContentPart\x12\x14\n" +
 	"\x04text\x18\x01 \x01(\tH\x00R\x04text\x12)\n" +
 	"\x05image\x18\x02 \x01(\v2\x11.gengate.v1.ImageH\x00R\x05imageB\x06\n" +
@@ -2383,7 +2673,7 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\fdouble_value\x18\x03 \x01(\x01H\x00R\vdoubleValue\x12\x1f\n" +
 	"\n" +
 	"bool_value\x18\x04 \x01(\bH\x00R\tboolValueB\a\n" +
-	"\x05value\"\x85\x02\n" +
+	"\x05value\"\xc7\x02\n" +
 	"\n" +
 	"Generation\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
@@ -2391,7 +2681,8 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\rfinish_reason\x18\x03 \x01(\x0e2\x18.gengate.v1.FinishReasonR\ffinishReason\x12&\n" +
 	"\fmatched_stop\x18\x04 \x01(\tH\x00R\vmatchedStop\x88\x01\x01\x12#\n" +
 	"\routput_tokens\x18\x05 \x01(\rR\foutputTokens\x120\n" +
-	"\blogprobs\x18\x06 \x01(\v2\x14.gengate.v1.LogprobsR\blogprobsB\x0f\n" +
+	"\blogprobs\x18\x06 \x01(\v2\x14.gengate.v1.LogprobsR\blogprobs\x12@\n" +
+	"\fconversation\x18\a \x03(\v2\x1c.gengate.v1.ConversationTurnR\fconversationB\x0f\n" +
 	"\r_matched_stop\"<\n" +
 	"\bLogprobs\x120\n" +
 	"\x06tokens\x18\x01 \x03(\v2\x18.gengate.v1.TokenLogprobR\x06tokens\"\x95\x01\n" +
@@ -2439,7 +2730,7 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12A\n" +
-	"\fcapabilities\x18\x03 \x01(\v2\x1d.gengate.v1.ModelCapabilitiesR\fcapabilities\"\xae\x03\n" +
+	"\fcapabilities\x18\x03 \x01(\v2\x1d.gengate.v1.ModelCapabilitiesR\fcapabilities\"\xc6\x03\n" +
 	"\x11ModelCapabilities\x12?\n" +
 	"\vconstraints\x18\x01 \x03(\v2\x1d.gengate.v1.ConstraintSupportR\vconstraints\x12D\n" +
 	"\x10grammar_syntaxes\x18\x02 \x03(\x0e2\x19.gengate.v1.GrammarSyntaxR\x0fgrammarSyntaxes\x12\x13\n" +
@@ -2451,7 +2742,8 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\x04seed\x18\b \x01(\bR\x04seed\x12\x12\n" +
 	"\x04chat\x18\t \x01(\bR\x04chat\x12'\n" +
 	"\x0fbackend_options\x18\n" +
-	" \x03(\tR\x0ebackendOptions\"~\n" +
+	" \x03(\tR\x0ebackendOptions\x12\x16\n" +
+	"\x06magpie\x18\v \x01(\bR\x06magpie\"~\n" +
 	"\x11ConstraintSupport\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.gengate.v1.ConstraintKindR\x04kind\x129\n" +
 	"\venforcement\x18\x02 \x01(\x0e2\x17.gengate.v1.EnforcementR\venforcement*P\n" +
@@ -2459,7 +2751,13 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
-	"\x0eROLE_ASSISTANT\x10\x03*z\n" +
+	"\x0eROLE_ASSISTANT\x10\x03*\x91\x01\n" +
+	"\fMagpiePreset\x12\x1d\n" +
+	"\x19MAGPIE_PRESET_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14MAGPIE_PRESET_LLAMA3\x10\x01\x12\x17\n" +
+	"\x13MAGPIE_PRESET_QWEN2\x10\x02\x12\x16\n" +
+	"\x12MAGPIE_PRESET_PHI3\x10\x03\x12\x17\n" +
+	"\x13MAGPIE_PRESET_GEMMA\x10\x04*z\n" +
 	"\rGrammarSyntax\x12\x1e\n" +
 	"\x1aGRAMMAR_SYNTAX_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13GRAMMAR_SYNTAX_LARK\x10\x01\x12\x17\n" +
@@ -2510,84 +2808,91 @@ func file_gengate_v1_types_proto_rawDescGZIP() []byte {
 	return file_gengate_v1_types_proto_rawDescData
 }
 
-var file_gengate_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_gengate_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_gengate_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_gengate_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_gengate_v1_types_proto_goTypes = []any{
 	(Role)(0),                       // 0: gengate.v1.Role
-	(GrammarSyntax)(0),              // 1: gengate.v1.GrammarSyntax
-	(Whitespace)(0),                 // 2: gengate.v1.Whitespace
-	(FinishReason)(0),               // 3: gengate.v1.FinishReason
-	(Enforcement)(0),                // 4: gengate.v1.Enforcement
-	(ConstraintKind)(0),             // 5: gengate.v1.ConstraintKind
-	(Modality)(0),                   // 6: gengate.v1.Modality
-	(*ChatMessages)(nil),            // 7: gengate.v1.ChatMessages
-	(*ChatMessage)(nil),             // 8: gengate.v1.ChatMessage
-	(*ContentPart)(nil),             // 9: gengate.v1.ContentPart
-	(*Image)(nil),                   // 10: gengate.v1.Image
-	(*SamplingParams)(nil),          // 11: gengate.v1.SamplingParams
-	(*StoppingCriteria)(nil),        // 12: gengate.v1.StoppingCriteria
-	(*StructuredOutput)(nil),        // 13: gengate.v1.StructuredOutput
-	(*JsonSchema)(nil),              // 14: gengate.v1.JsonSchema
-	(*Regex)(nil),                   // 15: gengate.v1.Regex
-	(*Choice)(nil),                  // 16: gengate.v1.Choice
-	(*Grammar)(nil),                 // 17: gengate.v1.Grammar
-	(*JsonObject)(nil),              // 18: gengate.v1.JsonObject
-	(*StructuredOutputOptions)(nil), // 19: gengate.v1.StructuredOutputOptions
-	(*BackendOptionValue)(nil),      // 20: gengate.v1.BackendOptionValue
-	(*Generation)(nil),              // 21: gengate.v1.Generation
-	(*Logprobs)(nil),                // 22: gengate.v1.Logprobs
-	(*TokenLogprob)(nil),            // 23: gengate.v1.TokenLogprob
-	(*TopLogprob)(nil),              // 24: gengate.v1.TopLogprob
-	(*Usage)(nil),                   // 25: gengate.v1.Usage
-	(*Timings)(nil),                 // 26: gengate.v1.Timings
-	(*StreamStart)(nil),             // 27: gengate.v1.StreamStart
-	(*GenerationDelta)(nil),         // 28: gengate.v1.GenerationDelta
-	(*GenerationEnd)(nil),           // 29: gengate.v1.GenerationEnd
-	(*ModelInfo)(nil),               // 30: gengate.v1.ModelInfo
-	(*ModelCapabilities)(nil),       // 31: gengate.v1.ModelCapabilities
-	(*ConstraintSupport)(nil),       // 32: gengate.v1.ConstraintSupport
-	(*structpb.Struct)(nil),         // 33: google.protobuf.Struct
-	(*durationpb.Duration)(nil),     // 34: google.protobuf.Duration
+	(MagpiePreset)(0),               // 1: gengate.v1.MagpiePreset
+	(GrammarSyntax)(0),              // 2: gengate.v1.GrammarSyntax
+	(Whitespace)(0),                 // 3: gengate.v1.Whitespace
+	(FinishReason)(0),               // 4: gengate.v1.FinishReason
+	(Enforcement)(0),                // 5: gengate.v1.Enforcement
+	(ConstraintKind)(0),             // 6: gengate.v1.ConstraintKind
+	(Modality)(0),                   // 7: gengate.v1.Modality
+	(*ChatMessages)(nil),            // 8: gengate.v1.ChatMessages
+	(*ChatMessage)(nil),             // 9: gengate.v1.ChatMessage
+	(*Magpie)(nil),                  // 10: gengate.v1.Magpie
+	(*ConversationTurn)(nil),        // 11: gengate.v1.ConversationTurn
+	(*ContentPart)(nil),             // 12: gengate.v1.ContentPart
+	(*Image)(nil),                   // 13: gengate.v1.Image
+	(*SamplingParams)(nil),          // 14: gengate.v1.SamplingParams
+	(*StoppingCriteria)(nil),        // 15: gengate.v1.StoppingCriteria
+	(*StructuredOutput)(nil),        // 16: gengate.v1.StructuredOutput
+	(*JsonSchema)(nil),              // 17: gengate.v1.JsonSchema
+	(*Regex)(nil),                   // 18: gengate.v1.Regex
+	(*Choice)(nil),                  // 19: gengate.v1.Choice
+	(*Grammar)(nil),                 // 20: gengate.v1.Grammar
+	(*JsonObject)(nil),              // 21: gengate.v1.JsonObject
+	(*StructuredOutputOptions)(nil), // 22: gengate.v1.StructuredOutputOptions
+	(*BackendOptionValue)(nil),      // 23: gengate.v1.BackendOptionValue
+	(*Generation)(nil),              // 24: gengate.v1.Generation
+	(*Logprobs)(nil),                // 25: gengate.v1.Logprobs
+	(*TokenLogprob)(nil),            // 26: gengate.v1.TokenLogprob
+	(*TopLogprob)(nil),              // 27: gengate.v1.TopLogprob
+	(*Usage)(nil),                   // 28: gengate.v1.Usage
+	(*Timings)(nil),                 // 29: gengate.v1.Timings
+	(*StreamStart)(nil),             // 30: gengate.v1.StreamStart
+	(*GenerationDelta)(nil),         // 31: gengate.v1.GenerationDelta
+	(*GenerationEnd)(nil),           // 32: gengate.v1.GenerationEnd
+	(*ModelInfo)(nil),               // 33: gengate.v1.ModelInfo
+	(*ModelCapabilities)(nil),       // 34: gengate.v1.ModelCapabilities
+	(*ConstraintSupport)(nil),       // 35: gengate.v1.ConstraintSupport
+	(*structpb.Struct)(nil),         // 36: google.protobuf.Struct
+	(*durationpb.Duration)(nil),     // 37: google.protobuf.Duration
 }
 var file_gengate_v1_types_proto_depIdxs = []int32{
-	8,  // 0: gengate.v1.ChatMessages.messages:type_name -> gengate.v1.ChatMessage
+	9,  // 0: gengate.v1.ChatMessages.messages:type_name -> gengate.v1.ChatMessage
 	0,  // 1: gengate.v1.ChatMessage.role:type_name -> gengate.v1.Role
-	9,  // 2: gengate.v1.ChatMessage.content:type_name -> gengate.v1.ContentPart
-	10, // 3: gengate.v1.ContentPart.image:type_name -> gengate.v1.Image
-	14, // 4: gengate.v1.StructuredOutput.json_schema:type_name -> gengate.v1.JsonSchema
-	15, // 5: gengate.v1.StructuredOutput.regex:type_name -> gengate.v1.Regex
-	16, // 6: gengate.v1.StructuredOutput.choice:type_name -> gengate.v1.Choice
-	17, // 7: gengate.v1.StructuredOutput.grammar:type_name -> gengate.v1.Grammar
-	18, // 8: gengate.v1.StructuredOutput.json_object:type_name -> gengate.v1.JsonObject
-	19, // 9: gengate.v1.StructuredOutput.options:type_name -> gengate.v1.StructuredOutputOptions
-	33, // 10: gengate.v1.JsonSchema.schema:type_name -> google.protobuf.Struct
-	1,  // 11: gengate.v1.Grammar.syntax:type_name -> gengate.v1.GrammarSyntax
-	2,  // 12: gengate.v1.StructuredOutputOptions.whitespace:type_name -> gengate.v1.Whitespace
-	3,  // 13: gengate.v1.Generation.finish_reason:type_name -> gengate.v1.FinishReason
-	22, // 14: gengate.v1.Generation.logprobs:type_name -> gengate.v1.Logprobs
-	23, // 15: gengate.v1.Logprobs.tokens:type_name -> gengate.v1.TokenLogprob
-	24, // 16: gengate.v1.TokenLogprob.top:type_name -> gengate.v1.TopLogprob
-	34, // 17: gengate.v1.Timings.queue:type_name -> google.protobuf.Duration
-	34, // 18: gengate.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
-	34, // 19: gengate.v1.Timings.total:type_name -> google.protobuf.Duration
-	4,  // 20: gengate.v1.StreamStart.enforcement:type_name -> gengate.v1.Enforcement
-	11, // 21: gengate.v1.StreamStart.effective_sampling:type_name -> gengate.v1.SamplingParams
-	12, // 22: gengate.v1.StreamStart.effective_stopping:type_name -> gengate.v1.StoppingCriteria
-	22, // 23: gengate.v1.GenerationDelta.logprobs:type_name -> gengate.v1.Logprobs
-	3,  // 24: gengate.v1.GenerationEnd.finish_reason:type_name -> gengate.v1.FinishReason
-	25, // 25: gengate.v1.GenerationEnd.usage:type_name -> gengate.v1.Usage
-	26, // 26: gengate.v1.GenerationEnd.timings:type_name -> gengate.v1.Timings
-	31, // 27: gengate.v1.ModelInfo.capabilities:type_name -> gengate.v1.ModelCapabilities
-	32, // 28: gengate.v1.ModelCapabilities.constraints:type_name -> gengate.v1.ConstraintSupport
-	1,  // 29: gengate.v1.ModelCapabilities.grammar_syntaxes:type_name -> gengate.v1.GrammarSyntax
-	6,  // 30: gengate.v1.ModelCapabilities.input_modalities:type_name -> gengate.v1.Modality
-	5,  // 31: gengate.v1.ConstraintSupport.kind:type_name -> gengate.v1.ConstraintKind
-	4,  // 32: gengate.v1.ConstraintSupport.enforcement:type_name -> gengate.v1.Enforcement
-	33, // [33:33] is the sub-list for method output_type
-	33, // [33:33] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	12, // 2: gengate.v1.ChatMessage.content:type_name -> gengate.v1.ContentPart
+	1,  // 3: gengate.v1.Magpie.preset:type_name -> gengate.v1.MagpiePreset
+	9,  // 4: gengate.v1.Magpie.conversation:type_name -> gengate.v1.ChatMessage
+	0,  // 5: gengate.v1.ConversationTurn.role:type_name -> gengate.v1.Role
+	13, // 6: gengate.v1.ContentPart.image:type_name -> gengate.v1.Image
+	17, // 7: gengate.v1.StructuredOutput.json_schema:type_name -> gengate.v1.JsonSchema
+	18, // 8: gengate.v1.StructuredOutput.regex:type_name -> gengate.v1.Regex
+	19, // 9: gengate.v1.StructuredOutput.choice:type_name -> gengate.v1.Choice
+	20, // 10: gengate.v1.StructuredOutput.grammar:type_name -> gengate.v1.Grammar
+	21, // 11: gengate.v1.StructuredOutput.json_object:type_name -> gengate.v1.JsonObject
+	22, // 12: gengate.v1.StructuredOutput.options:type_name -> gengate.v1.StructuredOutputOptions
+	36, // 13: gengate.v1.JsonSchema.schema:type_name -> google.protobuf.Struct
+	2,  // 14: gengate.v1.Grammar.syntax:type_name -> gengate.v1.GrammarSyntax
+	3,  // 15: gengate.v1.StructuredOutputOptions.whitespace:type_name -> gengate.v1.Whitespace
+	4,  // 16: gengate.v1.Generation.finish_reason:type_name -> gengate.v1.FinishReason
+	25, // 17: gengate.v1.Generation.logprobs:type_name -> gengate.v1.Logprobs
+	11, // 18: gengate.v1.Generation.conversation:type_name -> gengate.v1.ConversationTurn
+	26, // 19: gengate.v1.Logprobs.tokens:type_name -> gengate.v1.TokenLogprob
+	27, // 20: gengate.v1.TokenLogprob.top:type_name -> gengate.v1.TopLogprob
+	37, // 21: gengate.v1.Timings.queue:type_name -> google.protobuf.Duration
+	37, // 22: gengate.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
+	37, // 23: gengate.v1.Timings.total:type_name -> google.protobuf.Duration
+	5,  // 24: gengate.v1.StreamStart.enforcement:type_name -> gengate.v1.Enforcement
+	14, // 25: gengate.v1.StreamStart.effective_sampling:type_name -> gengate.v1.SamplingParams
+	15, // 26: gengate.v1.StreamStart.effective_stopping:type_name -> gengate.v1.StoppingCriteria
+	25, // 27: gengate.v1.GenerationDelta.logprobs:type_name -> gengate.v1.Logprobs
+	4,  // 28: gengate.v1.GenerationEnd.finish_reason:type_name -> gengate.v1.FinishReason
+	28, // 29: gengate.v1.GenerationEnd.usage:type_name -> gengate.v1.Usage
+	29, // 30: gengate.v1.GenerationEnd.timings:type_name -> gengate.v1.Timings
+	34, // 31: gengate.v1.ModelInfo.capabilities:type_name -> gengate.v1.ModelCapabilities
+	35, // 32: gengate.v1.ModelCapabilities.constraints:type_name -> gengate.v1.ConstraintSupport
+	2,  // 33: gengate.v1.ModelCapabilities.grammar_syntaxes:type_name -> gengate.v1.GrammarSyntax
+	7,  // 34: gengate.v1.ModelCapabilities.input_modalities:type_name -> gengate.v1.Modality
+	6,  // 35: gengate.v1.ConstraintSupport.kind:type_name -> gengate.v1.ConstraintKind
+	5,  // 36: gengate.v1.ConstraintSupport.enforcement:type_name -> gengate.v1.Enforcement
+	37, // [37:37] is the sub-list for method output_type
+	37, // [37:37] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_gengate_v1_types_proto_init() }
@@ -2596,40 +2901,44 @@ func file_gengate_v1_types_proto_init() {
 		return
 	}
 	file_gengate_v1_types_proto_msgTypes[2].OneofWrappers = []any{
+		(*Magpie_Preset)(nil),
+		(*Magpie_Template)(nil),
+	}
+	file_gengate_v1_types_proto_msgTypes[4].OneofWrappers = []any{
 		(*ContentPart_Text)(nil),
 		(*ContentPart_Image)(nil),
 	}
-	file_gengate_v1_types_proto_msgTypes[3].OneofWrappers = []any{
+	file_gengate_v1_types_proto_msgTypes[5].OneofWrappers = []any{
 		(*Image_Data)(nil),
 		(*Image_Url)(nil),
 	}
-	file_gengate_v1_types_proto_msgTypes[4].OneofWrappers = []any{}
-	file_gengate_v1_types_proto_msgTypes[5].OneofWrappers = []any{}
-	file_gengate_v1_types_proto_msgTypes[6].OneofWrappers = []any{
+	file_gengate_v1_types_proto_msgTypes[6].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[7].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[8].OneofWrappers = []any{
 		(*StructuredOutput_JsonSchema)(nil),
 		(*StructuredOutput_Regex)(nil),
 		(*StructuredOutput_Choice)(nil),
 		(*StructuredOutput_Grammar)(nil),
 		(*StructuredOutput_JsonObject)(nil),
 	}
-	file_gengate_v1_types_proto_msgTypes[12].OneofWrappers = []any{}
-	file_gengate_v1_types_proto_msgTypes[13].OneofWrappers = []any{
+	file_gengate_v1_types_proto_msgTypes[14].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[15].OneofWrappers = []any{
 		(*BackendOptionValue_StringValue)(nil),
 		(*BackendOptionValue_IntValue)(nil),
 		(*BackendOptionValue_DoubleValue)(nil),
 		(*BackendOptionValue_BoolValue)(nil),
 	}
-	file_gengate_v1_types_proto_msgTypes[14].OneofWrappers = []any{}
 	file_gengate_v1_types_proto_msgTypes[16].OneofWrappers = []any{}
-	file_gengate_v1_types_proto_msgTypes[17].OneofWrappers = []any{}
-	file_gengate_v1_types_proto_msgTypes[22].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[18].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[19].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[24].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gengate_v1_types_proto_rawDesc), len(file_gengate_v1_types_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   26,
+			NumEnums:      8,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -12,7 +12,7 @@ import type { JsonObject as JsonObject$1, Message } from "@bufbuild/protobuf";
  * Describes the file gengate/v1/types.proto.
  */
 export const file_gengate_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChZnZW5nYXRlL3YxL3R5cGVzLnByb3RvEgpnZW5nYXRlLnYxIjkKDENoYXRNZXNzYWdlcxIpCghtZXNzYWdlcxgBIAMoCzIXLmdlbmdhdGUudjEuQ2hhdE1lc3NhZ2UiZQoLQ2hhdE1lc3NhZ2USHgoEcm9sZRgBIAEoDjIQLmdlbmdhdGUudjEuUm9sZRIoCgdjb250ZW50GAIgAygLMhcuZ2VuZ2F0ZS52MS5Db250ZW50UGFydBIMCgRuYW1lGAMgASgJIkkKC0NvbnRlbnRQYXJ0Eg4KBHRleHQYASABKAlIABIiCgVpbWFnZRgCIAEoCzIRLmdlbmdhdGUudjEuSW1hZ2VIAEIGCgRwYXJ0IkMKBUltYWdlEg4KBGRhdGEYASABKAxIABINCgN1cmwYAiABKAlIABIRCgltaW1lX3R5cGUYAyABKAlCCAoGc291cmNlItICCg5TYW1wbGluZ1BhcmFtcxIYCgt0ZW1wZXJhdHVyZRgBIAEoAkgAiAEBEhIKBXRvcF9wGAIgASgCSAGIAQESEgoFdG9wX2sYAyABKA1IAogBARISCgVtaW5fcBgEIAEoAkgDiAEBEh8KEnJlcGV0aXRpb25fcGVuYWx0eRgFIAEoAkgEiAEBEh4KEWZyZXF1ZW5jeV9wZW5hbHR5GAYgASgCSAWIAQESHQoQcHJlc2VuY2VfcGVuYWx0eRgHIAEoAkgGiAEBEhEKBHNlZWQYCCABKARIB4gBAUIOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9wQggKBl90b3Bfa0IICgZfbWluX3BCFQoTX3JlcGV0aXRpb25fcGVuYWx0eUIUChJfZnJlcXVlbmN5X3BlbmFsdHlCEwoRX3ByZXNlbmNlX3BlbmFsdHlCBwoFX3NlZWQiSAoQU3RvcHBpbmdDcml0ZXJpYRIXCgptYXhfdG9rZW5zGAEgASgNSACIAQESDAoEc3RvcBgCIAMoCUINCgtfbWF4X3Rva2VucyKgAgoQU3RydWN0dXJlZE91dHB1dBItCgtqc29uX3NjaGVtYRgBIAEoCzIWLmdlbmdhdGUudjEuSnNvblNjaGVtYUgAEiIKBXJlZ2V4GAIgASgLMhEuZ2VuZ2F0ZS52MS5SZWdleEgAEiQKBmNob2ljZRgDIAEoCzISLmdlbmdhdGUudjEuQ2hvaWNlSAASJgoHZ3JhbW1hchgEIAEoCzITLmdlbmdhdGUudjEuR3JhbW1hckgAEi0KC2pzb25fb2JqZWN0GAUgASgLMhYuZ2VuZ2F0ZS52MS5Kc29uT2JqZWN0SAASNAoHb3B0aW9ucxgGIAEoCzIjLmdlbmdhdGUudjEuU3RydWN0dXJlZE91dHB1dE9wdGlvbnNCBgoEa2luZCJoCgpKc29uU2NoZW1hEicKBnNjaGVtYRgBIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDAoEbmFtZRgCIAEoCRIOCgZzdHJpY3QYAyABKAgSEwoLc2NoZW1hX2pzb24YBCABKAkiGAoFUmVnZXgSDwoHcGF0dGVybhgBIAEoCSIZCgZDaG9pY2USDwoHY2hvaWNlcxgBIAMoCSJICgdHcmFtbWFyEikKBnN5bnRheBgBIAEoDjIZLmdlbmdhdGUudjEuR3JhbW1hclN5bnRheBISCgpkZWZpbml0aW9uGAIgASgJIgwKCkpzb25PYmplY3QigwEKF1N0cnVjdHVyZWRPdXRwdXRPcHRpb25zEioKCndoaXRlc3BhY2UYASABKA4yFi5nZW5nYXRlLnYxLldoaXRlc3BhY2USIgoVYWRkaXRpb25hbF9wcm9wZXJ0aWVzGAIgASgISACIAQFCGAoWX2FkZGl0aW9uYWxfcHJvcGVydGllcyJ4ChJCYWNrZW5kT3B0aW9uVmFsdWUSFgoMc3RyaW5nX3ZhbHVlGAEgASgJSAASEwoJaW50X3ZhbHVlGAIgASgDSAASFgoMZG91YmxlX3ZhbHVlGAMgASgBSAASFAoKYm9vbF92YWx1ZRgEIAEoCEgAQgcKBXZhbHVlIsUBCgpHZW5lcmF0aW9uEg0KBWluZGV4GAEgASgNEgwKBHRleHQYAiABKAkSLwoNZmluaXNoX3JlYXNvbhgDIAEoDjIYLmdlbmdhdGUudjEuRmluaXNoUmVhc29uEhkKDG1hdGNoZWRfc3RvcBgEIAEoCUgAiAEBEhUKDW91dHB1dF90b2tlbnMYBSABKA0SJgoIbG9ncHJvYnMYBiABKAsyFC5nZW5nYXRlLnYxLkxvZ3Byb2JzQg8KDV9tYXRjaGVkX3N0b3AiNAoITG9ncHJvYnMSKAoGdG9rZW5zGAEgAygLMhguZ2VuZ2F0ZS52MS5Ub2tlbkxvZ3Byb2IidwoMVG9rZW5Mb2dwcm9iEg0KBXRva2VuGAEgASgJEg8KB2xvZ3Byb2IYAiABKAISFQoIdG9rZW5faWQYAyABKA1IAIgBARIjCgN0b3AYBCADKAsyFi5nZW5nYXRlLnYxLlRvcExvZ3Byb2JCCwoJX3Rva2VuX2lkIlAKClRvcExvZ3Byb2ISDQoFdG9rZW4YASABKAkSDwoHbG9ncHJvYhgCIAEoAhIVCgh0b2tlbl9pZBgDIAEoDUgAiAEBQgsKCV90b2tlbl9pZCJRCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKA0SFQoNb3V0cHV0X3Rva2VucxgCIAEoDRIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGAMgASgNIpUBCgdUaW1pbmdzEigKBXF1ZXVlGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjYKE3RpbWVfdG9fZmlyc3RfdG9rZW4YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFdG90YWwYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i5gEKC1N0cmVhbVN0YXJ0EhIKCnJlcXVlc3RfaWQYASABKAkSDQoFbW9kZWwYAiABKAkSFAoMaW5wdXRfdG9rZW5zGAMgASgNEiwKC2VuZm9yY2VtZW50GAQgASgOMhcuZ2VuZ2F0ZS52MS5FbmZvcmNlbWVudBI2ChJlZmZlY3RpdmVfc2FtcGxpbmcYBSABKAsyGi5nZW5nYXRlLnYxLlNhbXBsaW5nUGFyYW1zEjgKEmVmZmVjdGl2ZV9zdG9wcGluZxgGIAEoCzIcLmdlbmdhdGUudjEuU3RvcHBpbmdDcml0ZXJpYSJrCg9HZW5lcmF0aW9uRGVsdGESDQoFaW5kZXgYASABKA0SDAoEdGV4dBgCIAEoCRITCgt0b2tlbl9jb3VudBgDIAEoDRImCghsb2dwcm9icxgEIAEoCzIULmdlbmdhdGUudjEuTG9ncHJvYnMiwwEKDUdlbmVyYXRpb25FbmQSDQoFaW5kZXgYASABKA0SLwoNZmluaXNoX3JlYXNvbhgCIAEoDjIYLmdlbmdhdGUudjEuRmluaXNoUmVhc29uEhkKDG1hdGNoZWRfc3RvcBgDIAEoCUgAiAEBEiAKBXVzYWdlGAQgASgLMhEuZ2VuZ2F0ZS52MS5Vc2FnZRIkCgd0aW1pbmdzGAUgASgLMhMuZ2VuZ2F0ZS52MS5UaW1pbmdzQg8KDV9tYXRjaGVkX3N0b3AiXwoJTW9kZWxJbmZvEgwKBG5hbWUYASABKAkSDwoHYmFja2VuZBgCIAEoCRIzCgxjYXBhYmlsaXRpZXMYAyABKAsyHS5nZW5nYXRlLnYxLk1vZGVsQ2FwYWJpbGl0aWVzIrQCChFNb2RlbENhcGFiaWxpdGllcxIyCgtjb25zdHJhaW50cxgBIAMoCzIdLmdlbmdhdGUudjEuQ29uc3RyYWludFN1cHBvcnQSMwoQZ3JhbW1hcl9zeW50YXhlcxgCIAMoDjIZLmdlbmdhdGUudjEuR3JhbW1hclN5bnRheBINCgVtYXhfbhgDIAEoDRIQCghsb2dwcm9icxgEIAEoCBIYChBtYXhfdG9wX2xvZ3Byb2JzGAUgASgNEi4KEGlucHV0X21vZGFsaXRpZXMYBiADKA4yFC5nZW5nYXRlLnYxLk1vZGFsaXR5EhYKDmNvbnRleHRfbGVuZ3RoGAcgASgNEgwKBHNlZWQYCCABKAgSDAoEY2hhdBgJIAEoCBIXCg9iYWNrZW5kX29wdGlvbnMYCiADKAkiawoRQ29uc3RyYWludFN1cHBvcnQSKAoEa2luZBgBIAEoDjIaLmdlbmdhdGUudjEuQ29uc3RyYWludEtpbmQSLAoLZW5mb3JjZW1lbnQYAiABKA4yFy5nZW5nYXRlLnYxLkVuZm9yY2VtZW50KlAKBFJvbGUSFAoQUk9MRV9VTlNQRUNJRklFRBAAEg8KC1JPTEVfU1lTVEVNEAESDQoJUk9MRV9VU0VSEAISEgoOUk9MRV9BU1NJU1RBTlQQAyp6Cg1HcmFtbWFyU3ludGF4Eh4KGkdSQU1NQVJfU1lOVEFYX1VOU1BFQ0lGSUVEEAASFwoTR1JBTU1BUl9TWU5UQVhfTEFSSxABEhcKE0dSQU1NQVJfU1lOVEFYX0dCTkYQAhIXChNHUkFNTUFSX1NZTlRBWF9FQk5GEAMqWQoKV2hpdGVzcGFjZRIaChZXSElURVNQQUNFX1VOU1BFQ0lGSUVEEAASFgoSV0hJVEVTUEFDRV9DT01QQUNUEAESFwoTV0hJVEVTUEFDRV9GTEVYSUJMRRACKpECCgxGaW5pc2hSZWFzb24SHQoZRklOSVNIX1JFQVNPTl9VTlNQRUNJRklFRBAAEhYKEkZJTklTSF9SRUFTT05fU1RPUBABEhgKFEZJTklTSF9SRUFTT05fTEVOR1RIEAISHwobRklOSVNIX1JFQVNPTl9TVE9QX1NFUVVFTkNFEAMSIAocRklOSVNIX1JFQVNPTl9DT05URU5UX0ZJTFRFUhAEEhsKF0ZJTklTSF9SRUFTT05fQ0FOQ0VMTEVEEAUSHAoYRklOSVNIX1JFQVNPTl9USU1FX0xJTUlUEAYSFwoTRklOSVNIX1JFQVNPTl9FUlJPUhAHEhkKFUZJTklTSF9SRUFTT05fUkVGVVNBTBAIKosBCgtFbmZvcmNlbWVudBIbChdFTkZPUkNFTUVOVF9VTlNQRUNJRklFRBAAEhQKEEVORk9SQ0VNRU5UX05PTkUQARIWChJFTkZPUkNFTUVOVF9FTkdJTkUQAhIWChJFTkZPUkNFTUVOVF9OQVRJVkUQAxIZChVFTkZPUkNFTUVOVF9WQUxJREFURUQQBCrHAQoOQ29uc3RyYWludEtpbmQSHwobQ09OU1RSQUlOVF9LSU5EX1VOU1BFQ0lGSUVEEAASHwobQ09OU1RSQUlOVF9LSU5EX0pTT05fU0NIRU1BEAESGQoVQ09OU1RSQUlOVF9LSU5EX1JFR0VYEAISGgoWQ09OU1RSQUlOVF9LSU5EX0NIT0lDRRADEhsKF0NPTlNUUkFJTlRfS0lORF9HUkFNTUFSEAQSHwobQ09OU1RSQUlOVF9LSU5EX0pTT05fT0JKRUNUEAUqSwoITW9kYWxpdHkSGAoUTU9EQUxJVFlfVU5TUEVDSUZJRUQQABIRCg1NT0RBTElUWV9URVhUEAESEgoOTU9EQUxJVFlfSU1BR0UQAkJAWj5naXRodWIuY29tL2dlbmdhdGUvZ2VuZ2F0ZS9jbGllbnRzL2dvL2dlbi9nZW5nYXRlL3YxO2dlbmdhdGV2MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct]);
+  fileDesc("ChZnZW5nYXRlL3YxL3R5cGVzLnByb3RvEgpnZW5nYXRlLnYxIjkKDENoYXRNZXNzYWdlcxIpCghtZXNzYWdlcxgBIAMoCzIXLmdlbmdhdGUudjEuQ2hhdE1lc3NhZ2UiZQoLQ2hhdE1lc3NhZ2USHgoEcm9sZRgBIAEoDjIQLmdlbmdhdGUudjEuUm9sZRIoCgdjb250ZW50GAIgAygLMhcuZ2VuZ2F0ZS52MS5Db250ZW50UGFydBIMCgRuYW1lGAMgASgJIoUCCgZNYWdwaWUSKgoGcHJlc2V0GAEgASgOMhguZ2VuZ2F0ZS52MS5NYWdwaWVQcmVzZXRIABISCgh0ZW1wbGF0ZRgCIAEoCUgAEhoKDXN5c3RlbV9wcm9tcHQYAyABKAlIAYgBARItCgxjb252ZXJzYXRpb24YBCADKAsyFy5nZW5nYXRlLnYxLkNoYXRNZXNzYWdlEhQKB25fdHVybnMYBSABKA1IAogBARIYChBvbmx5X2luc3RydWN0aW9uGAYgASgIEhUKDWVuZF93aXRoX3VzZXIYByABKAhCCwoJcHJlX3F1ZXJ5QhAKDl9zeXN0ZW1fcHJvbXB0QgoKCF9uX3R1cm5zIlcKEENvbnZlcnNhdGlvblR1cm4SHgoEcm9sZRgBIAEoDjIQLmdlbmdhdGUudjEuUm9sZRIMCgR0ZXh0GAIgASgJEhUKDW91dHB1dF90b2tlbnMYAyABKA0iSQoLQ29udGVudFBhcnQSDgoEdGV4dBgBIAEoCUgAEiIKBWltYWdlGAIgASgLMhEuZ2VuZ2F0ZS52MS5JbWFnZUgAQgYKBHBhcnQiQwoFSW1hZ2USDgoEZGF0YRgBIAEoDEgAEg0KA3VybBgCIAEoCUgAEhEKCW1pbWVfdHlwZRgDIAEoCUIICgZzb3VyY2Ui0gIKDlNhbXBsaW5nUGFyYW1zEhgKC3RlbXBlcmF0dXJlGAEgASgCSACIAQESEgoFdG9wX3AYAiABKAJIAYgBARISCgV0b3BfaxgDIAEoDUgCiAEBEhIKBW1pbl9wGAQgASgCSAOIAQESHwoScmVwZXRpdGlvbl9wZW5hbHR5GAUgASgCSASIAQESHgoRZnJlcXVlbmN5X3BlbmFsdHkYBiABKAJIBYgBARIdChBwcmVzZW5jZV9wZW5hbHR5GAcgASgCSAaIAQESEQoEc2VlZBgIIAEoBEgHiAEBQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX3BCCAoGX3RvcF9rQggKBl9taW5fcEIVChNfcmVwZXRpdGlvbl9wZW5hbHR5QhQKEl9mcmVxdWVuY3lfcGVuYWx0eUITChFfcHJlc2VuY2VfcGVuYWx0eUIHCgVfc2VlZCJIChBTdG9wcGluZ0NyaXRlcmlhEhcKCm1heF90b2tlbnMYASABKA1IAIgBARIMCgRzdG9wGAIgAygJQg0KC19tYXhfdG9rZW5zIqACChBTdHJ1Y3R1cmVkT3V0cHV0Ei0KC2pzb25fc2NoZW1hGAEgASgLMhYuZ2VuZ2F0ZS52MS5Kc29uU2NoZW1hSAASIgoFcmVnZXgYAiABKAsyES5nZW5nYXRlLnYxLlJlZ2V4SAASJAoGY2hvaWNlGAMgASgLMhIuZ2VuZ2F0ZS52MS5DaG9pY2VIABImCgdncmFtbWFyGAQgASgLMhMuZ2VuZ2F0ZS52MS5HcmFtbWFySAASLQoLanNvbl9vYmplY3QYBSABKAsyFi5nZW5nYXRlLnYxLkpzb25PYmplY3RIABI0CgdvcHRpb25zGAYgASgLMiMuZ2VuZ2F0ZS52MS5TdHJ1Y3R1cmVkT3V0cHV0T3B0aW9uc0IGCgRraW5kImgKCkpzb25TY2hlbWESJwoGc2NoZW1hGAEgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIMCgRuYW1lGAIgASgJEg4KBnN0cmljdBgDIAEoCBITCgtzY2hlbWFfanNvbhgEIAEoCSIYCgVSZWdleBIPCgdwYXR0ZXJuGAEgASgJIhkKBkNob2ljZRIPCgdjaG9pY2VzGAEgAygJIkgKB0dyYW1tYXISKQoGc3ludGF4GAEgASgOMhkuZ2VuZ2F0ZS52MS5HcmFtbWFyU3ludGF4EhIKCmRlZmluaXRpb24YAiABKAkiDAoKSnNvbk9iamVjdCKDAQoXU3RydWN0dXJlZE91dHB1dE9wdGlvbnMSKgoKd2hpdGVzcGFjZRgBIAEoDjIWLmdlbmdhdGUudjEuV2hpdGVzcGFjZRIiChVhZGRpdGlvbmFsX3Byb3BlcnRpZXMYAiABKAhIAIgBAUIYChZfYWRkaXRpb25hbF9wcm9wZXJ0aWVzIngKEkJhY2tlbmRPcHRpb25WYWx1ZRIWCgxzdHJpbmdfdmFsdWUYASABKAlIABITCglpbnRfdmFsdWUYAiABKANIABIWCgxkb3VibGVfdmFsdWUYAyABKAFIABIUCgpib29sX3ZhbHVlGAQgASgISABCBwoFdmFsdWUi+QEKCkdlbmVyYXRpb24SDQoFaW5kZXgYASABKA0SDAoEdGV4dBgCIAEoCRIvCg1maW5pc2hfcmVhc29uGAMgASgOMhguZ2VuZ2F0ZS52MS5GaW5pc2hSZWFzb24SGQoMbWF0Y2hlZF9zdG9wGAQgASgJSACIAQESFQoNb3V0cHV0X3Rva2VucxgFIAEoDRImCghsb2dwcm9icxgGIAEoCzIULmdlbmdhdGUudjEuTG9ncHJvYnMSMgoMY29udmVyc2F0aW9uGAcgAygLMhwuZ2VuZ2F0ZS52MS5Db252ZXJzYXRpb25UdXJuQg8KDV9tYXRjaGVkX3N0b3AiNAoITG9ncHJvYnMSKAoGdG9rZW5zGAEgAygLMhguZ2VuZ2F0ZS52MS5Ub2tlbkxvZ3Byb2IidwoMVG9rZW5Mb2dwcm9iEg0KBXRva2VuGAEgASgJEg8KB2xvZ3Byb2IYAiABKAISFQoIdG9rZW5faWQYAyABKA1IAIgBARIjCgN0b3AYBCADKAsyFi5nZW5nYXRlLnYxLlRvcExvZ3Byb2JCCwoJX3Rva2VuX2lkIlAKClRvcExvZ3Byb2ISDQoFdG9rZW4YASABKAkSDwoHbG9ncHJvYhgCIAEoAhIVCgh0b2tlbl9pZBgDIAEoDUgAiAEBQgsKCV90b2tlbl9pZCJRCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKA0SFQoNb3V0cHV0X3Rva2VucxgCIAEoDRIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGAMgASgNIpUBCgdUaW1pbmdzEigKBXF1ZXVlGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjYKE3RpbWVfdG9fZmlyc3RfdG9rZW4YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFdG90YWwYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i5gEKC1N0cmVhbVN0YXJ0EhIKCnJlcXVlc3RfaWQYASABKAkSDQoFbW9kZWwYAiABKAkSFAoMaW5wdXRfdG9rZW5zGAMgASgNEiwKC2VuZm9yY2VtZW50GAQgASgOMhcuZ2VuZ2F0ZS52MS5FbmZvcmNlbWVudBI2ChJlZmZlY3RpdmVfc2FtcGxpbmcYBSABKAsyGi5nZW5nYXRlLnYxLlNhbXBsaW5nUGFyYW1zEjgKEmVmZmVjdGl2ZV9zdG9wcGluZxgGIAEoCzIcLmdlbmdhdGUudjEuU3RvcHBpbmdDcml0ZXJpYSJrCg9HZW5lcmF0aW9uRGVsdGESDQoFaW5kZXgYASABKA0SDAoEdGV4dBgCIAEoCRITCgt0b2tlbl9jb3VudBgDIAEoDRImCghsb2dwcm9icxgEIAEoCzIULmdlbmdhdGUudjEuTG9ncHJvYnMiwwEKDUdlbmVyYXRpb25FbmQSDQoFaW5kZXgYASABKA0SLwoNZmluaXNoX3JlYXNvbhgCIAEoDjIYLmdlbmdhdGUudjEuRmluaXNoUmVhc29uEhkKDG1hdGNoZWRfc3RvcBgDIAEoCUgAiAEBEiAKBXVzYWdlGAQgASgLMhEuZ2VuZ2F0ZS52MS5Vc2FnZRIkCgd0aW1pbmdzGAUgASgLMhMuZ2VuZ2F0ZS52MS5UaW1pbmdzQg8KDV9tYXRjaGVkX3N0b3AiXwoJTW9kZWxJbmZvEgwKBG5hbWUYASABKAkSDwoHYmFja2VuZBgCIAEoCRIzCgxjYXBhYmlsaXRpZXMYAyABKAsyHS5nZW5nYXRlLnYxLk1vZGVsQ2FwYWJpbGl0aWVzIsQCChFNb2RlbENhcGFiaWxpdGllcxIyCgtjb25zdHJhaW50cxgBIAMoCzIdLmdlbmdhdGUudjEuQ29uc3RyYWludFN1cHBvcnQSMwoQZ3JhbW1hcl9zeW50YXhlcxgCIAMoDjIZLmdlbmdhdGUudjEuR3JhbW1hclN5bnRheBINCgVtYXhfbhgDIAEoDRIQCghsb2dwcm9icxgEIAEoCBIYChBtYXhfdG9wX2xvZ3Byb2JzGAUgASgNEi4KEGlucHV0X21vZGFsaXRpZXMYBiADKA4yFC5nZW5nYXRlLnYxLk1vZGFsaXR5EhYKDmNvbnRleHRfbGVuZ3RoGAcgASgNEgwKBHNlZWQYCCABKAgSDAoEY2hhdBgJIAEoCBIXCg9iYWNrZW5kX29wdGlvbnMYCiADKAkSDgoGbWFncGllGAsgASgIImsKEUNvbnN0cmFpbnRTdXBwb3J0EigKBGtpbmQYASABKA4yGi5nZW5nYXRlLnYxLkNvbnN0cmFpbnRLaW5kEiwKC2VuZm9yY2VtZW50GAIgASgOMhcuZ2VuZ2F0ZS52MS5FbmZvcmNlbWVudCpQCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIPCgtST0xFX1NZU1RFTRABEg0KCVJPTEVfVVNFUhACEhIKDlJPTEVfQVNTSVNUQU5UEAMqkQEKDE1hZ3BpZVByZXNldBIdChlNQUdQSUVfUFJFU0VUX1VOU1BFQ0lGSUVEEAASGAoUTUFHUElFX1BSRVNFVF9MTEFNQTMQARIXChNNQUdQSUVfUFJFU0VUX1FXRU4yEAISFgoSTUFHUElFX1BSRVNFVF9QSEkzEAMSFwoTTUFHUElFX1BSRVNFVF9HRU1NQRAEKnoKDUdyYW1tYXJTeW50YXgSHgoaR1JBTU1BUl9TWU5UQVhfVU5TUEVDSUZJRUQQABIXChNHUkFNTUFSX1NZTlRBWF9MQVJLEAESFwoTR1JBTU1BUl9TWU5UQVhfR0JORhACEhcKE0dSQU1NQVJfU1lOVEFYX0VCTkYQAypZCgpXaGl0ZXNwYWNlEhoKFldISVRFU1BBQ0VfVU5TUEVDSUZJRUQQABIWChJXSElURVNQQUNFX0NPTVBBQ1QQARIXChNXSElURVNQQUNFX0ZMRVhJQkxFEAIqkQIKDEZpbmlzaFJlYXNvbhIdChlGSU5JU0hfUkVBU09OX1VOU1BFQ0lGSUVEEAASFgoSRklOSVNIX1JFQVNPTl9TVE9QEAESGAoURklOSVNIX1JFQVNPTl9MRU5HVEgQAhIfChtGSU5JU0hfUkVBU09OX1NUT1BfU0VRVUVOQ0UQAxIgChxGSU5JU0hfUkVBU09OX0NPTlRFTlRfRklMVEVSEAQSGwoXRklOSVNIX1JFQVNPTl9DQU5DRUxMRUQQBRIcChhGSU5JU0hfUkVBU09OX1RJTUVfTElNSVQQBhIXChNGSU5JU0hfUkVBU09OX0VSUk9SEAcSGQoVRklOSVNIX1JFQVNPTl9SRUZVU0FMEAgqiwEKC0VuZm9yY2VtZW50EhsKF0VORk9SQ0VNRU5UX1VOU1BFQ0lGSUVEEAASFAoQRU5GT1JDRU1FTlRfTk9ORRABEhYKEkVORk9SQ0VNRU5UX0VOR0lORRACEhYKEkVORk9SQ0VNRU5UX05BVElWRRADEhkKFUVORk9SQ0VNRU5UX1ZBTElEQVRFRBAEKscBCg5Db25zdHJhaW50S2luZBIfChtDT05TVFJBSU5UX0tJTkRfVU5TUEVDSUZJRUQQABIfChtDT05TVFJBSU5UX0tJTkRfSlNPTl9TQ0hFTUEQARIZChVDT05TVFJBSU5UX0tJTkRfUkVHRVgQAhIaChZDT05TVFJBSU5UX0tJTkRfQ0hPSUNFEAMSGwoXQ09OU1RSQUlOVF9LSU5EX0dSQU1NQVIQBBIfChtDT05TVFJBSU5UX0tJTkRfSlNPTl9PQkpFQ1QQBSpLCghNb2RhbGl0eRIYChRNT0RBTElUWV9VTlNQRUNJRklFRBAAEhEKDU1PREFMSVRZX1RFWFQQARISCg5NT0RBTElUWV9JTUFHRRACQkBaPmdpdGh1Yi5jb20vZ2VuZ2F0ZS9nZW5nYXRlL2NsaWVudHMvZ28vZ2VuL2dlbmdhdGUvdjE7Z2VuZ2F0ZXYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct]);
 
 /**
  * ChatMessages is a conversation, oldest message first.
@@ -65,6 +65,111 @@ export const ChatMessageSchema: GenMessage<ChatMessage> = /*@__PURE__*/
   messageDesc(file_gengate_v1_types, 1);
 
 /**
+ * Magpie asks an instruction-tuned model to write the user's turn itself: the conversation so
+ * far is rendered in the model's chat format and ended with the pre-query text (the header of a
+ * user turn), so the model continues as the user. Each turn then gets the model's answer, for
+ * n_turns turns. Served by models that take raw prompts (ModelCapabilities.magpie); refused with
+ * UNIMPLEMENTED elsewhere. Each generation's `conversation` holds the turns; its `text` the last.
+ *
+ * @generated from message gengate.v1.Magpie
+ */
+export type Magpie = Message<"gengate.v1.Magpie"> & {
+  /**
+   * @generated from oneof gengate.v1.Magpie.pre_query
+   */
+  preQuery: {
+    /**
+     * The pre-query text of a known chat format.
+     *
+     * @generated from field: gengate.v1.MagpiePreset preset = 1;
+     */
+    value: MagpiePreset;
+    case: "preset";
+  } | {
+    /**
+     * A custom pre-query text, sent exactly as given.
+     *
+     * @generated from field: string template = 2;
+     */
+    value: string;
+    case: "template";
+  } | { case: undefined; value?: undefined };
+
+  /**
+   * An optional system prompt, to steer the instructions toward a topic or style.
+   *
+   * @generated from field: optional string system_prompt = 3;
+   */
+  systemPrompt?: string | undefined;
+
+  /**
+   * Turns already written (user and assistant, no system): the next user turn follows them.
+   *
+   * @generated from field: repeated gengate.v1.ChatMessage conversation = 4;
+   */
+  conversation: ChatMessage[];
+
+  /**
+   * User turns to write, each followed by the model's answer (default 1, at most 16).
+   *
+   * @generated from field: optional uint32 n_turns = 5;
+   */
+  nTurns?: number | undefined;
+
+  /**
+   * Write the first user turn only: no answer, n_turns ignored.
+   *
+   * @generated from field: bool only_instruction = 6;
+   */
+  onlyInstruction: boolean;
+
+  /**
+   * End on a user turn: the last turn gets no answer.
+   *
+   * @generated from field: bool end_with_user = 7;
+   */
+  endWithUser: boolean;
+};
+
+/**
+ * Describes the message gengate.v1.Magpie.
+ * Use `create(MagpieSchema)` to create a new message.
+ */
+export const MagpieSchema: GenMessage<Magpie> = /*@__PURE__*/
+  messageDesc(file_gengate_v1_types, 2);
+
+/**
+ * ConversationTurn is one turn a Magpie request wrote.
+ *
+ * @generated from message gengate.v1.ConversationTurn
+ */
+export type ConversationTurn = Message<"gengate.v1.ConversationTurn"> & {
+  /**
+   * @generated from field: gengate.v1.Role role = 1;
+   */
+  role: Role;
+
+  /**
+   * @generated from field: string text = 2;
+   */
+  text: string;
+
+  /**
+   * Tokens the model generated for this turn.
+   *
+   * @generated from field: uint32 output_tokens = 3;
+   */
+  outputTokens: number;
+};
+
+/**
+ * Describes the message gengate.v1.ConversationTurn.
+ * Use `create(ConversationTurnSchema)` to create a new message.
+ */
+export const ConversationTurnSchema: GenMessage<ConversationTurn> = /*@__PURE__*/
+  messageDesc(file_gengate_v1_types, 3);
+
+/**
  * ContentPart is one piece of a message: text or an image.
  *
  * @generated from message gengate.v1.ContentPart
@@ -93,7 +198,7 @@ export type ContentPart = Message<"gengate.v1.ContentPart"> & {
  * Use `create(ContentPartSchema)` to create a new message.
  */
 export const ContentPartSchema: GenMessage<ContentPart> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 2);
+  messageDesc(file_gengate_v1_types, 4);
 
 /**
  * Image is image input, inline bytes or a URL; used where the model accepts images.
@@ -131,7 +236,7 @@ export type Image = Message<"gengate.v1.Image"> & {
  * Use `create(ImageSchema)` to create a new message.
  */
 export const ImageSchema: GenMessage<Image> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 3);
+  messageDesc(file_gengate_v1_types, 5);
 
 /**
  * SamplingParams controls how tokens are drawn. Every field is optional: unset means the
@@ -188,7 +293,7 @@ export type SamplingParams = Message<"gengate.v1.SamplingParams"> & {
  * Use `create(SamplingParamsSchema)` to create a new message.
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 4);
+  messageDesc(file_gengate_v1_types, 6);
 
 /**
  * StoppingCriteria says when a generation ends.
@@ -216,7 +321,7 @@ export type StoppingCriteria = Message<"gengate.v1.StoppingCriteria"> & {
  * Use `create(StoppingCriteriaSchema)` to create a new message.
  */
 export const StoppingCriteriaSchema: GenMessage<StoppingCriteria> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 5);
+  messageDesc(file_gengate_v1_types, 7);
 
 /**
  * StructuredOutput is the shape the output must take: exactly one kind.
@@ -270,7 +375,7 @@ export type StructuredOutput = Message<"gengate.v1.StructuredOutput"> & {
  * Use `create(StructuredOutputSchema)` to create a new message.
  */
 export const StructuredOutputSchema: GenMessage<StructuredOutput> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 6);
+  messageDesc(file_gengate_v1_types, 8);
 
 /**
  * JsonSchema constrains output to JSON valid against a JSON Schema (Draft 2020-12).
@@ -314,7 +419,7 @@ export type JsonSchema = Message<"gengate.v1.JsonSchema"> & {
  * Use `create(JsonSchemaSchema)` to create a new message.
  */
 export const JsonSchemaSchema: GenMessage<JsonSchema> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 7);
+  messageDesc(file_gengate_v1_types, 9);
 
 /**
  * Regex constrains output to a full match of a regular expression. `\d` and `\w` are ASCII
@@ -334,7 +439,7 @@ export type Regex = Message<"gengate.v1.Regex"> & {
  * Use `create(RegexSchema)` to create a new message.
  */
 export const RegexSchema: GenMessage<Regex> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 8);
+  messageDesc(file_gengate_v1_types, 10);
 
 /**
  * Choice constrains output to exactly one of the given strings.
@@ -353,7 +458,7 @@ export type Choice = Message<"gengate.v1.Choice"> & {
  * Use `create(ChoiceSchema)` to create a new message.
  */
 export const ChoiceSchema: GenMessage<Choice> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 9);
+  messageDesc(file_gengate_v1_types, 11);
 
 /**
  * Grammar constrains output to a sentence of a formal grammar.
@@ -377,7 +482,7 @@ export type Grammar = Message<"gengate.v1.Grammar"> & {
  * Use `create(GrammarSchema)` to create a new message.
  */
 export const GrammarSchema: GenMessage<Grammar> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 10);
+  messageDesc(file_gengate_v1_types, 12);
 
 /**
  * JsonObject constrains output to any JSON object.
@@ -392,7 +497,7 @@ export type JsonObject = Message<"gengate.v1.JsonObject"> & {
  * Use `create(JsonObjectSchema)` to create a new message.
  */
 export const JsonObjectSchema: GenMessage<JsonObject> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 11);
+  messageDesc(file_gengate_v1_types, 13);
 
 /**
  * StructuredOutputOptions tunes how a constraint is compiled.
@@ -421,7 +526,7 @@ export type StructuredOutputOptions = Message<"gengate.v1.StructuredOutputOption
  * Use `create(StructuredOutputOptionsSchema)` to create a new message.
  */
 export const StructuredOutputOptionsSchema: GenMessage<StructuredOutputOptions> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 12);
+  messageDesc(file_gengate_v1_types, 14);
 
 /**
  * BackendOptionValue is a typed value of a backend-specific option.
@@ -464,7 +569,7 @@ export type BackendOptionValue = Message<"gengate.v1.BackendOptionValue"> & {
  * Use `create(BackendOptionValueSchema)` to create a new message.
  */
 export const BackendOptionValueSchema: GenMessage<BackendOptionValue> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 13);
+  messageDesc(file_gengate_v1_types, 15);
 
 /**
  * Generation is one finished generation.
@@ -507,6 +612,13 @@ export type Generation = Message<"gengate.v1.Generation"> & {
    * @generated from field: gengate.v1.Logprobs logprobs = 6;
    */
   logprobs?: Logprobs | undefined;
+
+  /**
+   * A Magpie request's turns, oldest first (the given conversation, then the written turns).
+   *
+   * @generated from field: repeated gengate.v1.ConversationTurn conversation = 7;
+   */
+  conversation: ConversationTurn[];
 };
 
 /**
@@ -514,7 +626,7 @@ export type Generation = Message<"gengate.v1.Generation"> & {
  * Use `create(GenerationSchema)` to create a new message.
  */
 export const GenerationSchema: GenMessage<Generation> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 14);
+  messageDesc(file_gengate_v1_types, 16);
 
 /**
  * Logprobs lists the log-probability of each generated token.
@@ -533,7 +645,7 @@ export type Logprobs = Message<"gengate.v1.Logprobs"> & {
  * Use `create(LogprobsSchema)` to create a new message.
  */
 export const LogprobsSchema: GenMessage<Logprobs> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 15);
+  messageDesc(file_gengate_v1_types, 17);
 
 /**
  * TokenLogprob is one generated token with its log-probability and top alternatives.
@@ -567,7 +679,7 @@ export type TokenLogprob = Message<"gengate.v1.TokenLogprob"> & {
  * Use `create(TokenLogprobSchema)` to create a new message.
  */
 export const TokenLogprobSchema: GenMessage<TokenLogprob> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 16);
+  messageDesc(file_gengate_v1_types, 18);
 
 /**
  * TopLogprob is one alternative token at a position.
@@ -596,7 +708,7 @@ export type TopLogprob = Message<"gengate.v1.TopLogprob"> & {
  * Use `create(TopLogprobSchema)` to create a new message.
  */
 export const TopLogprobSchema: GenMessage<TopLogprob> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 17);
+  messageDesc(file_gengate_v1_types, 19);
 
 /**
  * Usage counts tokens.
@@ -628,7 +740,7 @@ export type Usage = Message<"gengate.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 18);
+  messageDesc(file_gengate_v1_types, 20);
 
 /**
  * Timings of one request or generation, measured by the server.
@@ -663,7 +775,7 @@ export type Timings = Message<"gengate.v1.Timings"> & {
  * Use `create(TimingsSchema)` to create a new message.
  */
 export const TimingsSchema: GenMessage<Timings> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 19);
+  messageDesc(file_gengate_v1_types, 21);
 
 /**
  * StreamStart is the first frame of every stream.
@@ -707,7 +819,7 @@ export type StreamStart = Message<"gengate.v1.StreamStart"> & {
  * Use `create(StreamStartSchema)` to create a new message.
  */
 export const StreamStartSchema: GenMessage<StreamStart> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 20);
+  messageDesc(file_gengate_v1_types, 22);
 
 /**
  * GenerationDelta is new text of one generation.
@@ -745,7 +857,7 @@ export type GenerationDelta = Message<"gengate.v1.GenerationDelta"> & {
  * Use `create(GenerationDeltaSchema)` to create a new message.
  */
 export const GenerationDeltaSchema: GenMessage<GenerationDelta> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 21);
+  messageDesc(file_gengate_v1_types, 23);
 
 /**
  * GenerationEnd is the last frame for one generation index.
@@ -786,7 +898,7 @@ export type GenerationEnd = Message<"gengate.v1.GenerationEnd"> & {
  * Use `create(GenerationEndSchema)` to create a new message.
  */
 export const GenerationEndSchema: GenMessage<GenerationEnd> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 22);
+  messageDesc(file_gengate_v1_types, 24);
 
 /**
  * ModelInfo describes one served model.
@@ -819,7 +931,7 @@ export type ModelInfo = Message<"gengate.v1.ModelInfo"> & {
  * Use `create(ModelInfoSchema)` to create a new message.
  */
 export const ModelInfoSchema: GenMessage<ModelInfo> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 23);
+  messageDesc(file_gengate_v1_types, 25);
 
 /**
  * ModelCapabilities is what a model can do, declared up front.
@@ -884,6 +996,13 @@ export type ModelCapabilities = Message<"gengate.v1.ModelCapabilities"> & {
    * @generated from field: repeated string backend_options = 10;
    */
   backendOptions: string[];
+
+  /**
+   * Takes GenerateRequest.magpie (a model that takes raw prompts).
+   *
+   * @generated from field: bool magpie = 11;
+   */
+  magpie: boolean;
 };
 
 /**
@@ -891,7 +1010,7 @@ export type ModelCapabilities = Message<"gengate.v1.ModelCapabilities"> & {
  * Use `create(ModelCapabilitiesSchema)` to create a new message.
  */
 export const ModelCapabilitiesSchema: GenMessage<ModelCapabilities> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 24);
+  messageDesc(file_gengate_v1_types, 26);
 
 /**
  * ConstraintSupport pairs a constraint kind with its enforcement level.
@@ -915,7 +1034,7 @@ export type ConstraintSupport = Message<"gengate.v1.ConstraintSupport"> & {
  * Use `create(ConstraintSupportSchema)` to create a new message.
  */
 export const ConstraintSupportSchema: GenMessage<ConstraintSupport> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 25);
+  messageDesc(file_gengate_v1_types, 27);
 
 /**
  * Role of a chat message's author.
@@ -949,6 +1068,52 @@ export enum Role {
  */
 export const RoleSchema: GenEnum<Role> = /*@__PURE__*/
   enumDesc(file_gengate_v1_types, 0);
+
+/**
+ * MagpiePreset names the pre-query text of a chat format (the exact text is in the README).
+ *
+ * @generated from enum gengate.v1.MagpiePreset
+ */
+export enum MagpiePreset {
+  /**
+   * @generated from enum value: MAGPIE_PRESET_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n"
+   *
+   * @generated from enum value: MAGPIE_PRESET_LLAMA3 = 1;
+   */
+  LLAMA3 = 1,
+
+  /**
+   * "<|im_start|>user\n" (ChatML)
+   *
+   * @generated from enum value: MAGPIE_PRESET_QWEN2 = 2;
+   */
+  QWEN2 = 2,
+
+  /**
+   * "<|user|>\n"
+   *
+   * @generated from enum value: MAGPIE_PRESET_PHI3 = 3;
+   */
+  PHI3 = 3,
+
+  /**
+   * "<start_of_turn>user\n"
+   *
+   * @generated from enum value: MAGPIE_PRESET_GEMMA = 4;
+   */
+  GEMMA = 4,
+}
+
+/**
+ * Describes the enum gengate.v1.MagpiePreset.
+ */
+export const MagpiePresetSchema: GenEnum<MagpiePreset> = /*@__PURE__*/
+  enumDesc(file_gengate_v1_types, 1);
 
 /**
  * GrammarSyntax names the notation of a grammar definition.
@@ -987,7 +1152,7 @@ export enum GrammarSyntax {
  * Describes the enum gengate.v1.GrammarSyntax.
  */
 export const GrammarSyntaxSchema: GenEnum<GrammarSyntax> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 1);
+  enumDesc(file_gengate_v1_types, 2);
 
 /**
  * Whitespace says how much whitespace JSON output may contain.
@@ -1019,7 +1184,7 @@ export enum Whitespace {
  * Describes the enum gengate.v1.Whitespace.
  */
 export const WhitespaceSchema: GenEnum<Whitespace> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 2);
+  enumDesc(file_gengate_v1_types, 3);
 
 /**
  * FinishReason is why a generation ended, the same for every backend.
@@ -1093,7 +1258,7 @@ export enum FinishReason {
  * Describes the enum gengate.v1.FinishReason.
  */
 export const FinishReasonSchema: GenEnum<FinishReason> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 3);
+  enumDesc(file_gengate_v1_types, 4);
 
 /**
  * Enforcement says how a structured-output constraint was (or can be) enforced.
@@ -1140,7 +1305,7 @@ export enum Enforcement {
  * Describes the enum gengate.v1.Enforcement.
  */
 export const EnforcementSchema: GenEnum<Enforcement> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 4);
+  enumDesc(file_gengate_v1_types, 5);
 
 /**
  * ConstraintKind names a structured-output kind.
@@ -1183,7 +1348,7 @@ export enum ConstraintKind {
  * Describes the enum gengate.v1.ConstraintKind.
  */
 export const ConstraintKindSchema: GenEnum<ConstraintKind> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 5);
+  enumDesc(file_gengate_v1_types, 6);
 
 /**
  * Modality names an input type.
@@ -1211,5 +1376,5 @@ export enum Modality {
  * Describes the enum gengate.v1.Modality.
  */
 export const ModalitySchema: GenEnum<Modality> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 6);
+  enumDesc(file_gengate_v1_types, 7);
 
