@@ -10,7 +10,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import gengate_client
 import pytest
 from gengate_client import _convert as convert
 from gengate_client.distilabel import GENGATE_FIELDS, GenerationKwargs, GengateCall, GengateLLM
@@ -239,23 +238,24 @@ def test_magpie_templates_the_server_knows_or_custom_text_pass_through() -> None
         assert model.magpie_fields([])["template"] == sent_as
 
 
-def test_magpie_calls_build_a_magpie_request_or_say_the_client_lacks_it() -> None:
-    call = llm(**MAGPIE).build_call([{"role": "system", "content": "S"}])
-    magpie = getattr(gengate_client, "Magpie", None)
-    if magpie is None:
-        with pytest.raises(RuntimeError, match="no Magpie support"):
-            call.generate_kwargs()
-    else:
-        built = call.generate_kwargs()["magpie"]
-        assert isinstance(built, magpie)
-        assert (built.template, built.system_prompt, built.n_turns, built.only_instruction) == (
-            "qwen2",
-            "S",
-            1,
-            True,
-        )
-    with pytest.raises(ValueError, match="not supported in offline batch generation"):
-        call.request("tiny")
+def test_magpie_calls_send_gengates_magpie_request() -> None:
+    conversation = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "Q?"},
+        {"role": "assistant", "content": "A."},
+    ]
+    call = llm(**MAGPIE).build_call(conversation, 2, GenerationKwargs(max_new_tokens=9, seed=4))
+    for pb in (sent(call), convert.build_request(call.request("tiny"))[0]):  # online, and as a job item
+        assert pb.WhichOneof("input") == "magpie"
+        assert pb.magpie.preset == types_pb2.MAGPIE_PRESET_QWEN2 and pb.magpie.system_prompt == "S"
+        assert [(m.role, m.content[0].text) for m in pb.magpie.conversation] == [
+            (types_pb2.ROLE_USER, "Q?"),
+            (types_pb2.ROLE_ASSISTANT, "A."),
+        ]
+        assert pb.magpie.n_turns == 1 and pb.magpie.only_instruction and not pb.magpie.end_with_user
+        assert (pb.n, pb.stopping.max_tokens, pb.sampling.seed) == (2, 9, 4)
+    custom = llm(use_magpie_template=True, magpie_pre_query_template="<turn>user\n").build_call([])
+    assert sent(custom).magpie.template == "<turn>user\n"
     with pytest.raises(ValueError, match="Magpie writes free-text user turns"):
         llm(**MAGPIE, structured_output={"schema": City}).build_call([])
 

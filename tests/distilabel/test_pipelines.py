@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import gengate_client
 import pytest
 from distilabel.pipeline import Pipeline
 from distilabel.steps import LoadDataFromDicts
@@ -210,9 +209,6 @@ def test_the_api_key_is_the_bearer_token_and_never_shows(guarded_address: str) -
     assert "not-the-token" not in str(info.value)
 
 
-@pytest.mark.skipif(
-    not hasattr(gengate_client, "Magpie"), reason="the gengate client and server have no Magpie request yet"
-)
 def test_magpie_rows_have_an_instruction_and_a_response(gengate_address: str) -> None:
     llm = GengateLLM(
         model="tiny",

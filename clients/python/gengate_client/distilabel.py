@@ -35,12 +35,19 @@ from distilabel.models.mixins.magpie import MAGPIE_PRE_QUERY_TEMPLATES, MagpieCh
 from distilabel.typing import FormattedInput, GenerateOutput, OutlinesStructuredOutputType
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator
 
-import gengate_client
 from gengate_client.aio import AsyncClient
 from gengate_client.errors import OutputError
 from gengate_client.jobs import BatchJob
 from gengate_client.output_types import JsonSchema, OutputSpec, Regex, resolve_output_type
-from gengate_client.types import Enforcement, FinishReason, ItemResult, Request, Response, TokenLogprob
+from gengate_client.types import (
+    Enforcement,
+    FinishReason,
+    ItemResult,
+    Magpie,
+    Request,
+    Response,
+    TokenLogprob,
+)
 
 __all__ = ["GENGATE_FIELDS", "GenerationKwargs", "GengateCall", "GengateLLM", "output_type_of"]
 
@@ -191,23 +198,11 @@ class GengateCall:
         """Keyword arguments for `AsyncClient.generate` (a `Magpie` built from `magpie`)."""
         if self.magpie is None:
             return dict(self.kwargs)
-        return {**self.kwargs, "magpie": _magpie_class()(**self.magpie)}
+        return {**self.kwargs, "magpie": Magpie(**self.magpie)}
 
     def request(self, model: str) -> Request:
         """The call as a batch-job item."""
-        if self.magpie is not None:
-            raise ValueError("Magpie turns are not supported in offline batch generation; run them online")
-        return Request(model=model, **self.kwargs)
-
-
-def _magpie_class() -> Any:
-    magpie = getattr(gengate_client, "Magpie", None)
-    if magpie is None:
-        raise RuntimeError(
-            "this gengate-client has no Magpie support (gengate_client.Magpie): Magpie needs a gengate "
-            "client and server with the Magpie request"
-        )
-    return magpie
+        return Request(model=model, **self.generate_kwargs())
 
 
 def _message(message: Mapping[str, Any]) -> dict[str, Any]:
