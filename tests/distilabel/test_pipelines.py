@@ -1,7 +1,7 @@
 """Real distilabel pipelines through GengateLLM against `gengate serve` on the tiny model: text with
 n generations (statistics equal to what gengate reports for the same request, asked through the
 `gengate` CLI), structured output as a pydantic model and per row, an offline batch job, logprobs,
-bearer tokens, and Magpie once the server has it."""
+bearer tokens, and the Magpie task (the server writing the user turns)."""
 
 from __future__ import annotations
 
