@@ -315,7 +315,9 @@ class GengateLLM(AsyncLLM, MagpieChatTemplateMixin):
         return self.model
 
     def load(self) -> None:
-        """Opens the client on the loop distilabel runs `agenerate` on."""
+        """Opens the client on the loop distilabel runs `agenerate` on (a second load replaces it)."""
+        if self._client is not None:
+            self.unload()
         super().load()
         if not self.address:
             raise ValueError("GengateLLM needs the server's address, HOST:PORT (or $GENGATE_ADDRESS)")
