@@ -183,3 +183,26 @@ async def test_cancel_and_deadline_abort_the_generation_at_the_server(make_serve
         await until(
             lambda: getattr(backend, "cancelled", 0) == 5 and route.in_flight == 0, "batch items aborted"
         )
+
+
+async def test_what_the_engine_enforced_the_validator_accepts_for_rust_only_regex_syntax(
+    make_server: ServerFactory,
+) -> None:
+    """A class intersection means consonants to the grammar engine (Rust regex syntax) and literal
+    characters to RE2: validating with RE2 turned every correct output into INTERNAL
+    CONSTRAINT_VIOLATED (found by mutation testing). Now validation agrees with enforcement."""
+    pytest.importorskip("llama_cpp")
+    server = await make_server({"models": [{"name": "tiny", "backend": "llamacpp", "tiny": True}]})
+    request = g.GenerateRequest(
+        model="tiny",
+        prompt="Letters:",
+        n=4,
+        structured_output=t.StructuredOutput(regex=t.Regex(pattern="[a-z&&[^aeiou]]{3,8}")),
+    )
+    request.stopping.max_tokens = 16
+    request.sampling.seed = 7
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        reply = await generation_pb2_grpc.GenerationServiceStub(channel).Generate(request, timeout=60)
+    assert len(reply.generations) == 4
+    for generation in reply.generations:
+        assert 3 <= len(generation.text) <= 8 and set(generation.text) <= set("bcdfghjklmnpqrstvwxyz")

@@ -45,3 +45,36 @@ def ascii_shorthands(pattern: str) -> str:
         out.append(ch)
         i += 1
     return "".join(out)
+
+
+_SET_OPERATORS = ("&&", "--", "~~")
+
+
+def class_set_operations(pattern: str) -> bool:
+    """True when a bracket class uses a set operation (`[a-z&&[^aeiou]]`, `--`, `~~`).
+
+    llguidance (Rust regex syntax) reads these as intersection, difference and symmetric
+    difference; RE2 reads the same text as literal characters and a class that ends early. The
+    grammar engine and the validator would disagree, so such a pattern is never given to RE2.
+    """
+    depth = 0
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "[":
+            depth += 1
+            i += 1
+            if i < len(pattern) and pattern[i] == "^":
+                i += 1
+            if i < len(pattern) and pattern[i] == "]":  # a leading ] is a literal
+                i += 1
+            continue
+        if depth and ch == "]":
+            depth -= 1
+        elif depth and pattern[i : i + 2] in _SET_OPERATORS:
+            return True
+        i += 1
+    return False

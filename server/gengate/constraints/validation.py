@@ -27,7 +27,7 @@ from jsonschema.protocols import Validator
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
 from gengate.constraints.lowering import choice_lark, effective_schema, grammar_to_lark
-from gengate.constraints.regex_dialect import ascii_shorthands
+from gengate.constraints.regex_dialect import ascii_shorthands, class_set_operations
 from gengate.domain import GrammarConstraint, GrammarSyntax, JsonSchemaConstraint, StructuredOutput
 from gengate.lru import LruCache
 
@@ -143,6 +143,10 @@ def validate_json(text: str, validator: Validator) -> str | None:
     return _clip(f"does not match the schema at {where}: {error.message}")
 
 
+CLASS_SET_OPERATIONS = (
+    "character class set operations (&&, --, ~~) are not supported here: RE2 and the grammar engine "
+    "read them differently; write the class out"
+)
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.max_mem = 64 << 20  # a pattern whose automaton needs more is refused, not built
 _RE2_OPTIONS.log_errors = False
@@ -156,7 +160,10 @@ def quiet_limits() -> LLParserLimits:
 
 @functools.lru_cache(maxsize=256)
 def compile_regex(pattern: str) -> Any:
-    """The RE2 program for a pattern (ASCII `\\d \\w`, as everywhere), or None if RE2 cannot read it."""
+    """The RE2 program for a pattern (ASCII `\\d \\w`, as everywhere), or None if RE2 cannot read it
+    or would read it otherwise than the grammar engine (class set operations)."""
+    if class_set_operations(pattern):
+        return None
     try:
         return re2.compile(ascii_shorthands(pattern), _RE2_OPTIONS)
     except re2.error:
@@ -164,7 +171,10 @@ def compile_regex(pattern: str) -> Any:
 
 
 def linear_regex_error(pattern: str) -> str | None:
-    """None when RE2 (linear-time) reads the pattern, else RE2's reason, one short line."""
+    """None when RE2 (linear-time) reads the pattern as the grammar engine does, else why not, one
+    short line."""
+    if class_set_operations(pattern):
+        return CLASS_SET_OPERATIONS
     try:
         re2.compile(ascii_shorthands(pattern), _RE2_OPTIONS)
     except re2.error as exc:
