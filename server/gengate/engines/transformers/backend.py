@@ -160,7 +160,8 @@ class TransformersBackend:
         if options.chat_template is not None:
             tokenizer.chat_template = options.chat_template
         dtype: Any = options.dtype
-        if dtype == "auto" and options.device == "cpu" and options.device_map is None:
+        on_cpu = options.device == "cpu" if options.device_map is None else options.device_map == "cpu"
+        if dtype == "auto" and on_cpu:
             dtype = torch.float32  # half precision matmuls are slow or missing on most CPUs
         elif dtype != "auto":
             dtype = getattr(torch, dtype)
