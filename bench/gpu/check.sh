@@ -16,7 +16,11 @@
 #     (check_transformers.py): text, stream, each constraint kind, n=2 seeded, batching,
 #     CPU-vs-GPU agreement, 16-concurrent vs sequential throughput ratio, lease release;
 #  3. the in-process GPU pytest of the transformers engine (tests/engines/test_transformers.py -m gpu);
-#  4. vLLM (tests/vllm with GENGATE_VLLM_DEVICE=gpu, or cpu with --cpu and VLLM_PYTHON, + throughput.py
+#  4. llama.cpp offload (check_llamacpp.py): the tiny GGUF in a worker placed on GPU 0 with n_gpu_layers
+#     unset must put every layer on CUDA0; only with a llama-cpp-python built with GPU offload (in the
+#     python, carried as a wheel in $LLAMACPP_WHEELS, or built here from the sdist $LLAMACPP_SDIST);
+#     otherwise SKIPPED, saying why. --cpu runs it on the CPU build with an injected GPU;
+#  5. vLLM (tests/vllm with GENGATE_VLLM_DEVICE=gpu, or cpu with --cpu and VLLM_PYTHON, + throughput.py
 #     vs vLLM's own server), only where python
 #     imports vllm or $VLLM_WHEELS holds a vllm wheel; otherwise SKIPPED, saying why.
 # Exits non-zero only when a stage that ran failed.
@@ -37,8 +41,9 @@ mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 GENGATE_CACHE="$WORK/cache"
 [[ $MODE == gpu ]] || export GENGATE_PLACEMENT_FILE="${GENGATE_PLACEMENT_FILE:-$WORK/placement.json}"
 SRC_PATH="$PWD/server:$PWD/clients/python"
-# At most 8 files come back from $OUT: preflight.log transformers.log transformers.json
-# pytest-transformers-gpu.log vllm-tests.log vllm-throughput.log vllm-throughput.json summary.txt
+# At most 8 files come back from $OUT (the device tool's limit): preflight.log transformers.log
+# transformers.json pytest-transformers-gpu.log llamacpp.log llamacpp.json summary.txt there, where
+# vLLM is skipped; vllm-tests.log vllm-throughput.log vllm-throughput.json where it runs (docker).
 ROWS=()
 FAILED=0
 row() { # stage status detail
@@ -76,7 +81,8 @@ else
 fi
 export PYTHONPATH="$SRC_PATH:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
-IMPORTS=(gengate.workers.main gengate.workers.factory gengate.engines.transformers gengate.models.tiny
+IMPORTS=(gengate.workers.main gengate.workers.factory gengate.engines.transformers gengate.engines.llamacpp
+  gengate.models.tiny
   gengate.api.server gengate.telemetry gengate.cli gengate_client gengate_client.aio llguidance pydantic
   jsonschema lark gguf grpc grpc_health.v1.health grpc_reflection.v1alpha.reflection grpc_status.rpc_status
   google.rpc.status_pb2 opentelemetry.sdk.trace opentelemetry.instrumentation.grpc pynvml portalocker
@@ -112,6 +118,7 @@ else
 fi
 if [[ $MODE == dry ]]; then
   "$PYTHON" bench/gpu/check_transformers.py --help >/dev/null && row "check_transformers.py loads" PASS "--help"
+  "$PYTHON" bench/gpu/check_llamacpp.py --help >/dev/null && row "check_llamacpp.py loads" PASS "--help"
   summary
   exit "$FAILED"
 fi
@@ -146,7 +153,49 @@ if [[ $rc -eq 0 ]] && grep -q "passed" <<<"$last"; then row "pytest -m gpu (tran
 elif [[ $rc -eq 0 ]]; then row "pytest -m gpu (transformers)" SKIP "$last"
 else row "pytest -m gpu (transformers)" FAIL "$last"; fi
 
-# --- 4. vLLM ---------------------------------------------------------------------------------
+# --- 4. llama.cpp offload in a worker placed on GPU 0 -----------------------------------------
+LLAMA_LOG="$OUT/llamacpp.log"
+offload_build() { # exit 0 when the python's llama-cpp-python can offload to a GPU
+  "$PYTHON" -c "import llama_cpp, sys; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() else 1)" \
+    >/dev/null 2>&1
+}
+: >"$LLAMA_LOG"
+if [[ $MODE == gpu ]] && ! offload_build; then
+  if [[ -n ${LLAMACPP_WHEELS:-} ]] && compgen -G "$LLAMACPP_WHEELS/llama_cpp_python-*.whl" >/dev/null; then
+    echo "installing llama-cpp-python from $LLAMACPP_WHEELS into $SITE" | tee -a "$LLAMA_LOG"
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" \
+      "$LLAMACPP_WHEELS"/*.whl >>"$LLAMA_LOG" 2>&1 || echo "pip could not install them" | tee -a "$LLAMA_LOG"
+  elif [[ -n ${LLAMACPP_SDIST:-} && -f ${LLAMACPP_SDIST:-} ]]; then
+    # nvcc and cmake are on the H200 image; scikit-build-core must be among the carried wheels.
+    # One CUDA architecture (sm_90: H100/H200) keeps the build to minutes.
+    echo "building $LLAMACPP_SDIST with CUDA (sm_${CUDA_ARCH:-90}) into $SITE" | tee -a "$LLAMA_LOG"
+    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DGGML_NATIVE=OFF" \
+      CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" timeout 900 "$PYTHON" -m pip install -q --no-index --no-deps \
+      --no-build-isolation --no-compile --target "$SITE" "$LLAMACPP_SDIST" >>"$LLAMA_LOG" 2>&1 \
+      || echo "the CUDA build of $LLAMACPP_SDIST failed" | tee -a "$LLAMA_LOG"
+  fi
+fi
+LLAMA_FLAG=()
+if [[ $MODE == cpu ]] && "$PYTHON" -c "import llama_cpp" >/dev/null 2>&1; then
+  LLAMA_FLAG=(--cpu)  # the CPU build with an injected GPU: tests the script, proves nothing on a GPU
+elif [[ $MODE == cpu ]] || ! offload_build; then
+  LLAMA_FLAG=(skip)
+fi
+if [[ ${LLAMA_FLAG[0]:-} == skip ]]; then
+  msg="llama.cpp offload: SKIPPED — no llama-cpp-python built with GPU offload in this python (missing, or its CPU build); carry a CUDA wheel (LLAMACPP_WHEELS=dir) or the sdist (LLAMACPP_SDIST=file): see bench/gpu/README.md"
+  echo "$msg" | tee -a "$LLAMA_LOG"
+  row "llama.cpp offload (GPU 0)" SKIP "${msg#llama.cpp offload: SKIPPED — }"
+else
+  timeout 300 "$PYTHON" bench/gpu/check_llamacpp.py "${LLAMA_FLAG[@]}" --json "$OUT/llamacpp.json" \
+    --model-dir "$WORK/tiny" 2>&1 | tee -a "$LLAMA_LOG"
+  rc=$?
+  counts="$("$PYTHON" -c "import json,collections,sys; r=json.load(open(sys.argv[1]))['results']; \
+c=collections.Counter(x['status'] for x in r); print(', '.join(f'{v} {k}' for k,v in sorted(c.items())))" \
+    "$OUT/llamacpp.json" 2>/dev/null || echo "no results (exit $rc)")"
+  row "llama.cpp offload (GPU 0)" "$([[ $rc -eq 0 ]] && echo PASS || echo FAIL)" "$counts"
+fi
+
+# --- 5. vLLM ---------------------------------------------------------------------------------
 WHEELS="${VLLM_WHEELS:-}"
 VLLM_PY=""
 if [[ -n ${VLLM_PYTHON:-} ]]; then  # a python that has vLLM, e.g. .venv-vllm/bin/python with --cpu

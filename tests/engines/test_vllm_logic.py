@@ -29,11 +29,14 @@ from gengate.domain import (
     Whitespace,
 )
 from gengate.engines.vllm import (
+    OWN_ENGINE_ARGS,
     OutputTracker,
     VLLMBackend,
     VLLMOptions,
     capabilities_for,
+    checked_engine_args,
     convert_logprobs,
+    engine_arg_names,
     engine_kwargs,
     finish_reason_of,
     lora_choice,
@@ -83,6 +86,9 @@ def test_engine_options_map_to_vllms_own_and_bad_ones_are_refused() -> None:
     assert capabilities_for(VLLMOptions(model="x"), context_length=8, chat=True).backend_options == {
         "min_tokens",
         "ignore_eos",
+        "stop_token_ids",
+        "skip_special_tokens",
+        "include_stop_str_in_output",
     }
 
 
@@ -294,7 +300,14 @@ def test_lora_adapters_enable_lora_and_are_picked_by_name() -> None:
     assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["max_loras"]) == (True, 32, 4)
     assert "enable_lora" not in engine_kwargs(VLLMOptions(model="m"), visible_devices="0")
     caps = capabilities_for(options, context_length=8, chat=True)
-    assert caps.backend_options == {"min_tokens", "ignore_eos", "lora"}
+    assert caps.backend_options == {
+        "min_tokens",
+        "ignore_eos",
+        "stop_token_ids",
+        "skip_special_tokens",
+        "include_stop_str_in_output",
+        "lora",
+    }
 
     def pick(value: object) -> str | None:
         request = GenerationRequest(model="m", prompt="p", backend_options={"lora": value} if value else {})
@@ -339,3 +352,168 @@ def test_cpu_build_serves_requests_without_an_adapter_with_one_that_changes_noth
         else:
             assert (tensor == source[key]).all()
     assert (made / "adapter_config.json").read_text() == (tmp_path / "b" / "adapter_config.json").read_text()
+
+
+# --- issue 12: engine settings and per-request sampling options -----------------------------------
+
+
+def test_vllm_sampling_options_reach_sampling_params() -> None:
+    request = GenerationRequest(
+        model="m",
+        prompt="p",
+        stopping=StoppingCriteria(max_tokens=8, stop=("END",)),
+        backend_options={
+            "stop_token_ids": "2, 7,11",
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+        },
+    )
+    kwargs = sampling_kwargs(request, default_max_tokens=100, vocab_size=50)
+    assert kwargs["stop_token_ids"] == [2, 7, 11]
+    assert kwargs["skip_special_tokens"] is False
+    assert kwargs["include_stop_str_in_output"] is True  # over the False gengate sets with stop strings
+    one = GenerationRequest(model="m", prompt="p", backend_options={"stop_token_ids": 5})
+    assert sampling_kwargs(one, default_max_tokens=100)["stop_token_ids"] == [5]
+    plain = sampling_kwargs(GenerationRequest(model="m", prompt="p"), default_max_tokens=100)
+    assert not {"stop_token_ids", "skip_special_tokens", "include_stop_str_in_output"} & set(plain)
+
+
+@pytest.mark.parametrize(
+    ("options", "structured", "field", "text"),
+    [
+        ({"stop_token_ids": "2,x"}, False, "stop_token_ids", "must be token ids separated by commas"),
+        ({"stop_token_ids": ""}, False, "stop_token_ids", "must be token ids separated by commas"),
+        ({"stop_token_ids": "-1"}, False, "stop_token_ids", "must be token ids separated by commas"),
+        (
+            {"stop_token_ids": True},
+            False,
+            "stop_token_ids",
+            "an int or a comma-separated string of ints, got bool",
+        ),
+        ({"stop_token_ids": 1.5}, False, "stop_token_ids", "got float"),
+        (
+            {"stop_token_ids": "3,50"},
+            False,
+            "stop_token_ids",
+            "token id 50 is not in the vocabulary (the vocabulary has 50)",
+        ),
+        ({"stop_token_ids": -4}, False, "stop_token_ids", "token id -4 is not in the vocabulary"),
+        ({"skip_special_tokens": 1}, False, "skip_special_tokens", "must be a bool, got int"),
+        (
+            {"include_stop_str_in_output": "yes"},
+            False,
+            "include_stop_str_in_output",
+            "must be a bool, got str",
+        ),
+        (
+            {"include_stop_str_in_output": True},
+            True,
+            "include_stop_str_in_output",
+            "does not go with structured_output",
+        ),
+    ],
+)
+def test_bad_vllm_sampling_options_name_the_option(
+    options: dict[str, Any], structured: bool, field: str, text: str
+) -> None:
+    request = GenerationRequest(
+        model="m",
+        prompt="p",
+        backend_options=options,
+        structured_output=StructuredOutput(RegexConstraint("a+")) if structured else None,
+    )
+    with pytest.raises(errors.InvalidArgument) as info:
+        sampling_kwargs(request, default_max_tokens=10, vocab_size=50)
+    assert [v.field for v in info.value.violations] == [f"backend_options[{field}]"]
+    assert text in info.value.message
+
+
+def test_vllm_sampling_options_are_declared_so_others_stay_refused() -> None:
+    from gengate.checks import prepare
+
+    caps = capabilities_for(VLLMOptions(model="m"), context_length=64, chat=True)
+    ok = GenerationRequest(model="m", prompt="p", backend_options={"stop_token_ids": "3"})
+    assert prepare(ok, caps).backend_options == {"stop_token_ids": "3"}
+    with pytest.raises(errors.InvalidArgument) as info:
+        prepare(GenerationRequest(model="m", prompt="p", backend_options={"stop_token_id": "3"}), caps)
+    assert [v.field for v in info.value.violations] == ["backend_options[stop_token_id]"]
+    with_lora = capabilities_for(
+        VLLMOptions(model="m", lora_adapters={"a": "/x"}), context_length=64, chat=True
+    )
+    assert with_lora.backend_options == caps.backend_options | {"lora"}
+
+
+def test_tokenizer_mode_revision_and_quantization_reach_the_engine_args() -> None:
+    options = VLLMOptions(model="org/model", tokenizer_mode="mistral", revision="v2", quantization="awq")
+    kwargs = engine_kwargs(options, visible_devices="0")
+    assert (kwargs["tokenizer_mode"], kwargs["revision"], kwargs["quantization"]) == ("mistral", "v2", "awq")
+    assert "tokenizer_mode" not in engine_kwargs(VLLMOptions(model="m"), visible_devices="0")
+
+
+def test_revision_of_a_local_folder_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(errors.ConfigError, match=r"'revision' applies to a hub id"):
+        parse_config({"models": [{"name": "v", "backend": "vllm", "model": str(tmp_path), "revision": "v1"}]})
+
+
+def test_extra_engine_args_may_not_set_what_gengate_sets() -> None:
+    entry = {
+        "name": "v",
+        "backend": "vllm",
+        "model": "m",
+        "extra_engine_args": {"tensor_parallel_size": 2, "enable_lora": True, "block_size": 32},
+    }
+    with pytest.raises(errors.ConfigError) as info:
+        parse_config({"models": [entry]})
+    assert (
+        "models[0] (v): extra_engine_args: Value error, "
+        "'enable_lora' is set by gengate from `lora_adapters`; "
+        "'tensor_parallel_size' is set by gengate from `tensor_parallel_size (or the GPUs placed: num_gpus)`"
+    ) in str(info.value)
+    entry["extra_engine_args"] = {"block_size": 32}
+    options = parse_config({"models": [entry]}).models[0].options
+    assert isinstance(options, VLLMOptions) and options.extra_engine_args == {"block_size": 32}
+
+
+def test_own_engine_args_cover_everything_gengate_sets() -> None:
+    """A new engine_kwargs key without its OWN_ENGINE_ARGS row would let extra_engine_args set it twice."""
+    everything = VLLMOptions(
+        model="m",
+        tokenizer="t",
+        revision="r",
+        tokenizer_mode="slow",
+        quantization="awq",
+        max_model_len=64,
+        tensor_parallel_size=1,
+        distributed_executor_backend="mp",
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        lora_adapters={"a": "/x"},
+    )
+    produced = set(engine_kwargs(everything, visible_devices="0")) | {"structured_outputs_config"}
+    assert produced <= set(OWN_ENGINE_ARGS), produced - set(OWN_ENGINE_ARGS)
+
+
+def test_extra_engine_args_are_checked_against_the_engine_args_fields() -> None:
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class StandInEngineArgs:  # shaped like vllm.AsyncEngineArgs: a dataclass of fields
+        model: str = "m"
+        block_size: int = 16
+        swap_space: float = 4.0
+        derived: int = field(default=0, init=False)
+
+    known = engine_arg_names(StandInEngineArgs)
+    assert known == {"model", "block_size", "swap_space"}
+    assert checked_engine_args({"block_size": 32}, known, model="v") == {"block_size": 32}
+    with pytest.raises(errors.ConfigError) as info:
+        checked_engine_args({"blok_size": 32, "derived": 1, "zzz": 0}, known, model="v")
+    assert str(info.value) == (
+        "model 'v': extra_engine_args 'blok_size' (did you mean 'block_size'?), 'derived', 'zzz' "
+        "are not fields of the installed vLLM's AsyncEngineArgs"
+    )
+
+    class PlainArgs:
+        def __init__(self, model: str, *, block_size: int = 16, **rest: object) -> None: ...
+
+    assert engine_arg_names(PlainArgs) == {"model", "block_size"}

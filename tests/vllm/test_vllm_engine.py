@@ -38,7 +38,7 @@ from gengate.domain import (
     StructuredOutput,
     Whitespace,
 )
-from gengate.workers.backend import WorkerBackend
+from gengate.workers.backend import WorkerBackend, WorkerStartError
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -257,6 +257,71 @@ async def test_min_tokens_holds_the_end_back(vllm: WorkerBackend) -> None:
     )
     assert held.usage.output_tokens > 10
     assert plain.text.startswith(held.generations[0].text) and held.generations[0].text
+
+
+async def test_include_stop_str_in_output_keeps_the_stop_string(vllm: WorkerBackend) -> None:
+    greedy = SamplingParams(temperature=0.0)
+    full = (await vllm.generate(req(sampling=greedy, stopping=StoppingCriteria(max_tokens=40)))).generations[
+        0
+    ]
+    stop = full.text[10:13]
+    assert len(stop) == 3, full.text
+    kept = (
+        await vllm.generate(
+            req(
+                sampling=greedy,
+                stopping=StoppingCriteria(max_tokens=40, stop=(stop,)),
+                backend_options={"include_stop_str_in_output": True},
+            )
+        )
+    ).generations[0]
+    assert kept.finish_reason is FinishReason.STOP_SEQUENCE and kept.matched_stop == stop
+    assert kept.text == full.text[: full.text.index(stop) + len(stop)]
+
+
+async def test_stop_token_ids_end_the_generation_at_that_token(vllm: WorkerBackend) -> None:
+    greedy = SamplingParams(temperature=0.0)
+    full = (
+        await vllm.generate(req(sampling=greedy, logprobs=1, stopping=StoppingCriteria(max_tokens=20)))
+    ).generations[0]
+    assert full.logprobs is not None
+    ids = [t.token_id for t in full.logprobs]
+    at = next((i for i in range(2, len(ids)) if ids[i] not in ids[:i]), None)  # a token not seen before
+    assert at is not None, ids
+    cut = (
+        await vllm.generate(
+            req(
+                sampling=greedy,
+                stopping=StoppingCriteria(max_tokens=20),
+                backend_options={"stop_token_ids": f"{ids[at]}"},
+            )
+        )
+    ).generations[0]
+    assert cut.finish_reason is FinishReason.STOP  # vLLM's stop_reason is the token id, not a string
+    assert cut.output_tokens == at + 1  # the stop token is the last one generated
+
+
+async def test_unknown_extra_engine_args_fail_the_start_naming_them(
+    vllm_entry: dict[str, Any], start_vllm: Any
+) -> None:
+    entry = {**vllm_entry, "name": "bad-args", "extra_engine_args": {"max_num_seq": 4}}
+    with pytest.raises(WorkerStartError) as info:
+        await start_vllm(entry)
+    assert (
+        "model 'bad-args': extra_engine_args 'max_num_seq' (did you mean 'max_num_seqs'?) is not a field "
+        "of the installed vLLM's AsyncEngineArgs"
+    ) in info.value.message
+
+
+def test_gengates_own_engine_args_are_fields_of_the_installed_vllm(vllm_device: str) -> None:
+    """OWN_ENGINE_ARGS (what extra_engine_args may not set) names real AsyncEngineArgs fields, so
+    the check of extra_engine_args reads the same names vLLM does."""
+    from gengate.engines.vllm import OWN_ENGINE_ARGS, checked_engine_args, engine_arg_names
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    known = engine_arg_names(AsyncEngineArgs)
+    assert set(OWN_ENGINE_ARGS) <= known, set(OWN_ENGINE_ARGS) - known
+    assert checked_engine_args({"disable_log_stats": True}, known, model="m") == {"disable_log_stats": True}
 
 
 async def test_cancel_aborts_the_engine_request(vllm: WorkerBackend) -> None:

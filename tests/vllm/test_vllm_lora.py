@@ -11,6 +11,7 @@ from gengate import errors
 from gengate.api.server import RunningServer, start_server
 from gengate.config import parse_config
 from gengate.domain import GenerationRequest, SamplingParams, StoppingCriteria
+from gengate.engines.vllm import VLLM_SAMPLING_OPTIONS
 from gengate.models.tiny import TINY_VLLM, build_tiny_lora
 from gengate.workers.backend import WorkerBackend, WorkerStartError
 from gengate.workers.factory import build_backend
@@ -63,7 +64,8 @@ async def text(backend: WorkerBackend, **kwargs: object) -> str:
 
 
 async def test_each_adapter_changes_the_output_and_the_base_is_unchanged(vllm_lora: WorkerBackend) -> None:
-    assert vllm_lora.capabilities.backend_options == {"min_tokens", "ignore_eos", "lora"}
+    expected = {"min_tokens", "ignore_eos", "lora", *VLLM_SAMPLING_OPTIONS}
+    assert vllm_lora.capabilities.backend_options == expected
     base = await text(vllm_lora)
     bold = await text(vllm_lora, backend_options={"lora": "bold"})
     calm = await text(vllm_lora, backend_options={"lora": "calm"})
@@ -114,8 +116,8 @@ async def test_an_adapter_served_as_a_preset_model_over_grpc(
     async with AsyncClient(lora_server.address) as client:
         listed = {m.name: m.capabilities.backend_options for m in await client.list_models()}
         assert listed == {
-            "small": ("ignore_eos", "lora", "min_tokens"),
-            "small-bold": ("ignore_eos", "min_tokens"),
+            "small": tuple(sorted({"ignore_eos", "lora", "min_tokens", *VLLM_SAMPLING_OPTIONS})),
+            "small-bold": tuple(sorted({"ignore_eos", "min_tokens", *VLLM_SAMPLING_OPTIONS})),
         }
         reply = await client.generate("small-bold", "Once upon a time", max_tokens=24, temperature=0.0)
     assert reply.model == "small-bold"

@@ -35,6 +35,7 @@ def engine_capabilities(
     chat: bool,
     backend_options: frozenset[str] = ENGINE_OPTIONS,
     special_tokens: frozenset[str] | None = None,
+    chat_continuation: bool | None = None,
 ) -> ModelCapabilities:
     """A local engine's capabilities: every constraint kind enforced in its own decoding loop,
     seeds, text input, logprobs where it keeps any, the engine options, and raw prompts (Magpie),
@@ -52,7 +53,7 @@ def engine_capabilities(
         chat=chat,
         backend_options=backend_options,
         raw_prompt=True,
-        chat_continuation=chat,
+        chat_continuation=chat if chat_continuation is None else chat_continuation,
         special_tokens=special_tokens,
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import logging
 import os
 import threading
 import time
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -44,6 +45,17 @@ from gengate.domain import (
     Usage,
 )
 from gengate.engines.base import engine_capabilities, output_room, seeded, stream_start
+from gengate.engines.llamacpp_settings import (
+    LOAD_LOG,
+    ChatFormatter,
+    LayerPlacement,
+    chat_formatter,
+    check_chat_format_name,
+    check_offload,
+    format_stops,
+    gpu_layers,
+    layer_placement,
+)
 from gengate.engines.options import EngineOptions, engine_options
 from gengate.engines.resampling import all_generations, merge_deltas, retry_seed
 from gengate.magpie import PRESET_TOKENS
@@ -51,10 +63,14 @@ from gengate.magpie import PRESET_TOKENS
 if TYPE_CHECKING:
     from gengate.engines.decoding import LoopHandoff
 
+SplitMode = Literal["none", "layer", "row"]
+
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 # Prompts up to this many characters are tokenized on the event loop (a thread hop costs more).
 INLINE_TOKENIZE_CHARS = 4096
+
+log = logging.getLogger(__name__)
 
 
 class LlamaCppOptions(BaseModel):
@@ -69,11 +85,38 @@ class LlamaCppOptions(BaseModel):
         default=None, ge=1, description="CPU threads; unset = the model's cpu_threads, else llama.cpp's."
     )
     chat_template: str | None = Field(default=None, description="Jinja chat template overriding the GGUF's.")
+    chat_format: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A llama-cpp-python chat format (chatml, llama-2, llama-3, ...) rendering chat messages "
+        "instead of the GGUF's template; its stop strings are added to chat requests.",
+    )
+    n_gpu_layers: int | None = Field(
+        default=None,
+        ge=-1,
+        strict=True,
+        description="Layers offloaded to the GPU: -1 = all, 0 = none. Unset: all when the worker has a GPU "
+        "placed and llama-cpp-python is a GPU build, else none.",
+    )
+    split_mode: SplitMode = Field(
+        default="layer", description="How a model spreads over several placed GPUs: none, layer or row."
+    )
+    n_batch: int | None = Field(
+        default=None,
+        ge=1,
+        strict=True,
+        description="Prompt tokens per llama.cpp batch; unset = min(512, n_ctx).",
+    )
+    flash_attn: bool = Field(default=False, strict=True, description="llama.cpp's flash attention.")
 
     @model_validator(mode="after")
     def _one_model(self) -> LlamaCppOptions:
         if (self.path is None) == (not self.tiny):
             raise ValueError("set exactly one of `path` (a GGUF file) or `tiny: true`")
+        if self.chat_format is not None and self.chat_template is not None:
+            raise ValueError("set at most one of `chat_format` and `chat_template`")
+        if self.n_batch is not None and self.n_batch > self.n_ctx:
+            raise ValueError(f"`n_batch` ({self.n_batch}) is larger than `n_ctx` ({self.n_ctx})")
         return self
 
 
@@ -122,6 +165,10 @@ class LlamaCppBackend:
         self._llm: Any = None
         self._compiler: Any = None
         self._chat_template: Any = None
+        self._chat_formatter: ChatFormatter | None = None  # chat_format's, instead of the template
+        self._format_stops: tuple[str, ...] = ()
+        # Where llama.cpp put the layers (read from its load log); None before start or if untold.
+        self.layer_placement: LayerPlacement | None = None
         self._eog: frozenset[int] = frozenset()
         self._bos_text = ""
         self._eos_text = ""
@@ -129,7 +176,13 @@ class LlamaCppBackend:
         self._pieces: dict[int, bytes] = {}  # token -> its text, as llm.detokenize([token]) gives it
         self._logits_views: dict[int, np.ndarray[Any, np.dtype[np.float32]]] = {}  # address -> view
 
-    def _capabilities(self, *, chat: bool, special_tokens: frozenset[str] | None = None) -> ModelCapabilities:
+    def _capabilities(
+        self,
+        *,
+        chat: bool,
+        special_tokens: frozenset[str] | None = None,
+        chat_continuation: bool | None = None,
+    ) -> ModelCapabilities:
         return engine_capabilities(
             grammar_syntaxes=frozenset({GrammarSyntax.LARK, GrammarSyntax.GBNF, GrammarSyntax.EBNF}),
             max_n=MAX_N,
@@ -137,6 +190,7 @@ class LlamaCppBackend:
             context_length=self.options.n_ctx,
             chat=chat,
             special_tokens=special_tokens,
+            chat_continuation=chat_continuation,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -160,19 +214,59 @@ class LlamaCppBackend:
         assert self.model_path is not None
         if not self.model_path.is_file():
             raise errors.ConfigError(f"model {self.name!r}: GGUF file not found: {self.model_path}")
-        kwargs: dict[str, Any] = {"n_ctx": self.options.n_ctx, "verbose": False}
-        threads = compute_threads(self.options.n_threads)
-        if threads is not None:
-            kwargs["n_threads"] = kwargs["n_threads_batch"] = threads
-        llm = llama_cpp.Llama(model_path=str(self.model_path), **kwargs)
+        options = self.options
+        if options.chat_format is not None:
+            check_chat_format_name(options.chat_format, model=self.name)  # before a long load
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        n_gpu_layers = gpu_layers(
+            options.n_gpu_layers,
+            visible_devices=visible,
+            supports_offload=bool(llama_cpp.llama_supports_gpu_offload()),
+            model=self.name,
+        )
+        kwargs = load_kwargs(options, n_gpu_layers)
+        with LOAD_LOG.capture() as load_log:
+            llm = llama_cpp.Llama(model_path=str(self.model_path), **kwargs)
+        try:
+            self.layer_placement = layer_placement(load_log)
+            check_offload(n_gpu_layers, self.layer_placement, model=self.name, visible=visible)
+            if options.chat_format is not None:
+                self._chat_formatter = chat_formatter(
+                    options.chat_format, llm._chat_handlers, model=self.name
+                )
+                self._format_stops = format_stops(self._chat_formatter)
+        except BaseException:
+            llm.close()
+            raise
+        placed = "unknown" if self.layer_placement is None else self.layer_placement.describe()
+        log.info(
+            "model %r: n_gpu_layers %d, %s (CUDA_VISIBLE_DEVICES %s)",
+            self.name,
+            n_gpu_layers,
+            placed,
+            visible,
+        )
+        if options.n_gpu_layers is None and n_gpu_layers == 0 and visible:
+            log.warning(
+                "model %r runs on the CPU although GPU(s) %s were placed for it: this llama-cpp-python "
+                "build has no GPU offload",
+                self.name,
+                visible,
+            )
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         self._eog = frozenset(t for t in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t))
         self._bos_text = _special_text(llm, llm.token_bos())
         self._eos_text = _special_text(llm, llm.token_eos())
-        template = self.options.chat_template or llm.metadata.get("tokenizer.chat_template")
+        template = options.chat_template or llm.metadata.get("tokenizer.chat_template")
+        if self._chat_formatter is not None:
+            template = None  # chat_format renders the messages
         self._chat_template = _compile_template(template) if template else None
+        chat = self._chat_template is not None or self._chat_formatter is not None
         self.capabilities = self._capabilities(
-            chat=self._chat_template is not None, special_tokens=_special_tokens(llm, PRESET_TOKENS)
+            chat=chat,
+            special_tokens=_special_tokens(llm, PRESET_TOKENS),
+            # a chat_format formatter always adds the generation prompt: no continuing from a text
+            chat_continuation=self._chat_template is not None,
         )
         with warnings.catch_warnings():  # llguidance's helper calls a deprecated llama.cpp function
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -214,6 +308,8 @@ class LlamaCppBackend:
         else:
             prompt = await asyncio.to_thread(self._prompt_tokens, request)
         stopping = output_room(request, len(prompt), self.options.n_ctx)
+        if self._format_stops and request.messages is not None:  # chat_format's, as llama-cpp-python adds
+            stopping = replace(stopping, stop=tuple(dict.fromkeys((*stopping.stop, *self._format_stops))))
         compiled = None
         enforcement = Enforcement.NONE
         if request.structured_output is not None:
@@ -469,6 +565,8 @@ class LlamaCppBackend:
                         f"model {self.name!r} accepts text input only",
                         reason="UNSUPPORTED_MODALITY",
                     )
+        if self._chat_formatter is not None:
+            return self._format_chat(messages)
         if self._chat_template is None:
             raise errors.InvalidArgument.field(
                 "messages",
@@ -487,6 +585,19 @@ class LlamaCppBackend:
                 "messages", f"chat template refused the messages: {exc}"
             ) from exc
         return rendered + (request.continuation or "")
+
+    def _format_chat(self, messages: Sequence[Any]) -> str:
+        """The messages rendered with llama-cpp-python's formatter of `chat_format`."""
+        assert self._chat_formatter is not None
+        try:
+            response = self._chat_formatter(
+                messages=[{"role": m.role.value, "content": m.text} for m in messages]
+            )
+        except Exception as exc:  # a format that refuses a role or an order
+            raise errors.InvalidArgument.field(
+                "messages", f"chat format {self.options.chat_format!r} refused the messages: {exc}"
+            ) from exc
+        return str(response.prompt)
 
 
 def _special_tokens(llm: Any, candidates: frozenset[str]) -> frozenset[str]:
@@ -517,6 +628,30 @@ def _compile_template(source: str) -> Any:
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     return env.from_string(source)
+
+
+def load_kwargs(options: LlamaCppOptions, n_gpu_layers: int) -> dict[str, Any]:
+    """llama_cpp.Llama's keyword arguments for `options`, with the offload gpu_layers resolved.
+    main_gpu is 0: placement's CUDA_VISIBLE_DEVICES numbers the worker's GPUs from 0, so the
+    first one placed is the one llama.cpp uses for split_mode none (and for row's small tensors)."""
+    import llama_cpp
+
+    kwargs: dict[str, Any] = {
+        "n_ctx": options.n_ctx,
+        "n_gpu_layers": n_gpu_layers,
+        "main_gpu": 0,
+        "split_mode": getattr(llama_cpp, f"LLAMA_SPLIT_MODE_{options.split_mode.upper()}"),
+        "flash_attn": options.flash_attn,
+        "verbose": False,
+    }
+    if options.n_batch is not None:
+        kwargs["n_batch"] = options.n_batch
+    if options.chat_format is not None:
+        kwargs["chat_format"] = options.chat_format
+    threads = compute_threads(options.n_threads)
+    if threads is not None:
+        kwargs["n_threads"] = kwargs["n_threads_batch"] = threads
+    return kwargs
 
 
 def compute_threads(n_threads: int | None, env: Mapping[str, str] = os.environ) -> int | None:

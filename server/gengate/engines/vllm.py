@@ -22,6 +22,8 @@ placement only reserves the head node's local GPUs; Ray places the remote worker
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import inspect
 import os
 import time
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gengate import errors
 from gengate.backend import collect_stream
@@ -80,6 +82,39 @@ GRAMMAR_SYNTAXES: dict[str, frozenset[GrammarSyntax]] = {
 }
 
 
+# vllm.AsyncEngineArgs fields gengate sets itself (engine_kwargs, start): not for
+# extra_engine_args, so each setting has one place. field -> the option that sets it.
+OWN_ENGINE_ARGS: dict[str, str] = {
+    **{
+        name: name
+        for name in (
+            "model",
+            "tokenizer",
+            "revision",
+            "tokenizer_mode",
+            "dtype",
+            "quantization",
+            "max_model_len",
+            "gpu_memory_utilization",
+            "pipeline_parallel_size",
+            "distributed_executor_backend",
+            "enable_prefix_caching",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "enforce_eager",
+            "trust_remote_code",
+            "max_logprobs",
+            "seed",
+            "max_lora_rank",
+            "max_loras",
+        )
+    },
+    "tensor_parallel_size": "tensor_parallel_size (or the GPUs placed: num_gpus)",
+    "enable_lora": "lora_adapters",
+    "structured_outputs_config": "structured_outputs_backend",
+}
+
+
 class VLLMOptions(BaseModel):
     """Config keys of a `vllm` model (engine arguments gengate passes on to vLLM)."""
 
@@ -87,9 +122,19 @@ class VLLMOptions(BaseModel):
 
     model: str = Field(description="Hugging Face model id or local folder.")
     tokenizer: str | None = None
-    revision: str | None = None
+    revision: str | None = Field(
+        default=None, min_length=1, description="Hub branch, tag or commit of `model`."
+    )
+    tokenizer_mode: str | None = Field(
+        default=None,
+        min_length=1,
+        description="vLLM's tokenizer_mode (auto, hf, slow, mistral, ... as the installed vLLM names "
+        "them; it checks the name at start). Unset: vLLM's default.",
+    )
     dtype: str = "auto"
-    quantization: str | None = None
+    quantization: str | None = Field(
+        default=None, min_length=1, description="vLLM's quantization method (awq, gptq, fp8, ...)."
+    )
     max_model_len: int | None = Field(default=None, ge=16)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     tensor_parallel_size: int | None = Field(
@@ -122,12 +167,107 @@ class VLLMOptions(BaseModel):
     max_logprobs: int = Field(default=20, ge=0)
     chat_template: str | None = None
     seed: int = 0
+    extra_engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More vllm.AsyncEngineArgs fields, passed as they are; the names are checked against "
+        "AsyncEngineArgs at start, and those gengate sets from its own options are refused.",
+    )
+
+    @field_validator("extra_engine_args")
+    @classmethod
+    def _not_gengates_own(cls, value: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(value) & set(OWN_ENGINE_ARGS))
+        if taken:
+            raise ValueError(
+                "; ".join(f"{key!r} is set by gengate from `{OWN_ENGINE_ARGS[key]}`" for key in taken)
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _revision_of_a_hub_id(self) -> VLLMOptions:
+        if self.revision is not None and Path(self.model).expanduser().is_dir():
+            raise ValueError("'revision' applies to a hub id; a local folder is loaded as it is on disk")
+        return self
+
+
+def engine_arg_names(engine_args: type) -> frozenset[str]:
+    """The keyword arguments an engine-arguments class takes: its dataclass fields (vLLM's
+    EngineArgs is a dataclass), else its constructor's named parameters."""
+    if dataclasses.is_dataclass(engine_args):
+        return frozenset(f.name for f in dataclasses.fields(engine_args) if f.init)
+    parameters = inspect.signature(engine_args).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def checked_engine_args(extra: Mapping[str, Any], known: frozenset[str], *, model: str) -> dict[str, Any]:
+    """`extra_engine_args` when every name is one of `known` (AsyncEngineArgs' fields); else
+    ConfigError naming the unknown ones and the closest real names."""
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise errors.ConfigError(
+            f"model {model!r}: extra_engine_args {', '.join(hints)} "
+            f"{'is not a field' if len(unknown) == 1 else 'are not fields'} of the installed vLLM's "
+            "AsyncEngineArgs"
+        )
+    return dict(extra)
 
 
 # --- pure mapping, tested without vLLM -----------------------------------------------------------
 
 # Backend options only vLLM takes (beyond engines/options.py's): the LoRA adapter to apply.
 VLLM_OPTIONS = frozenset({"lora"})
+# Per-request SamplingParams fields of vLLM's own, typed (sampling_options); BackendOptionValue
+# holds no list, so stop_token_ids travels as one int or a comma-separated string ("2,7").
+VLLM_SAMPLING_OPTIONS = frozenset({"stop_token_ids", "skip_special_tokens", "include_stop_str_in_output"})
+
+
+def sampling_options(request: GenerationRequest, *, vocab_size: int | None = None) -> dict[str, Any]:
+    """vllm.SamplingParams arguments for the request's vLLM sampling options; InvalidArgument
+    naming `backend_options[key]` for a wrong type, a bad token id, or a misfit with the request."""
+    given = request.backend_options
+    out: dict[str, Any] = {}
+    for key in ("skip_special_tokens", "include_stop_str_in_output"):
+        if key in given:
+            value = given[key]
+            if type(value) is not bool:
+                raise errors.InvalidArgument.field(
+                    f"backend_options[{key}]", f"must be a bool, got {type(value).__name__}"
+                )
+            out[key] = value
+    if out.get("include_stop_str_in_output") and request.structured_output is not None:
+        raise errors.InvalidArgument.field(
+            "backend_options[include_stop_str_in_output]",
+            "does not go with structured_output (a stop string would become part of the structured text)",
+        )
+    if "stop_token_ids" in given:
+        out["stop_token_ids"] = _token_ids(given["stop_token_ids"], vocab_size)
+    return out
+
+
+def _token_ids(value: object, vocab_size: int | None) -> list[int]:
+    where = "backend_options[stop_token_ids]"
+    if type(value) is int:
+        ids = [value]
+    elif isinstance(value, str):
+        parts = [p.strip() for p in value.split(",")]
+        if not all(p.isdigit() for p in parts):
+            raise errors.InvalidArgument.field(
+                where, f"must be token ids separated by commas (e.g. '128001,128009'), got {value[:64]!r}"
+            )
+        ids = [int(p) for p in parts]
+    else:
+        raise errors.InvalidArgument.field(
+            where, f"must be an int or a comma-separated string of ints, got {type(value).__name__}"
+        )
+    for token in ids:
+        if token < 0 or (vocab_size is not None and token >= vocab_size):
+            limit = f" (the vocabulary has {vocab_size})" if vocab_size is not None else ""
+            raise errors.InvalidArgument.field(where, f"token id {token} is not in the vocabulary{limit}")
+    return ids
 
 
 def lora_choice(request: GenerationRequest, adapters: Mapping[str, str]) -> str | None:
@@ -150,9 +290,11 @@ def lora_slots(adapters: Mapping[str, str]) -> dict[str, tuple[int, str]]:
     return {name: (i, str(Path(adapters[name]).expanduser())) for i, name in enumerate(sorted(adapters), 1)}
 
 
-def sampling_kwargs(request: GenerationRequest, *, default_max_tokens: int) -> dict[str, Any]:
+def sampling_kwargs(
+    request: GenerationRequest, *, default_max_tokens: int, vocab_size: int | None = None
+) -> dict[str, Any]:
     """vllm.SamplingParams keyword arguments for `request` (unset fields keep vLLM's defaults);
-    InvalidArgument for bad backend options (engines/options.py)."""
+    InvalidArgument for bad backend options (engines/options.py, sampling_options)."""
     sampling = request.sampling
     kwargs: dict[str, Any] = {"n": request.n}
     for name in SAMPLING_FIELDS:
@@ -167,11 +309,12 @@ def sampling_kwargs(request: GenerationRequest, *, default_max_tokens: int) -> d
         kwargs["include_stop_str_in_output"] = False
     if request.logprobs is not None:
         kwargs["logprobs"] = request.logprobs
-    options = engine_options(request, also=VLLM_OPTIONS)
+    options = engine_options(request, also=VLLM_OPTIONS | VLLM_SAMPLING_OPTIONS)
     if options.min_tokens:
         kwargs["min_tokens"] = options.min_tokens
     if options.ignore_eos:
         kwargs["ignore_eos"] = True
+    kwargs.update(sampling_options(request, vocab_size=vocab_size))
     return kwargs
 
 
@@ -369,7 +512,9 @@ def capabilities_for(
         max_top_logprobs=options.max_logprobs,
         context_length=context_length,
         chat=chat,
-        backend_options=ENGINE_OPTIONS | VLLM_OPTIONS if options.lora_adapters else ENGINE_OPTIONS,
+        backend_options=ENGINE_OPTIONS
+        | VLLM_SAMPLING_OPTIONS
+        | (VLLM_OPTIONS if options.lora_adapters else frozenset()),
         special_tokens=special_tokens,
     )
 
@@ -405,6 +550,7 @@ def engine_kwargs(
         "model": options.model,
         "tokenizer": options.tokenizer,
         "revision": options.revision,
+        "tokenizer_mode": options.tokenizer_mode,
         "dtype": options.dtype,
         "quantization": options.quantization,
         "max_model_len": options.max_model_len,
@@ -444,6 +590,7 @@ class VLLMBackend:
         self._tokenizer: Any = None
         self._vllm: Any = None
         self._context_length = options.max_model_len or 0
+        self._vocab_size: int | None = None  # the tokenizer's, for stop_token_ids
         self._loras: dict[str, Any] = {}  # adapter name -> vLLM's LoRARequest, made at start
         self._no_lora: Any = None  # vLLM's CPU build: the adapter of requests without one
         self._scratch: Path | None = None
@@ -487,9 +634,12 @@ class VLLMBackend:
             kwargs["structured_outputs_config"] = StructuredOutputsConfig(**structured_config)
         except ImportError:  # older layouts take a plain mapping
             kwargs["structured_outputs_config"] = structured_config
+        extra = self.options.extra_engine_args
+        kwargs.update(checked_engine_args(extra, engine_arg_names(AsyncEngineArgs), model=self.name))
         self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         tokenizer = self._engine.get_tokenizer()
         self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
+        self._vocab_size = len(self._tokenizer) if hasattr(self._tokenizer, "__len__") else None
         self._context_length = int(self._engine.model_config.max_model_len)
         chat = bool(self.options.chat_template or getattr(self._tokenizer, "chat_template", None))
         self.capabilities = capabilities_for(
@@ -561,7 +711,9 @@ class VLLMBackend:
         frontend time that nobody uses)."""
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-        kwargs = sampling_kwargs(request, default_max_tokens=max(1, self._context_length - prompt_len))
+        kwargs = sampling_kwargs(
+            request, default_max_tokens=max(1, self._context_length - prompt_len), vocab_size=self._vocab_size
+        )
         enforcement = Enforcement.NONE
         if request.structured_output is not None:
             structured, enforcement = structured_outputs_kwargs(request.structured_output)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gengate import errors
 from gengate.domain import (
@@ -34,6 +35,19 @@ MAX_TOP_LOGPROBS = 20
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
 
+# from_pretrained arguments gengate sets from its own options (or from where the model lives):
+# not for model_kwargs, so each setting has one place. key -> the option that sets it.
+OWN_FROM_PRETRAINED_ARGS = {
+    "pretrained_model_name_or_path": "model",
+    "dtype": "dtype",
+    "torch_dtype": "dtype",
+    "device_map": "device_map",
+    "revision": "revision",
+    "trust_remote_code": "trust_remote_code",
+    "local_files_only": "model (a local folder loads offline, a hub id does not)",
+}
+
+
 class TransformersOptions(BaseModel):
     """Config keys of a `backend: transformers` model entry."""
 
@@ -45,8 +59,37 @@ class TransformersOptions(BaseModel):
     device: str = "cpu"
     max_batch_size: int = 16
     max_n: int = 16
-    trust_remote_code: bool = False
+    trust_remote_code: bool = Field(
+        default=False, strict=True, description="Run the model repository's own code (its modeling files)."
+    )
     chat_template: str | None = None
+    revision: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Branch, tag or commit of a hub-id `model` (transformers ignores it for a local folder).",
+    )
+    model_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More from_pretrained arguments for the model (attn_implementation, quantization_config, "
+        "config overrides, ...); not those gengate sets (OWN_FROM_PRETRAINED_ARGS).",
+    )
+    device_map: str | dict[str, int | str] | None = Field(
+        default=None,
+        description="from_pretrained's device_map (needs accelerate): 'auto' spreads the model over the "
+        "worker's GPUs; instead of `device`.",
+    )
+
+    @field_validator("model_kwargs")
+    @classmethod
+    def _not_gengates_own(cls, value: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(value) & set(OWN_FROM_PRETRAINED_ARGS))
+        if taken:
+            raise ValueError(
+                "; ".join(
+                    f"{key!r} is set by gengate from `{OWN_FROM_PRETRAINED_ARGS[key]}`" for key in taken
+                )
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> TransformersOptions:
@@ -56,6 +99,12 @@ class TransformersOptions(BaseModel):
             raise ValueError("'max_batch_size' and 'max_n' must be at least 1")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError("'dtype' must be one of auto, float32, float16, bfloat16")
+        if self.revision is not None and (self.tiny or _local_folder(self.model)):
+            raise ValueError(
+                "'revision' applies to a hub id; a local folder (or tiny: true) is loaded as it is on disk"
+            )
+        if self.device_map is not None and "device" in self.model_fields_set:
+            raise ValueError("set one of 'device' and 'device_map'")
         return self
 
 
@@ -107,21 +156,31 @@ class TransformersBackend:
         from gengate.constraints import ConstraintCompiler, make_ll_tokenizer_from_hf
         from gengate.engines.transformers.scheduler import BatchScheduler
 
+        options = self.options
         source, local = self._source()
-        common: dict[str, Any] = {
-            "trust_remote_code": self.options.trust_remote_code,
-            "local_files_only": local,
-        }
-        tokenizer = AutoTokenizer.from_pretrained(source, **common)
-        if self.options.chat_template is not None:
-            tokenizer.chat_template = self.options.chat_template
-        dtype: Any = self.options.dtype
-        if dtype == "auto" and self.options.device == "cpu":
+        common: dict[str, Any] = {"trust_remote_code": options.trust_remote_code, "local_files_only": local}
+        if options.revision is not None:
+            common["revision"] = options.revision
+        with self._loading(source, "the tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(source, **common)
+        if options.chat_template is not None:
+            tokenizer.chat_template = options.chat_template
+        dtype: Any = options.dtype
+        on_cpu = options.device == "cpu" if options.device_map is None else options.device_map == "cpu"
+        if dtype == "auto" and on_cpu:
             dtype = torch.float32  # half precision matmuls are slow or missing on most CPUs
         elif dtype != "auto":
             dtype = getattr(torch, dtype)
-        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **common)
-        model.to(self.options.device).eval()
+        placement: dict[str, Any] = {} if options.device_map is None else {"device_map": options.device_map}
+        with self._loading(source, "the model"):
+            model: Any = AutoModelForCausalLM.from_pretrained(
+                source, **options.model_kwargs, **placement, dtype=dtype, **common
+            )
+        if options.device_map is None:
+            model.to(options.device)
+        model.eval()
+        # With a device_map, accelerate placed the layers; inputs go where the embeddings are.
+        device = options.device if options.device_map is None else str(model.device)
 
         logits_size = int(model.get_output_embeddings().weight.shape[0])
         vocab_size = min(logits_size, len(tokenizer))
@@ -135,7 +194,7 @@ class TransformersBackend:
         ll_tokenizer = make_ll_tokenizer_from_hf(tokenizer, n_vocab=max(logits_size, len(tokenizer)))
         compiler = ConstraintCompiler(ll_tokenizer, f"hf:{source}")
         scheduler = BatchScheduler(
-            model, max_batch_size=self.options.max_batch_size, pad_token_id=pad, device=self.options.device
+            model, max_batch_size=options.max_batch_size, pad_token_id=pad, device=device
         )
         return Loaded(
             tokenizer=tokenizer,
@@ -145,6 +204,21 @@ class TransformersBackend:
             vocab_size=vocab_size,
             context_length=_context_length(model.config),
         )
+
+    @contextmanager
+    def _loading(self, source: str, what: str) -> Iterator[None]:
+        """Turns a from_pretrained failure into a ConfigError naming the model, its revision and
+        the settings that went into it (a missing revision is an OSError deep in the hub client)."""
+        try:
+            yield
+        except (OSError, ValueError, TypeError) as exc:
+            at = f" at revision {self.options.revision!r}" if self.options.revision is not None else ""
+            given = [k for k in ("model_kwargs", "device_map") if getattr(self.options, k)]
+            hint = f" (with {' and '.join(given)})" if given and what == "the model" else ""
+            raise errors.ConfigError(
+                f"model {self.name!r}: could not load {what} of {source!r}{at}{hint}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def _source(self) -> tuple[str, bool]:
         """(path or hub id, local_files_only)."""
@@ -239,6 +313,10 @@ class TransformersBackend:
                 )
             ids = [bos]
         return ids
+
+
+def _local_folder(model: str | None) -> bool:
+    return model is not None and Path(model).expanduser().is_dir()
 
 
 def _context_length(config: Any) -> int:
