@@ -10,7 +10,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,6 +52,13 @@ class ScriptedOptions(BaseModel):
         ge=0,
         description="Fail with UNAVAILABLE after this many tokens (a fault for testing error paths).",
     )
+    fail_with: Literal["unavailable", "unexpected"] = Field(
+        default="unavailable",
+        description=(
+            "What fail_after_tokens raises: UNAVAILABLE, or an exception gengate does not know (as a "
+            "bug in a backend would), which the server must answer as INTERNAL UNEXPECTED."
+        ),
+    )
     answer_cancellations_of: str | None = Field(
         default=None,
         description=(
@@ -67,6 +74,10 @@ class ScriptedOptions(BaseModel):
             "what then holds, which is how tests check that it does."
         ),
     )
+
+
+class ScriptedBug(RuntimeError):
+    """The exception of `fail_with: unexpected`: no GengateError, as a backend's bug would raise."""
 
 
 def split_tokens(text: str) -> list[str]:
@@ -156,6 +167,8 @@ class ScriptedBackend:
             finish, matched = FinishReason.STOP, None
             for token in tokens:
                 if self.options.fail_after_tokens is not None and emitted >= self.options.fail_after_tokens:
+                    if self.options.fail_with == "unexpected":
+                        raise ScriptedBug("scripted unexpected failure (a stand-in for a backend bug)")
                     raise Unavailable("scripted failure mid-generation", reason="SCRIPTED_FAULT")
                 if request.stopping.max_tokens is not None and emitted >= request.stopping.max_tokens:
                     finish = FinishReason.LENGTH

@@ -1,0 +1,104 @@
+"""The gRPC layer's own promises, written against mutants of api/servicer.py that survived
+(tests/mutation/SURVIVORS.md): the server's default deadline reaches every call kind, a backend's
+unexpected exception is INTERNAL UNEXPECTED (its type named, nothing else) and the server goes on,
+and batch items' field paths name the item, for small and large batches alike."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from gengate_proto.v1 import generation_pb2 as g
+from gengate_proto.v1 import generation_pb2_grpc
+from gengate_proto.v1 import types_pb2 as t
+from observe import ServerFactory, field_violations, reason, status_of
+
+SLOW = {"name": "slow", "backend": "scripted", "text": " ".join(["word"] * 400), "tokens_per_s": 20}
+PROBE = {"name": "probe", "backend": "scripted", "answer_cancellations_of": "slow"}
+BUGGY = {
+    "name": "buggy",
+    "backend": "scripted",
+    "text": "a b c",
+    "fail_after_tokens": 1,
+    "fail_with": "unexpected",
+}
+
+
+def request(model: str, **fields: object) -> g.GenerateRequest:
+    msg = g.GenerateRequest(model=model, prompt="hi", **fields)  # type: ignore[arg-type]
+    msg.stopping.max_tokens = 400
+    return msg
+
+
+async def cancellations(stub: generation_pb2_grpc.GenerationServiceStub) -> int:
+    reply = await stub.Generate(request("probe"), timeout=10)
+    return int(reply.generations[0].text)
+
+
+async def test_the_server_default_deadline_bounds_calls_without_one(make_server: ServerFactory) -> None:
+    """No client deadline: server.request_timeout_s is the call's deadline, in every call kind, and
+    the generation is aborted at the server when it passes."""
+    server = await make_server({"server": {"request_timeout_s": 0.3}, "models": [SLOW, PROBE]})
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await stub.Generate(request("slow"))
+        assert unary.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        frames = []
+        with pytest.raises(grpc.aio.AioRpcError) as stream:
+            async for frame in stub.GenerateStream(g.GenerateStreamRequest(request=request("slow"))):
+                frames.append(frame)
+        assert stream.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and frames  # it had started
+        batch = g.BatchGenerateRequest(requests=[request("slow"), request("probe")])
+        items = {item.index: item async for item in stub.BatchGenerate(batch)}
+        assert items[0].WhichOneof("result") == "error"
+        assert items[0].error.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+        assert items[1].WhichOneof("result") == "response"
+        assert await cancellations(stub) == 3  # all three were aborted at the server
+
+
+async def test_an_unexpected_backend_exception_is_internal_unexpected_and_the_server_goes_on(
+    make_server: ServerFactory,
+) -> None:
+    server = await make_server({"models": [BUGGY, {"name": "echo", "backend": "scripted"}]})
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await stub.Generate(request("buggy"), timeout=10)
+        assert unary.value.code() == grpc.StatusCode.INTERNAL and reason(unary.value) == "UNEXPECTED"
+        assert unary.value.details() == "unexpected server error: ScriptedBug"
+        frames = []
+        with pytest.raises(grpc.aio.AioRpcError) as stream:
+            async for frame in stub.GenerateStream(
+                g.GenerateStreamRequest(request=request("buggy")), timeout=10
+            ):
+                frames.append(frame)
+        assert stream.value.code() == grpc.StatusCode.INTERNAL and reason(stream.value) == "UNEXPECTED"
+        assert stream.value.details() == "unexpected server error: ScriptedBug"
+        batch = g.BatchGenerateRequest(requests=[request("buggy"), request("echo")])
+        items = {item.index: item async for item in stub.BatchGenerate(batch, timeout=10)}
+        assert items[0].error.code == grpc.StatusCode.INTERNAL.value[0]
+        assert reason(items[0].error) == "UNEXPECTED" and "ScriptedBug" in items[0].error.message
+        assert items[1].WhichOneof("result") == "response"
+        reply = await stub.Generate(request("echo"), timeout=10)
+        assert reply.generations[0].text == "hi"
+
+
+@pytest.mark.parametrize("padding", [0, 70_000], ids=["small batch", "large batch (converted off the loop)"])
+async def test_batch_item_field_paths_name_the_item(make_server: ServerFactory, padding: int) -> None:
+    server = await make_server({"models": [{"name": "echo", "backend": "scripted"}]})
+    good = request("echo")
+    good.prompt = "x" * padding or "hi"
+    bad_role = request("echo")
+    bad_role.ClearField("prompt")
+    bad_role.messages.messages.add(role=t.Role.ValueType(99)).content.add(text="x")
+    bad_range = request("echo")
+    bad_range.sampling.temperature = -1
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        batch = g.BatchGenerateRequest(requests=[good, bad_role, bad_range])
+        items = {item.index: item async for item in stub.BatchGenerate(batch, timeout=30)}
+    assert items[0].WhichOneof("result") == "response"
+    assert field_violations(items[1].error) == ["requests[1].messages.messages[0].role"]
+    assert items[2].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert field_violations(items[2].error) == ["requests[2].sampling.temperature"]
+    assert status_of(items[2].error).code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
