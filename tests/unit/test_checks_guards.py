@@ -136,6 +136,13 @@ def test_sampling_ranges_end_where_the_contract_says(
         assert _invalid(_req(sampling=SamplingParams(**{name: value}))) == [f"sampling.{name}"]
 
 
+def test_a_range_says_whether_its_low_end_is_included() -> None:
+    (temperature,) = _refusal(_req(sampling=SamplingParams(temperature=-1.0))).violations
+    assert temperature.description == "must be in [0.0, 100.0], got -1.0"
+    (top_p,) = _refusal(_req(sampling=SamplingParams(top_p=0.0))).violations
+    assert top_p.description == "must be in (0.0, 1.0], got 0.0"
+
+
 def test_every_bad_sampling_field_is_listed_at_once() -> None:
     bad = SamplingParams(
         temperature=-1, top_p=0, min_p=2, repetition_penalty=0, frequency_penalty=3, presence_penalty=-3
@@ -311,8 +318,9 @@ def test_a_well_formed_declared_constraint_passes(structured: StructuredOutput) 
 
 
 def test_a_seed_is_drawn_only_for_a_model_that_takes_one() -> None:
-    seeded = prepare(_req(), CAPS).sampling.seed
-    assert seeded is not None and 0 <= seeded < 2**63
+    seeds = {prepare(_req(), CAPS).sampling.seed for _ in range(64)}
+    # every engine takes a non-negative 63-bit seed; 64 draws of a 64-bit one would all fit 1 in 2**64
+    assert all(s is not None and 0 <= s < 2**63 for s in seeds) and len(seeds) > 60
     assert prepare(_req(sampling=SamplingParams(seed=7)), CAPS).sampling.seed == 7
     assert prepare(_req(), ModelCapabilities()).sampling.seed is None
 
