@@ -93,6 +93,14 @@ def test_an_additional_properties_schema_validates_each_extra_value() -> None:
     assert check(schema, {"a": 5}) is not None  # a listed property keeps its own schema
 
 
+def test_the_reason_names_the_path_of_the_failing_value() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "object",
+              "properties": {"b": {"type": "integer"}}}}}}  # fmt: skip
+    assert check(schema, {"a": [{"b": 1}, {"b": "s"}]}) == (
+        "does not match the schema at /a/1/b: 's' is not of type 'integer'"
+    )
+
+
 def test_additional_properties_apply_to_objects_only() -> None:
     schema = {"additionalProperties": False}
     for value in ([1, 2], "text", 3, None):
