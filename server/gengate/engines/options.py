@@ -8,7 +8,9 @@ so neither goes with a structured output, whose grammar decides where the text e
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gengate import errors
 from gengate.domain import GenerationRequest
@@ -64,3 +66,12 @@ def engine_options(request: GenerationRequest, *, also: frozenset[str] = frozens
             f"backend_options[{key}]", "does not go with structured_output (its grammar decides the end)"
         )
     return options
+
+
+def refuse_own_keys(value: dict[str, Any], own: Mapping[str, str]) -> dict[str, Any]:
+    """A pass-through mapping of engine arguments, refused (ValueError naming each) where it sets
+    one that gengate sets itself from the option `own[key]`."""
+    taken = sorted(set(value) & set(own))
+    if taken:
+        raise ValueError("; ".join(f"{key!r} is set by gengate from `{own[key]}`" for key in taken))
+    return value

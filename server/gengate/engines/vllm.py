@@ -67,7 +67,7 @@ from gengate.domain import (
     Whitespace,
 )
 from gengate.engines.base import engine_capabilities, output_room, special_tokens_of, stream_start
-from gengate.engines.options import ENGINE_OPTIONS, engine_options
+from gengate.engines.options import ENGINE_OPTIONS, engine_options, refuse_own_keys
 from gengate.engines.resampling import all_generations, retry_seed
 from gengate.lru import LruCache
 
@@ -176,12 +176,7 @@ class VLLMOptions(BaseModel):
     @field_validator("extra_engine_args")
     @classmethod
     def _not_gengates_own(cls, value: dict[str, Any]) -> dict[str, Any]:
-        taken = sorted(set(value) & set(OWN_ENGINE_ARGS))
-        if taken:
-            raise ValueError(
-                "; ".join(f"{key!r} is set by gengate from `{OWN_ENGINE_ARGS[key]}`" for key in taken)
-            )
-        return value
+        return refuse_own_keys(value, OWN_ENGINE_ARGS)
 
     @model_validator(mode="after")
     def _revision_of_a_hub_id(self) -> VLLMOptions:

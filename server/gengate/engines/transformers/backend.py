@@ -28,7 +28,7 @@ from gengate.domain import (
     StreamEvent,
 )
 from gengate.engines.base import engine_capabilities, output_room, seeded, special_tokens_of, stream_start
-from gengate.engines.options import engine_options
+from gengate.engines.options import engine_options, refuse_own_keys
 from gengate.engines.transformers.loaded import Loaded
 
 MAX_TOP_LOGPROBS = 20
@@ -82,14 +82,7 @@ class TransformersOptions(BaseModel):
     @field_validator("model_kwargs")
     @classmethod
     def _not_gengates_own(cls, value: dict[str, Any]) -> dict[str, Any]:
-        taken = sorted(set(value) & set(OWN_FROM_PRETRAINED_ARGS))
-        if taken:
-            raise ValueError(
-                "; ".join(
-                    f"{key!r} is set by gengate from `{OWN_FROM_PRETRAINED_ARGS[key]}`" for key in taken
-                )
-            )
-        return value
+        return refuse_own_keys(value, OWN_FROM_PRETRAINED_ARGS)
 
     @model_validator(mode="after")
     def _one_source(self) -> TransformersOptions:
