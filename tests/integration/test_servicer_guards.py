@@ -102,3 +102,39 @@ async def test_batch_item_field_paths_name_the_item(make_server: ServerFactory, 
     assert items[2].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert field_violations(items[2].error) == ["requests[2].sampling.temperature"]
     assert status_of(items[2].error).code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+async def test_a_stream_request_names_its_fields_under_request(make_server: ServerFactory) -> None:
+    server = await make_server({"models": [{"name": "echo", "backend": "scripted"}]})
+    bad_role = request("echo")
+    bad_role.ClearField("prompt")
+    bad_role.messages.messages.add(role=t.Role.ValueType(99)).content.add(text="x")
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in stub.GenerateStream(g.GenerateStreamRequest(request=bad_role), timeout=10):
+                pass
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field_violations(caught.value) == ["request.messages.messages[0].role"]
+
+
+async def test_malformed_bytes_in_an_upload_are_invalid_argument_and_the_server_goes_on(
+    make_server: ServerFactory,
+) -> None:
+    """A client-streaming call (UploadBatchJob) gets the same guard as the unary and server-streaming
+    ones: a message that is not protobuf ends the call with INVALID_ARGUMENT MALFORMED_REQUEST, at
+    the first message or after a good header, never grpc's bare UNKNOWN."""
+    from gengate_proto.v1 import jobs_pb2
+
+    server = await make_server({"models": [{"name": "echo", "backend": "scripted"}]})
+    header = jobs_pb2.UploadBatchJobRequest(header=jobs_pb2.BatchJobHeader()).SerializeToString()
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        upload = channel.stream_unary("/gengate.v1.BatchJobService/UploadBatchJob")
+        for messages in ([b"\xff\xff\xff\xff\xff"], [header, b"\x0a\x05\xff\xff"]):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await upload(iter(messages), timeout=10)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, messages
+            assert reason(caught.value) == "MALFORMED_REQUEST"
+            assert "not a valid protobuf message" in (caught.value.details() or "")
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        assert (await stub.Generate(request("echo"), timeout=10)).generations[0].text == "hi"
