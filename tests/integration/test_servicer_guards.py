@@ -138,3 +138,8 @@ async def test_malformed_bytes_in_an_upload_are_invalid_argument_and_the_server_
             assert "not a valid protobuf message" in (caught.value.details() or "")
         stub = generation_pb2_grpc.GenerationServiceStub(channel)
         assert (await stub.Generate(request("echo"), timeout=10)).generations[0].text == "hi"
+        item = jobs_pb2.UploadBatchJobRequest(request=request("echo")).SerializeToString()
+        reply = jobs_pb2.UploadBatchJobResponse.FromString(
+            await upload(iter([header, item, item]), timeout=10)
+        )
+        assert reply.job.id and reply.job.total == 2  # a good upload after the bad ones
