@@ -342,9 +342,10 @@ def _choice_text(choice: Any) -> tuple[str, str | None]:
 
 
 def _logprobs(raw: Any, top: int) -> tuple[TokenLogprob, ...] | None:
-    """A choice's logprobs: chat's `content` list, or the completions API's parallel lists
-    (`tokens`, `token_logprobs`, `top_logprobs` as {token: logprob}); there the top is cut to the
-    `top` asked for, best first (vLLM and llama.cpp add the sampled token to it)."""
+    """A choice's logprobs in whichever shape the server answers: chat's `content` list, or the
+    completions API's parallel lists (`tokens`, `token_logprobs`, `top_logprobs` as {token:
+    logprob}), whose top is cut to the `top` asked for, best first (vLLM and llama-cpp-python add
+    the sampled token to it)."""
     if raw is None:
         return None
     content = getattr(raw, "content", None)
