@@ -1,7 +1,9 @@
 """A loopback OpenAI chat-completions API: POST /v1/chat/completions (and Azure's
-/openai/deployments/{deployment}/chat/completions), JSON and SSE (`data: {chunk}` ... `data:
-[DONE]`), `n`, logprobs, usage (in streams only with stream_options.include_usage), Bearer or
-api-key auth and OpenAI's error body shape. Quirk switches mimic real compatible servers."""
+/openai/deployments/{deployment}/chat/completions), and the text completions API POST
+/v1/completions (vLLM's and llama.cpp's raw route): JSON and SSE (`data: {chunk}` ... `data:
+[DONE]`), `n`, logprobs (each API's shape), usage (in streams only with
+stream_options.include_usage), Bearer or api-key auth and OpenAI's error body shape. Quirk
+switches mimic real compatible servers."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class FakeOpenAI:
         self.server = FakeServer(auth=self._auth, unauthorized=self._unauthorized)
         for path in ("/v1/chat/completions", "/openai/deployments/{deployment}/chat/completions"):
             self.server.add_route("POST", path, self._chat)
+        self.server.add_route("POST", "/v1/completions", self._completions)
         self.reset_quirks()
 
     def reset_quirks(self) -> None:
@@ -89,16 +92,75 @@ class FakeOpenAI:
         ]
         return {"content": content, "refusal": None}
 
-    def _chat(self, rec: Recorded) -> Json | Sse:
-        body: dict[str, Any] = rec.body
-        prompt_tokens = sum(len(json.dumps(m["content"]).split()) for m in body["messages"])
-        texts = self._texts(body)
+    @staticmethod
+    def _text_logprobs(text: str, top: int) -> dict[str, Any]:
+        """The completions API's logprobs: parallel lists; each top holds `top` alternatives and
+        the sampled token besides (vLLM's and llama.cpp's way), so it has top + 1 entries."""
+        tokens = words(text)
+        alternatives = [{**{f"alt{j}": -0.1 * (j + 1) for j in range(top)}, w: -0.5} for w in tokens]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        return {
+            "tokens": tokens,
+            "token_logprobs": [-0.5] * len(tokens),
+            "top_logprobs": alternatives,
+            "text_offset": offsets,
+        }
+
+    @staticmethod
+    def _usage(prompt_tokens: int, texts: list[str]) -> dict[str, int]:
         completion_tokens = sum(len(words(t)) for t in texts)
-        usage = {
+        return {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
+
+    def _completions(self, rec: Recorded) -> Json | Sse:
+        """POST /v1/completions: the prompt as raw text, `text` choices, logprobs as a top count."""
+        body: dict[str, Any] = rec.body
+        texts = self._texts(body)
+        usage = self._usage(len(str(body["prompt"]).split()), texts)
+        top = body.get("logprobs")
+        base = {"id": "cmpl-fake", "created": 1700000000, "model": body.get("model", "fake")}
+
+        def choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
+            c: dict[str, Any] = {
+                "index": i,
+                "text": text,
+                "finish_reason": finish,
+                "logprobs": self._text_logprobs(text, top) if top is not None and text else None,
+            }
+            if finish is not None and self.stop_reason is not None:
+                c["stop_reason"] = self.stop_reason
+            return c
+
+        if not body.get("stream"):
+            choices = [choice(i, t, self.finish_reason) for i, t in enumerate(texts)]
+            return Json({**base, "object": "text_completion", "choices": choices, "usage": usage})
+        events: list[tuple[str | None, str]] = []
+
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> None:
+            events.append(
+                (None, json.dumps({**base, "object": "text_completion", "choices": choices, **extra}))
+            )
+
+        pieces = [words(t) for t in texts]
+        for step in range(max(len(p) for p in pieces)):
+            for i, p in enumerate(pieces):
+                if step < len(p):
+                    chunk([choice(i, p[step], None)])
+        for i in range(len(texts)):
+            chunk([choice(i, "", self.finish_reason)])
+        if self.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
+            chunk([], usage=usage)
+        events.append((None, "[DONE]"))
+        return Sse(events)
+
+    def _chat(self, rec: Recorded) -> Json | Sse:
+        body: dict[str, Any] = rec.body
+        prompt_tokens = sum(len(json.dumps(m["content"]).split()) for m in body["messages"])
+        texts = self._texts(body)
+        usage = self._usage(prompt_tokens, texts)
         want_logprobs = bool(body.get("logprobs"))
         top = body.get("top_logprobs")
         base = {"id": "chatcmpl-fake", "created": 1700000000, "model": body.get("model", "fake")}

@@ -1,4 +1,5 @@
-"""OpenAI-family backends driven through the real `openai` SDK against a loopback chat API."""
+"""OpenAI-family backends driven through the real `openai` SDK against a loopback chat API (and
+its text completions route, which vLLM's and llama.cpp's servers take a prompt on)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ from gengate.domain import (
     Role,
     SamplingParams,
     StoppingCriteria,
+    StreamStart,
     StructuredOutput,
     TextPart,
+    Usage,
 )
 from gengate.providers import openai as oai
 from gengate.providers.ollama import OllamaBackend
@@ -124,6 +127,30 @@ async def test_family_stream(family_make: cc.Make, fake: FakeOpenAI) -> None:
 async def test_family_n2(family_make: cc.Make, fake: FakeOpenAI) -> None:
     backend_native = not fake.ignore_n
     await cc.check_n2(family_make, fake, native=backend_native)
+
+
+RAW_PROMPT_KINDS = {"vllm_server", "llamacpp_server"}  # the README's magpie column, written out
+CHATML_PRE_QUERY = "<|im_start|>user\n"  # Magpie's qwen2 pre-query: only a raw route can take it
+
+
+async def test_family_prompt_route(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    """A prompt goes raw to /v1/completions on the raw-prompt servers, as one user message on
+    chat elsewhere; messages always go to chat. (The family checks above thus run each route.)"""
+    backend = await family_make()
+    assert backend.capabilities.raw_prompt == (backend.kind in RAW_PROMPT_KINDS)
+    await backend.generate(cc.prompt(CHATML_PRE_QUERY))
+    await backend.generate(_chat(ChatMessage(Role.USER, (TextPart("hi"),))))
+    prompt, chat = fake.server.requests
+    azure = backend.kind == "azure_openai"
+    chat_path = "/openai/deployments/gpt-test/chat/completions" if azure else "/v1/chat/completions"
+    if backend.kind in RAW_PROMPT_KINDS:
+        assert prompt.path == "/v1/completions" and "messages" not in prompt.body
+        assert prompt.body["prompt"] == CHATML_PRE_QUERY  # as given, not wrapped in a chat template
+    else:
+        assert prompt.path == chat_path
+        assert prompt.body["messages"] == [{"role": "user", "content": CHATML_PRE_QUERY}]
+    assert chat.path == chat_path and "prompt" not in chat.body
+    assert chat.body["messages"] == [{"role": "user", "content": "hi"}]
 
 
 # What the README's provider table promises for a JSON Schema, written out here rather than read
@@ -393,6 +420,107 @@ async def test_vllm_structured_outputs_and_canary(fake: FakeOpenAI, made: list[o
     assert ConstraintKind.GRAMMAR not in table and set(table.values()) == {Enforcement.VALIDATED}
 
 
+async def test_vllm_prompt_on_completions_with_structured_outputs_n_stop_usage(
+    fake: FakeOpenAI, made: list[oai.OpenAIBackend]
+) -> None:
+    backend = await builder(fake, oai.VLLMServerBackend, made)()
+    fake.answers.extend(["red", "blue"])
+    result = await backend.generate(
+        cc.prompt(
+            CHATML_PRE_QUERY,
+            n=2,
+            structured_output=StructuredOutput(ChoiceConstraint(("red", "blue"))),
+            sampling=SamplingParams(temperature=0.7, top_k=5, seed=3),
+            stopping=StoppingCriteria(max_tokens=16, stop=("<|im_end|>",)),
+        )
+    )
+    (rec,) = fake.server.requests  # n native: one request
+    body = rec.body
+    assert rec.path == "/v1/completions" and body["prompt"] == CHATML_PRE_QUERY and "messages" not in body
+    assert body["structured_outputs"] == {"choice": ["red", "blue"]}
+    assert (body["n"], body["stop"], body["max_tokens"]) == (2, ["<|im_end|>"], 16)
+    assert "max_completion_tokens" not in body and "logprobs" not in body
+    assert (body["temperature"], body["top_k"], body["seed"]) == (0.7, 5, 3)
+    assert [g.text for g in result.generations] == ["red", "blue"]
+    assert result.enforcement == Enforcement.NATIVE
+    assert result.usage == Usage(1, 2)  # the fake's counts: one prompt "token", one per answer
+    fake.stop_reason = "<|im_end|>"
+    gen = (await backend.generate(cc.prompt(stopping=StoppingCriteria(stop=("<|im_end|>",))))).generations[0]
+    assert (gen.finish_reason, gen.matched_stop) == (FinishReason.STOP_SEQUENCE, "<|im_end|>")
+    fake.stop_reason, fake.finish_reason = None, "length"
+    assert (await backend.generate(cc.prompt())).generations[0].finish_reason == FinishReason.LENGTH
+
+
+async def test_vllm_completions_logprobs_unary_and_stream(
+    fake: FakeOpenAI, made: list[oai.OpenAIBackend]
+) -> None:
+    backend = await builder(fake, oai.VLLMServerBackend, made)()
+    fake.answers.extend(["a b", "c d"])
+    gen = (await backend.generate(cc.prompt(logprobs=2))).generations[0]
+    body = fake.server.requests[0].body
+    assert body["logprobs"] == 2 and "top_logprobs" not in body  # the completions shape: a top count
+    assert gen.logprobs is not None and [t.token for t in gen.logprobs] == ["a", " b"]
+    assert gen.output_tokens == 2 and all(t.logprob == -0.5 for t in gen.logprobs)
+    # The server's top also holds the sampled token: cut to the two asked for, best first.
+    assert [(t.token, t.logprob) for t in gen.logprobs[0].top] == [("alt0", -0.1), ("alt1", -0.2)]
+    events = await cc.collect(backend.generate_stream(cc.prompt(logprobs=0)))
+    assert fake.server.requests[1].body["logprobs"] == 0
+    deltas = [e for e in events if isinstance(e, GenerationDelta)]
+    assert "".join(d.text for d in deltas) == "c d"
+    assert all(d.logprobs and d.logprobs[0].logprob == -0.5 and d.logprobs[0].top == () for d in deltas)
+
+
+async def test_vllm_completions_stream(fake: FakeOpenAI, made: list[oai.OpenAIBackend]) -> None:
+    backend = await builder(fake, oai.VLLMServerBackend, made)()
+    fake.answers.extend(["one two", "three four five"])
+    fake.stop_reason = "END"
+    events = await cc.collect(
+        backend.generate_stream(cc.prompt(CHATML_PRE_QUERY, n=2, stopping=StoppingCriteria(stop=("END",))))
+    )
+    (rec,) = fake.server.requests
+    assert rec.path == "/v1/completions" and rec.body["prompt"] == CHATML_PRE_QUERY
+    assert rec.body["stream"] is True and rec.body["stream_options"] == {"include_usage": True}
+    assert isinstance(events[0], StreamStart)
+    texts = [
+        "".join(e.text for e in events if isinstance(e, GenerationDelta) and e.index == i) for i in (0, 1)
+    ]
+    assert texts == ["one two", "three four five"]
+    ends = [e for e in events if isinstance(e, GenerationEnd)]
+    assert [e.index for e in ends] == [0, 1]
+    assert all((e.finish_reason, e.matched_stop) == (FinishReason.STOP_SEQUENCE, "END") for e in ends)
+    # The server's usage from the final chunk: the total split by each choice's chunks.
+    assert [e.usage for e in ends] == [Usage(1, 2), Usage(1, 3)]
+
+
+async def test_vllm_raw_prompt_keeps_chat_where_gengate_adds_chat_turns(
+    fake: FakeOpenAI, made: list[oai.OpenAIBackend]
+) -> None:
+    """A re-ask's feedback and a validated constraint's instructions are chat turns: those calls
+    go to chat, the first answer of a native constraint came from /v1/completions."""
+    build = builder(fake, oai.VLLMServerBackend, made)
+    backend = await build()
+    fake.answers.extend([json.dumps({"name": "Ada", "age": -3}), json.dumps({"name": "Ada", "age": 3})])
+    structured = StructuredOutput(JsonSchemaConstraint(cc.PERSON))
+    result = await backend.generate(cc.prompt("Who?", structured_output=structured))
+    assert json.loads(result.generations[0].text)["age"] == 3
+    first, second = fake.server.requests
+    assert first.path == "/v1/completions" and first.body["structured_outputs"] == {"json": cc.PERSON}
+    assert second.path == "/v1/chat/completions" and second.body["structured_outputs"] == {"json": cc.PERSON}
+    assert [m["role"] for m in second.body["messages"]] == ["user", "assistant", "user"]
+    assert second.body["messages"][0]["content"] == "Who?"
+    # A server whose canary failed: constraints are prompted, in a system message, on chat.
+    fake.reset()
+    fake.honour_structured_outputs = False
+    backend = await build(canary=True)
+    fake.answers.append("42")
+    result = await backend.generate(
+        cc.prompt("n?", structured_output=StructuredOutput(RegexConstraint(r"\d+")))
+    )
+    assert result.enforcement == Enforcement.VALIDATED
+    rec = fake.server.requests[-1]
+    assert rec.path == "/v1/chat/completions" and rec.body["messages"][0]["role"] == "system"
+
+
 async def test_llamacpp_server_quirks(fake: FakeOpenAI, made: list[oai.OpenAIBackend]) -> None:
     fake.ignore_n, fake.stream_usage = True, False
     backend = await builder(fake, oai.LlamaCppServerBackend, made)()
@@ -400,12 +528,21 @@ async def test_llamacpp_server_quirks(fake: FakeOpenAI, made: list[oai.OpenAIBac
     ends = [e for e in events if isinstance(e, GenerationEnd)]
     assert [e.index for e in ends] == [0, 1] and len(fake.server.requests) == 2
     assert all(e.usage.output_tokens == 6 and e.usage.input_tokens > 0 for e in ends)  # counted
+    assert {r.path for r in fake.server.requests} == {"/v1/completions"}
     fake.answers.append("yes")
     await backend.generate(cc.prompt(structured_output=StructuredOutput(ChoiceConstraint(("yes", "no")))))
-    assert fake.server.requests[-1].body["grammar"] == 'root ::= "yes" | "no"'
+    rec = fake.server.requests[-1]  # its grammar field works on the raw route
+    assert rec.path == "/v1/completions" and rec.body["grammar"] == 'root ::= "yes" | "no"'
+    # response_format is read on chat only: a schema (or JSON object) prompt request stays there.
     fake.answers.append('{"name": "A", "age": 1}')
     await backend.generate(cc.prompt(structured_output=StructuredOutput(JsonSchemaConstraint(cc.PERSON))))
-    assert fake.server.requests[-1].body["response_format"] == {"type": "json_object", "schema": cc.PERSON}
+    rec = fake.server.requests[-1]
+    assert rec.path == "/v1/chat/completions"
+    assert rec.body["response_format"] == {"type": "json_object", "schema": cc.PERSON}
+    fake.answers.append("{}")
+    await backend.generate(cc.prompt(structured_output=StructuredOutput(JsonObjectConstraint())))
+    rec = fake.server.requests[-1]
+    assert rec.path == "/v1/chat/completions" and rec.body["response_format"] == {"type": "json_object"}
 
 
 async def test_registry_kinds() -> None:

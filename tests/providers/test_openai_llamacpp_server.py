@@ -1,6 +1,7 @@
 """The OpenAI adapter against a real third-party peer: llama-cpp-python's OpenAI-compatible
 server (`python -m llama_cpp.server`) on the tiny GGUF, with its real quirks (ignores `n`,
-HTTP 500 on json_schema response_format, no usage in streams)."""
+HTTP 500 on json_schema response_format, no usage in streams). A prompt goes raw to its
+/v1/completions route, so Magpie is served on it."""
 
 from __future__ import annotations
 
@@ -23,19 +24,24 @@ pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is 
 
 from gengate import errors
 from gengate.domain import (
+    ChatMessage,
     ChoiceConstraint,
     Enforcement,
     GenerationDelta,
     GenerationEnd,
     GenerationRequest,
     JsonSchemaConstraint,
+    Role,
     SamplingParams,
     StoppingCriteria,
     StreamStart,
     StructuredOutput,
+    TextPart,
 )
 from gengate.models.tiny import TinyModelPaths
 from gengate.providers import openai as oai
+from gengate_client import AsyncClient, Magpie
+from observe import ServerFactory
 from pydantic import SecretStr
 
 KEY = "sk-llamacpp-peer-0123456789"
@@ -191,3 +197,58 @@ async def test_bad_key_and_deadline(make: Any, caplog: pytest.LogCaptureFixture)
         await good.generate(
             _req(stopping=StoppingCriteria(max_tokens=400), deadline=time.monotonic() + 0.001)
         )
+
+
+def _server_count(server_url: str, text: str) -> int:
+    """The tokens the peer's own engine reads `text` as (its /extras/tokenize/count: special tokens
+    parsed, BOS as the model adds it: what its completions route reads a raw prompt as)."""
+    req = urllib.request.Request(
+        server_url + "/extras/tokenize/count",
+        data=json.dumps({"input": text}).encode(),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as response:
+        return int(json.loads(response.read())["count"])
+
+
+# What Magpie's qwen2 (ChatML) preset writes for the system prompt "Ask about maps.".
+PRE_QUERY = "<|im_start|>system\nAsk about maps.<|im_end|>\n<|im_start|>user\n"
+
+
+async def test_a_prompt_reaches_the_engine_raw(make: Any, server_url: str) -> None:
+    """A prompt ending in the ChatML user header is read as exactly its own tokens (the special
+    tokens parsed, no chat template around it); the same text as a chat message is wrapped."""
+    backend = await make()
+    stopping = StoppingCriteria(max_tokens=8)
+    raw = await backend.generate(GenerationRequest(model="tiny", prompt=PRE_QUERY, stopping=stopping))
+    assert raw.usage.input_tokens == _server_count(server_url, PRE_QUERY)
+    assert raw.usage.output_tokens > 0
+    message = ChatMessage(Role.USER, (TextPart(PRE_QUERY),))
+    chat = await backend.generate(GenerationRequest(model="tiny", messages=(message,), stopping=stopping))
+    assert chat.usage.input_tokens > raw.usage.input_tokens  # the server's template around it
+
+
+async def test_magpie_over_grpc_writes_the_user_turn(make_server: ServerFactory, server_url: str) -> None:
+    """Magpie on a llamacpp_server model: the pre-query goes raw to the peer, which writes the
+    user turn; with a system prompt the conversation is rendered in the preset's format and the
+    written turn answered on chat."""
+    entry = {"name": "peer", "backend": "llamacpp_server", "model": "tiny", "base_url": server_url + "/v1",
+             "api_key": KEY, "max_retries": 0}  # fmt: skip
+    server = await make_server({"models": [entry]})
+    async with AsyncClient(server.address) as client:
+        (info,) = await client.list_models()
+        assert info.capabilities.magpie
+        reply = await client.generate(
+            "peer", magpie=Magpie("qwen2", only_instruction=True), max_tokens=6, seed=5
+        )
+        (generation,) = reply.generations
+        (turn,) = generation.conversation
+        assert turn.role == "user" and turn.text == generation.text
+        assert turn.output_tokens > 0  # the peer's count (it may pass max_tokens to end a UTF-8 character)
+        assert reply.usage.input_tokens == _server_count(server_url, "<|im_start|>user\n")  # read raw
+        answered = await client.generate(
+            "peer", magpie=Magpie("qwen2", system_prompt="Ask about maps."), max_tokens=6, seed=5
+        )
+    roles = [t.role for t in answered.generations[0].conversation]
+    assert roles == ["user", "assistant"]
+    assert answered.usage.input_tokens > _server_count(server_url, PRE_QUERY)  # both calls counted

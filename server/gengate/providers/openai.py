@@ -1,8 +1,9 @@
 """OpenAI chat completions through the official `openai` SDK, and the OpenAI-compatible family:
 Azure OpenAI, Together, Groq, Anyscale, vLLM server, SGLang, llama.cpp server, any other.
 
-One adapter (`OpenAIChatBackend`) translates domain requests to the chat-completions wire format;
-each family member only says how it takes structured output and which quirks it has.
+One adapter (`OpenAIChatBackend`) translates domain requests to the chat-completions wire format,
+and, for servers with `raw_prompts` (vLLM's, llama.cpp's), a prompt to the completions format as
+raw text; each family member only says how it takes structured output and which quirks it has.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ K = ConstraintKind
 CONTRACT_FIELDS = frozenset(SAMPLING_FIELDS) | {
     "model",
     "messages",
+    "prompt",
     "n",
     "max_tokens",
     "max_completion_tokens",
@@ -103,8 +105,8 @@ class OpenAIOptions(ProviderOptions):
 
 
 class OpenAIChatBackend(ProviderBackend):
-    """The chat-completions adapter every member of the family shares (OpenAIBackend is
-    OpenAI's own API; OpenAICompatibleBackend the servers that only speak chat completions)."""
+    """The adapter every member of the family shares (OpenAIBackend is OpenAI's own API;
+    OpenAICompatibleBackend the servers speaking chat completions, some also raw completions)."""
 
     kind: ClassVar[str] = "openai"
     Options: ClassVar[type[ProviderOptions]] = OpenAIOptions
@@ -186,10 +188,30 @@ class OpenAIChatBackend(ProviderBackend):
 
     # --- request building ----------------------------------------------------------------------
 
-    def _params(self, call: ProviderCall, *, stream: bool) -> dict[str, Any]:
+    def _raw_route(self, call: ProviderCall) -> bool:
+        """Whether the call goes to the completions route, the prompt as raw text: a prompt request
+        on a raw-prompt server, the call being that prompt alone (a validated constraint's
+        instructions and a re-ask's feedback are chat turns, which only chat can carry), with no
+        chat-only field (`response_format`) in its native constraint."""
+        req = call.request
+        if not self.raw_prompts or req.prompt is None or req.messages is not None:
+            return False
+        if call.messages != req.as_messages():
+            return False
+        plan = call.plan
+        return plan is None or not plan.native or "response_format" not in self.structured_params(plan)
+
+    def _params(self, call: ProviderCall, *, stream: bool, raw: bool = False) -> dict[str, Any]:
+        """The SDK call's keyword arguments: a chat-completions request, or with `raw` a completions
+        one. The two differ only in messages vs prompt, the output-budget field and the logprobs
+        shape; sampling, stop, n, structured output, backend_options and timeout are the same."""
         req = call.request
         s = req.sampling
-        params: dict[str, Any] = {"model": self.options.model, "messages": _wire_messages(call)}
+        params: dict[str, Any] = {"model": self.options.model}
+        if raw:
+            params["prompt"] = req.prompt
+        else:
+            params["messages"] = _wire_messages(call)
         extra: dict[str, Any] = dict(self.options.extra_body)
         if call.n != 1:
             params["n"] = call.n
@@ -207,16 +229,17 @@ class OpenAIChatBackend(ProviderBackend):
                 )
             extra[field_name] = value
         if req.stopping.max_tokens is not None:
-            if self.max_tokens_field == "max_tokens":
-                params["max_tokens"] = req.stopping.max_tokens
-            else:
-                params["max_completion_tokens"] = req.stopping.max_tokens
+            # The completions API has only max_tokens; chat's newer name is OpenAI's own.
+            params["max_tokens" if raw else self.max_tokens_field] = req.stopping.max_tokens
         if req.stopping.stop:
             params["stop"] = list(req.stopping.stop)
         if req.logprobs is not None:
-            params["logprobs"] = True
-            if req.logprobs > 0:
-                params["top_logprobs"] = req.logprobs
+            if raw:
+                params["logprobs"] = req.logprobs  # completions: the count of top alternatives
+            else:
+                params["logprobs"] = True
+                if req.logprobs > 0:
+                    params["top_logprobs"] = req.logprobs
         extra.update(req.backend_options)  # over the config's extra_body, under what gengate sets
         if call.plan is not None and call.plan.native:
             native = self.structured_params(call.plan)
@@ -233,22 +256,26 @@ class OpenAIChatBackend(ProviderBackend):
 
     # --- upstream calls ------------------------------------------------------------------------
 
+    async def _create(self, call: ProviderCall, *, stream: bool) -> Any:
+        """One upstream request, on the completions route where `_raw_route` says, else on chat."""
+        if self._raw_route(call):
+            return await self._client.completions.create(**self._params(call, stream=stream, raw=True))
+        return await self._client.chat.completions.create(**self._params(call, stream=stream))
+
     async def _complete(self, call: ProviderCall) -> Completion:
-        response = await self._client.chat.completions.create(**self._params(call, stream=False))
-        return self._completion(call, response)
+        return self._completion(call, await self._create(call, stream=False))
 
     def _completion(self, call: ProviderCall, response: Any) -> Completion:
-        """A chat completion (the SDK's object) as choices and usage."""
+        """A chat completion or a text completion (the SDK's object) as choices and usage."""
         stops = call.request.stopping.stop
+        top = call.request.logprobs or 0
         gens: list[Generation] = []
         for choice in response.choices or ():
-            message = choice.message
-            refusal = getattr(message, "refusal", None)
-            text = message.content or ""
+            text, refusal = _choice_text(choice)
             finish, matched = _finish(choice.finish_reason, getattr(choice, "stop_reason", None), stops)
             if refusal:
                 text, finish = refusal, FinishReason.REFUSAL
-            logprobs = _logprobs(choice.logprobs)
+            logprobs = _logprobs(choice.logprobs, top)
             count = len(logprobs) if logprobs is not None else 0
             gens.append(Generation(choice.index, text, finish, count, matched, logprobs))
         gens.sort(key=lambda g: g.index)
@@ -260,16 +287,15 @@ class OpenAIChatBackend(ProviderBackend):
         )
 
     async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
-        stream = await self._client.chat.completions.create(**self._params(call, stream=True))
+        stream = await self._create(call, stream=True)
         stops = call.request.stopping.stop
+        top = call.request.logprobs or 0
         try:
             check_event_stream(self.label, stream.response.headers.get("content-type"))
             async for chunk in stream:
                 for choice in chunk.choices or ():
-                    delta = choice.delta
-                    text = (getattr(delta, "content", None) or "") if delta is not None else ""
-                    refusal = getattr(delta, "refusal", None) if delta is not None else None
-                    logprobs = _logprobs(choice.logprobs)
+                    text, refusal = _choice_text(choice)
+                    logprobs = _logprobs(getattr(choice, "logprobs", None), top)
                     if text or refusal or logprobs:
                         count = len(logprobs) if logprobs else 1
                         yield ChunkText(choice.index, text or refusal or "", logprobs, count)
@@ -304,18 +330,50 @@ def _finish(raw: str | None, stop_reason: Any, stops: tuple[str, ...]) -> tuple[
     return finish, None
 
 
-def _logprobs(raw: Any) -> tuple[TokenLogprob, ...] | None:
-    content = getattr(raw, "content", None) if raw is not None else None
-    if not content:
+def _choice_text(choice: Any) -> tuple[str, str | None]:
+    """A choice's text and refusal: a chat choice's message (or a stream's delta), or a text
+    completion's `text` (which has no refusal)."""
+    body = getattr(choice, "message", None)
+    if body is None:
+        body = getattr(choice, "delta", None)
+    if body is None:
+        return getattr(choice, "text", None) or "", None
+    return getattr(body, "content", None) or "", getattr(body, "refusal", None)
+
+
+def _logprobs(raw: Any, top: int) -> tuple[TokenLogprob, ...] | None:
+    """A choice's logprobs in whichever shape the server answers: chat's `content` list, or the
+    completions API's parallel lists (`tokens`, `token_logprobs`, `top_logprobs` as {token:
+    logprob}), whose top is cut to the `top` asked for, best first (vLLM and llama-cpp-python add
+    the sampled token to it)."""
+    if raw is None:
         return None
-    return tuple(
-        TokenLogprob(
-            token=item.token,
-            logprob=item.logprob,
-            top=tuple(TopLogprob(t.token, t.logprob) for t in (item.top_logprobs or ())),
+    content = getattr(raw, "content", None)
+    if content:
+        return tuple(
+            TokenLogprob(
+                token=item.token,
+                logprob=item.logprob,
+                top=tuple(TopLogprob(t.token, t.logprob) for t in (item.top_logprobs or ())),
+            )
+            for item in content
         )
-        for item in content
-    )
+    tokens = getattr(raw, "tokens", None)
+    if not tokens:
+        return None
+    values = getattr(raw, "token_logprobs", None) or [None] * len(tokens)
+    tops = getattr(raw, "top_logprobs", None) or [None] * len(tokens)
+    out: list[TokenLogprob] = []
+    for token, logprob, alternatives in zip(tokens, values, tops, strict=False):
+        best = sorted((alternatives or {}).items(), key=lambda kv: kv[1], reverse=True)[:top]
+        out.append(
+            TokenLogprob(
+                token=token,
+                logprob=logprob if logprob is not None else 0.0,
+                top=tuple(TopLogprob(t, lp) for t, lp in best),
+            )
+        )
+    return tuple(out)
 
 
 def _wire_messages(call: ProviderCall) -> list[dict[str, Any]]:
@@ -511,7 +569,11 @@ class LlamaCppServerBackend(OpenAICompatibleBackend):
     """llama.cpp's server and llama-cpp-python's: schema through json_object + schema (its
     json_schema response format answers HTTP 500), choices as a GBNF grammar, GBNF grammars.
     It ignores `n` (fanned out) and sends no usage in streams (counted by the base). Its schema
-    conversion skips keywords such as minimum/maximum, so JSON Schema is reported VALIDATED."""
+    conversion skips keywords such as minimum/maximum, so JSON Schema is reported VALIDATED.
+    A prompt goes raw to /v1/completions, `grammar` (choices, grammars) with it; a JSON Schema or
+    JSON object takes `response_format`, which that route does not read, so such a prompt request
+    stays on chat (`_raw_route`): converting the schema to GBNF here would be a second converter
+    beside the server's own."""
 
     kind: ClassVar[str] = "llamacpp_server"
     label: ClassVar[str] = "llama.cpp server"
@@ -526,6 +588,7 @@ class LlamaCppServerBackend(OpenAICompatibleBackend):
     native_n = False
     extra_sampling = frozenset({"top_k", "min_p", "repetition_penalty"})
     seed_supported = True
+    raw_prompts = True  # a prompt goes to /v1/completions as it is
 
     def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
         assert req.structured_output is not None
@@ -585,8 +648,9 @@ class VLLMServerOptions(OpenAIOptions):
 
 class VLLMServerBackend(OpenAICompatibleBackend):
     """A vLLM OpenAI-compatible server: every kind through `structured_outputs` in the body
-    (vLLM ≥ 0.12 silently ignores the old guided_* fields). start() sends a canary choice
-    request; if the answer is not one of the choices, native kinds fall back to validated."""
+    (vLLM ≥ 0.12 silently ignores the old guided_* fields), on chat and on /v1/completions, where
+    a prompt goes raw. start() sends a canary choice request; if the answer is not one of the
+    choices, native kinds fall back to validated."""
 
     kind: ClassVar[str] = "vllm_server"
     Options: ClassVar[type[ProviderOptions]] = VLLMServerOptions
@@ -601,6 +665,7 @@ class VLLMServerBackend(OpenAICompatibleBackend):
     grammar_syntaxes = frozenset({GrammarSyntax.GBNF, GrammarSyntax.EBNF, GrammarSyntax.LARK})
     extra_sampling = frozenset({"top_k", "min_p", "repetition_penalty"})
     seed_supported = True
+    raw_prompts = True  # a prompt goes to /v1/completions as it is
     options: VLLMServerOptions
     CANARY_CHOICES: ClassVar[tuple[str, ...]] = ("zq7", "xv9")
 
