@@ -564,3 +564,17 @@ async def test_concurrent_fanout_is_concurrent(fake: FakeOpenAI, made: list[oai.
     result = await backend.generate(cc.prompt(n=3))
     assert len(result.generations) == 3 and fake.server.max_in_flight == 3  # all three at once
     await asyncio.sleep(0)
+
+
+async def test_llamacpp_server_gets_repetition_penalty_by_its_own_name(
+    fake: FakeOpenAI, made: list[oai.OpenAIBackend]
+) -> None:
+    """llama.cpp's servers read `repeat_penalty` and ignore `repetition_penalty`: sent under the
+    contract's name, the penalty would be silently dropped."""
+    backend = await builder(fake, oai.LlamaCppServerBackend, made)()
+    await backend.generate(cc.prompt("hi", sampling=SamplingParams(repetition_penalty=1.3, min_p=0.1)))
+    body = fake.server.requests[-1].body
+    assert body["repeat_penalty"] == 1.3 and "repetition_penalty" not in body and body["min_p"] == 0.1
+    vllm = await builder(fake, oai.VLLMServerBackend, made)()
+    await vllm.generate(cc.prompt("hi", sampling=SamplingParams(repetition_penalty=1.3)))
+    assert fake.server.requests[-1].body["repetition_penalty"] == 1.3

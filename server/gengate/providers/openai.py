@@ -126,6 +126,8 @@ class OpenAIChatBackend(ProviderBackend):
     max_tokens_field: ClassVar[str] = "max_completion_tokens"
     # Sampling fields outside OpenAI's API, sent in the body only where the server takes them.
     extra_sampling: ClassVar[frozenset[str]] = frozenset()
+    # The body name of an extra sampling field where the server spells it otherwise.
+    sampling_wire_names: ClassVar[Mapping[str, str]] = {}
     stream_usage_option: ClassVar[bool] = True
     strict_schemas: ClassVar[bool] = True
 
@@ -227,7 +229,7 @@ class OpenAIChatBackend(ProviderBackend):
                 raise errors.InvalidArgument.field(
                     f"sampling.{field_name}", f"not supported by {self.label} model {self.name!r}"
                 )
-            extra[field_name] = value
+            extra[self.sampling_wire_names.get(field_name, field_name)] = value
         if req.stopping.max_tokens is not None:
             # The completions API has only max_tokens; chat's newer name is OpenAI's own.
             params["max_tokens" if raw else self.max_tokens_field] = req.stopping.max_tokens
@@ -587,6 +589,8 @@ class LlamaCppServerBackend(OpenAICompatibleBackend):
     grammar_syntaxes = frozenset({GrammarSyntax.GBNF})
     native_n = False
     extra_sampling = frozenset({"top_k", "min_p", "repetition_penalty"})
+    # llama.cpp's server and llama-cpp-python's read `repeat_penalty`; another name is ignored.
+    sampling_wire_names: ClassVar[Mapping[str, str]] = {"repetition_penalty": "repeat_penalty"}
     seed_supported = True
     raw_prompts = True  # a prompt goes to /v1/completions as it is
 
