@@ -143,3 +143,46 @@ async def test_malformed_bytes_in_an_upload_are_invalid_argument_and_the_server_
             await upload(iter([header, item, item]), timeout=10)
         )
         assert reply.job.id and reply.job.total == 2  # a good upload after the bad ones
+
+
+async def test_a_stream_names_its_request_and_model_and_passes_a_valid_structured_result(
+    make_server: ServerFactory,
+) -> None:
+    """The start frame carries the caller's request id and the served name, and a structured
+    result that is valid ends the stream OK: validation reads each generation's own text."""
+    digits = {
+        "name": "digits",
+        "backend": "scripted",
+        "text": "123 456",
+        "constraints": {"regex": "validated"},
+    }
+    server = await make_server({"models": [digits]})
+    streamed = request("digits", request_id="caller-7", n=2)
+    streamed.structured_output.regex.pattern = "[0-9]+( [0-9]+)*"
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        frames = [f async for f in stub.GenerateStream(g.GenerateStreamRequest(request=streamed), timeout=10)]
+        unary = await stub.Generate(streamed, timeout=10)
+    start = frames[0].start
+    assert (start.request_id, start.model) == ("caller-7", "digits")
+    ends = [f.end for f in frames if f.WhichOneof("frame") == "end"]
+    assert sorted(e.index for e in ends) == [0, 1]
+    assert (unary.request_id, unary.model, [x.text for x in unary.generations]) == (
+        "caller-7", "digits", ["123 456", "123 456"],
+    )  # fmt: skip
+
+
+async def test_a_batch_of_exactly_max_batch_items_is_served(make_server: ServerFactory) -> None:
+    server = await make_server(
+        {"server": {"max_batch_items": 2}, "models": [{"name": "echo", "backend": "scripted"}]}
+    )
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        two = g.BatchGenerateRequest(requests=[request("echo"), request("echo")])
+        assert len([item async for item in stub.BatchGenerate(two, timeout=10)]) == 2
+        three = g.BatchGenerateRequest(requests=[request("echo")] * 3)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in stub.BatchGenerate(three, timeout=10):
+                pass
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field_violations(caught.value) == ["requests"]
