@@ -186,3 +186,48 @@ async def test_a_batch_of_exactly_max_batch_items_is_served(make_server: ServerF
                 pass
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field_violations(caught.value) == ["requests"]
+
+
+def _error_metadata(error: grpc.aio.AioRpcError) -> dict[str, str]:
+    from google.rpc import error_details_pb2
+
+    for detail in status_of(error).details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return dict(info.metadata)
+    return {}
+
+
+@pytest.mark.parametrize(
+    ("claimed", "code", "why"),
+    [
+        ("native", grpc.StatusCode.INTERNAL, "CONSTRAINT_VIOLATED"),
+        ("validated", grpc.StatusCode.ABORTED, "VALIDATION_FAILED"),
+    ],
+)
+async def test_an_invalid_result_says_how_it_was_enforced(
+    make_server: ServerFactory, claimed: str, code: grpc.StatusCode, why: str
+) -> None:
+    liar = {"name": "liar", "backend": "scripted", "text": "abc", "constraints": {"regex": claimed}}
+    server = await make_server({"models": [liar]})
+    asked = request("liar")
+    asked.structured_output.regex.pattern = "[0-9]+"
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await generation_pb2_grpc.GenerationServiceStub(channel).Generate(asked, timeout=10)
+    assert caught.value.code() == code and reason(caught.value) == why
+    assert _error_metadata(caught.value) == {"enforcement": claimed}
+    assert "regex" in (caught.value.details() or "")
+
+
+async def test_unary_timings_count_from_the_call_s_arrival(make_server: ServerFactory) -> None:
+    """total covers the whole call (here at least the model's configured first-token latency)."""
+    delayed = {"name": "delayed", "backend": "scripted", "text": "a b", "latency_s": 0.05}
+    server = await make_server({"models": [delayed]})
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        reply = await generation_pb2_grpc.GenerationServiceStub(channel).Generate(
+            request("delayed"), timeout=10
+        )
+    total = reply.timings.total.ToNanoseconds() / 1e9
+    assert reply.timings.HasField("total") and 0.05 <= total < 60
