@@ -61,10 +61,11 @@ def engine_capabilities(
 def special_tokens_of(tokenizer: Any) -> frozenset[str]:
     """The Magpie presets' tokens (gengate.magpie.PRESET_TOKENS) a Hugging Face tokenizer reads as one
     special token: one id, and not what the same text gives as plain text."""
+    special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
     found = set()
     for text in PRESET_TOKENS:
         ids = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) == 1 and ids[0] in tokenizer.all_special_ids + list(tokenizer.added_tokens_decoder):
+        if len(ids) == 1 and ids[0] in special:
             found.add(text)
     return frozenset(found)
 
