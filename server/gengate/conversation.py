@@ -28,11 +28,9 @@ from gengate.domain import (
     Usage,
     evolve,
 )
+from gengate.engines.resampling import retry_seed
 from gengate.magpie import PRESETS, ChatFormat, end_of_turn_stop
 from gengate.router import Route
-
-_SEED_STEP = 0x9E3779B97F4A7C15  # far-apart seeds for each conversation's calls
-_SEED_MASK = (1 << 63) - 1
 
 
 def turn_roles(magpie: MagpieInput) -> list[Role]:
@@ -134,7 +132,7 @@ class MagpieWriter:
         history = self._history(conversation)
         sampling = self.request.sampling
         if sampling.seed is not None and call_number:
-            sampling = evolve(sampling, seed=(sampling.seed + call_number * _SEED_STEP) & _SEED_MASK)
+            sampling = evolve(sampling, seed=retry_seed(sampling.seed, call_number))  # far apart
         stopping = self.request.stopping
         prompt: str | None = None
         messages: tuple[ChatMessage, ...] | None = None
