@@ -13,7 +13,15 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (extr
 
 import llama_cpp
 from gengate.config import parse_config
-from gengate.domain import ChatMessage, FinishReason, GenerationRequest, Role, StoppingCriteria, TextPart
+from gengate.domain import (
+    ChatMessage,
+    FinishReason,
+    GenerationRequest,
+    Role,
+    SamplingParams,
+    StoppingCriteria,
+    TextPart,
+)
 from gengate.engines.llamacpp import LlamaCppBackend, LlamaCppOptions
 from gengate.engines.llamacpp_settings import (
     LayerPlacement,
@@ -238,8 +246,15 @@ async def test_chat_format_stop_ends_the_generation(
     """pygmalion stops at a newline: a generation long enough to write one ends there."""
     await _start(started, tiny_model, chat_format="pygmalion")
     result = await started[0].generate(
-        GenerationRequest(model="tiny", messages=MESSAGES, stopping=StoppingCriteria(max_tokens=200), n=4)
+        GenerationRequest(
+            model="tiny",
+            messages=MESSAGES,
+            stopping=StoppingCriteria(max_tokens=200),
+            n=4,
+            sampling=SamplingParams(seed=1),  # seeded: which samples write a newline is fixed
+        )
     )
+    assert "\n" in result.effective_stopping.stop  # the format's stop string is in force
     generations = result.generations
     stopped = [g for g in generations if g.finish_reason is FinishReason.STOP_SEQUENCE]
     assert stopped, [g.text for g in generations]
