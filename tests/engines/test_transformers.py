@@ -257,7 +257,7 @@ async def test_validated_constraint_retries_then_validates_or_aborts(
     backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """uniqueItems is not enforced by the engine (VALIDATED): bad generations are re-generated."""
-    from gengate.engines.transformers import request as request_module
+    from gengate.engines.batching import request as request_module
 
     launches = 0
     launch = request_module.RequestRun._launch

@@ -42,7 +42,7 @@ async def _start(started: list[TransformersBackend], model: str | Path, **option
     started.append(backend)
     await backend.start()
     assert backend._loaded is not None
-    return backend._loaded.scheduler.model
+    return backend._loaded.scheduler.batch.model
 
 
 def _entry(**options: object) -> dict[str, object]:

@@ -115,7 +115,7 @@ def _cycles() -> list[list[str]]:
 
 def test_the_scan_sees_imports() -> None:
     assert "gengate.router" in GRAPH["gengate.service"]
-    assert "gengate.engines.transformers.scheduler" in GRAPH["gengate.engines.transformers.backend"]
+    assert "gengate.engines.batching.engine" in GRAPH["gengate.engines.transformers.backend"]
 
 
 def test_no_import_cycle() -> None:

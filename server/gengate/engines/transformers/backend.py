@@ -1,16 +1,15 @@
 """TransformersBackend: a Hugging Face causal LM served with continuous batching on one thread.
 
-Requests become one sequence per generation; the BatchScheduler steps every live sequence of
-every request together. Token choice (sampling, constraints, stop strings, logprobs) is the
-shared SequenceDecoder's job, so this engine behaves exactly like the llama.cpp one.
+Requests become one sequence per generation; the BatchScheduler (engines/batching) steps every
+live sequence of every request together through TorchBatch. Token choice (sampling, constraints,
+stop strings, logprobs) is the shared SequenceDecoder's job, so this engine behaves exactly like the
+llama.cpp one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -18,20 +17,10 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gengate import errors
-from gengate.domain import (
-    Enforcement,
-    GenerationRequest,
-    GenerationResult,
-    GrammarSyntax,
-    ImagePart,
-    ModelCapabilities,
-    StreamEvent,
-)
-from gengate.engines.base import engine_capabilities, output_room, seeded, special_tokens_of, stream_start
-from gengate.engines.options import engine_options, refuse_own_keys
-from gengate.engines.transformers.loaded import Loaded
+from gengate.engines.batching.engine import BatchedEngine, hf_eos_token_ids
+from gengate.engines.batching.request import Loaded
+from gengate.engines.options import refuse_own_keys
 
-MAX_TOP_LOGPROBS = 20
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
 
@@ -101,53 +90,23 @@ class TransformersOptions(BaseModel):
         return self
 
 
-class TransformersBackend:
+class TransformersBackend(BatchedEngine):
     """A Hugging Face transformers model, batched across requests and generations."""
 
     kind: ClassVar[str] = "transformers"
     Options: ClassVar[type[BaseModel]] = TransformersOptions
 
     def __init__(self, name: str, options: TransformersOptions) -> None:
-        self.name = name
         self.options = options
-        self._loaded: Loaded | None = None
-        self._start_lock = asyncio.Lock()
-        self.capabilities = self._capabilities(_context_length_from_folder(options.model))
-
-    def _capabilities(
-        self, context_length: int, chat: bool = True, special_tokens: frozenset[str] | None = None
-    ) -> ModelCapabilities:
-        return engine_capabilities(
-            grammar_syntaxes=frozenset(GrammarSyntax),
-            max_n=self.options.max_n,
-            max_top_logprobs=MAX_TOP_LOGPROBS,
-            context_length=context_length,
-            chat=chat,
-            special_tokens=special_tokens,
-        )
-
-    @property
-    def stats(self) -> Any:
-        """The scheduler's counters (SchedulerStats); None before start()."""
-        return None if self._loaded is None else self._loaded.scheduler.stats
-
-    async def start(self) -> None:
-        async with self._start_lock:
-            if self._loaded is None:
-                self._loaded = await asyncio.to_thread(self._load)
-                tokenizer = self._loaded.tokenizer
-                self.capabilities = self._capabilities(
-                    self._loaded.context_length,
-                    chat=tokenizer.chat_template is not None,
-                    special_tokens=special_tokens_of(tokenizer),
-                )
+        super().__init__(name, max_n=options.max_n, context_length=_context_length_from_folder(options.model))
 
     def _load(self) -> Loaded:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from gengate.constraints import ConstraintCompiler, make_ll_tokenizer_from_hf
-        from gengate.engines.transformers.scheduler import BatchScheduler
+        from gengate.engines.batching.scheduler import BatchScheduler
+        from gengate.engines.transformers.batch import TorchBatch
 
         options = self.options
         source, local = self._source()
@@ -177,23 +136,17 @@ class TransformersBackend:
 
         logits_size = int(model.get_output_embeddings().weight.shape[0])
         vocab_size = min(logits_size, len(tokenizer))
-        eos: set[int] = set()
-        for candidate in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-            if isinstance(candidate, int):
-                eos.add(candidate)
-            elif isinstance(candidate, list | tuple):
-                eos.update(int(t) for t in candidate)
+        eos = hf_eos_token_ids(tokenizer, model.generation_config)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
         ll_tokenizer = make_ll_tokenizer_from_hf(tokenizer, n_vocab=max(logits_size, len(tokenizer)))
         compiler = ConstraintCompiler(ll_tokenizer, f"hf:{source}")
-        scheduler = BatchScheduler(
-            model, max_batch_size=options.max_batch_size, pad_token_id=pad, device=device
-        )
+        batch = TorchBatch(model, pad_token_id=pad, device=device)
+        scheduler = BatchScheduler(batch, max_batch_size=options.max_batch_size, engine="transformers")
         return Loaded(
             tokenizer=tokenizer,
             scheduler=scheduler,
             compiler=compiler,
-            eos_token_ids=frozenset(eos),
+            eos_token_ids=eos,
             vocab_size=vocab_size,
             context_length=_context_length(model.config),
         )
@@ -224,88 +177,6 @@ class TransformersBackend:
         if path.is_dir():
             return str(path), True
         return self.options.model, False
-
-    async def aclose(self) -> None:
-        loaded, self._loaded = self._loaded, None
-        if loaded is not None:
-            await asyncio.to_thread(loaded.scheduler.stop)
-            loaded.compiler.close()
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        from gengate.backend import collect_stream
-
-        return await collect_stream(self.generate_stream(request))
-
-    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        arrived = time.monotonic()
-        loaded = self._loaded
-        if loaded is None:
-            raise errors.Unavailable(f"model {self.name!r} is not started", reason="NOT_STARTED")
-        self._check(request)
-        options = engine_options(request)
-        prompt_ids = self._prompt_ids(loaded, request)
-        stopping = output_room(request, len(prompt_ids), loaded.context_length)
-        sampling = seeded(request.sampling)
-        compiled = None
-        if request.structured_output is not None:
-            compiled = await loaded.compiler.compile(request.structured_output)
-        enforcement = compiled.enforcement if compiled is not None else Enforcement.NONE
-        yield stream_start(
-            request, request.model or self.name, len(prompt_ids), enforcement, sampling, stopping
-        )
-
-        from gengate.engines.transformers.request import RequestRun
-
-        run = RequestRun(loaded, request, prompt_ids, sampling, stopping, compiled, arrived, options)
-        try:
-            async for event in run.events():
-                yield event
-        finally:
-            run.cancel()
-
-    def _check(self, request: GenerationRequest) -> None:
-        """Refuses what the capabilities do not cover (the router normally did already)."""
-        if not 1 <= request.n <= self.options.max_n:
-            raise errors.InvalidArgument.field("n", f"must be between 1 and {self.options.max_n}")
-        if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
-            raise errors.InvalidArgument.field("logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}")
-
-    def _prompt_ids(self, loaded: Loaded, request: GenerationRequest) -> list[int]:
-        """Token ids of the raw prompt, or of the messages rendered by the chat template."""
-        tokenizer = loaded.tokenizer
-        if request.messages is not None:
-            for i, message in enumerate(request.messages):
-                for j, part in enumerate(message.content):
-                    if isinstance(part, ImagePart):
-                        raise errors.InvalidArgument.field(
-                            f"messages[{i}].content[{j}]",
-                            f"model {self.name!r} takes text input only",
-                            reason="UNSUPPORTED_MODALITY",
-                        )
-            if tokenizer.chat_template is None:
-                raise errors.InvalidArgument.field(
-                    "messages",
-                    f"model {self.name!r} has no chat template; send a prompt",
-                    reason="NO_CHAT_TEMPLATE",
-                )
-            conversation = [{"role": m.role.value, "content": m.text} for m in request.messages]
-            text = tokenizer.apply_chat_template(
-                conversation, add_generation_prompt=request.continuation is None, tokenize=False
-            )
-            ids = list(tokenizer(text + (request.continuation or ""), add_special_tokens=False)["input_ids"])
-        else:
-            ids = list(tokenizer(request.prompt or "")["input_ids"])
-            bos = tokenizer.bos_token_id
-            if len(ids) > 1 and ids[0] == ids[1] == bos:
-                ids = ids[1:]  # the prompt began with BOS (a pre-query's) and the tokenizer added one
-        if not ids:
-            bos = tokenizer.bos_token_id
-            if bos is None:
-                raise errors.InvalidArgument.field(
-                    "prompt", "is empty and the model has no BOS token to start from"
-                )
-            ids = [bos]
-        return ids
 
 
 def _local_folder(model: str | None) -> bool:

@@ -1,4 +1,5 @@
-"""RequestRun: one request's n generations on the scheduler, turned into stream events.
+"""RequestRun: one request's n generations on a batched engine's scheduler, turned into stream
+events (transformers, MLX).
 
 It owns the validation loop for VALIDATED constraints: such a generation's text is held back
 until it validates, and one that does not is re-generated at once with the next attempt's seed
@@ -29,18 +30,31 @@ from gengate.domain import (
     TokenLogprob,
     Usage,
 )
-from gengate.engines.decoding import SequenceDecoder
-from gengate.engines.options import NO_OPTIONS, EngineOptions
-from gengate.engines.resampling import retry_seed
-from gengate.engines.transformers.loaded import Loaded
-from gengate.engines.transformers.scheduler import (
+from gengate.engines.batching.scheduler import (
     Admitted,
+    BatchScheduler,
     Failed,
     Sequence,
     SequenceEvent,
     Stepped,
     asyncio_sink,
 )
+from gengate.engines.decoding import SequenceDecoder
+from gengate.engines.options import NO_OPTIONS, EngineOptions
+from gengate.engines.resampling import retry_seed
+
+
+@dataclass
+class Loaded:
+    """What a batched engine's start() loads; the scheduler thread owns the model. `tokenizer` is
+    the model's Hugging Face tokenizer."""
+
+    tokenizer: Any
+    scheduler: BatchScheduler
+    compiler: Any
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+    context_length: int
 
 
 @dataclass(eq=False)

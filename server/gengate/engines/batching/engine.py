@@ -1,0 +1,164 @@
+"""BatchedEngine: what the continuously batched local engines (transformers, MLX) share once the
+model is loaded: capabilities, start/close, the prompt's token ids (a Hugging Face tokenizer and
+its chat template), request checks, and the stream of a request's generations (RequestRun)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from gengate import errors
+from gengate.domain import (
+    Enforcement,
+    GenerationRequest,
+    GenerationResult,
+    GrammarSyntax,
+    ImagePart,
+    ModelCapabilities,
+    StreamEvent,
+)
+from gengate.engines.base import engine_capabilities, output_room, seeded, special_tokens_of, stream_start
+from gengate.engines.batching.request import Loaded
+from gengate.engines.options import engine_options
+
+MAX_TOP_LOGPROBS = 20
+
+
+class BatchedEngine:
+    """Base of a batched engine backend; a subclass sets `kind`, `Options` and loads in `_load`."""
+
+    max_top_logprobs: ClassVar[int] = MAX_TOP_LOGPROBS
+
+    def __init__(self, name: str, *, max_n: int, context_length: int) -> None:
+        self.name = name
+        self.max_n = max_n
+        self._loaded: Loaded | None = None
+        self._start_lock = asyncio.Lock()
+        self.capabilities = self._capabilities(context_length)
+
+    def _capabilities(
+        self, context_length: int, chat: bool = True, special_tokens: frozenset[str] | None = None
+    ) -> ModelCapabilities:
+        return engine_capabilities(
+            grammar_syntaxes=frozenset(GrammarSyntax),
+            max_n=self.max_n,
+            max_top_logprobs=self.max_top_logprobs,
+            context_length=context_length,
+            chat=chat,
+            special_tokens=special_tokens,
+        )
+
+    def _load(self) -> Loaded:
+        """Loads the model and starts its scheduler (runs in a thread)."""
+        raise NotImplementedError
+
+    @property
+    def stats(self) -> Any:
+        """The scheduler's counters (SchedulerStats); None before start()."""
+        return None if self._loaded is None else self._loaded.scheduler.stats
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._loaded is None:
+                self._loaded = await asyncio.to_thread(self._load)
+                tokenizer = self._loaded.tokenizer
+                self.capabilities = self._capabilities(
+                    self._loaded.context_length,
+                    chat=tokenizer.chat_template is not None,
+                    special_tokens=special_tokens_of(tokenizer),
+                )
+
+    async def aclose(self) -> None:
+        loaded, self._loaded = self._loaded, None
+        if loaded is not None:
+            await asyncio.to_thread(loaded.scheduler.stop)
+            loaded.compiler.close()
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        from gengate.backend import collect_stream
+
+        return await collect_stream(self.generate_stream(request))
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        arrived = time.monotonic()
+        loaded = self._loaded
+        if loaded is None:
+            raise errors.Unavailable(f"model {self.name!r} is not started", reason="NOT_STARTED")
+        self._check(request)
+        options = engine_options(request)
+        prompt_ids = self._prompt_ids(loaded, request)
+        stopping = output_room(request, len(prompt_ids), loaded.context_length)
+        sampling = seeded(request.sampling)
+        compiled = None
+        if request.structured_output is not None:
+            compiled = await loaded.compiler.compile(request.structured_output)
+        enforcement = compiled.enforcement if compiled is not None else Enforcement.NONE
+        yield stream_start(
+            request, request.model or self.name, len(prompt_ids), enforcement, sampling, stopping
+        )
+
+        from gengate.engines.batching.request import RequestRun
+
+        run = RequestRun(loaded, request, prompt_ids, sampling, stopping, compiled, arrived, options)
+        try:
+            async for event in run.events():
+                yield event
+        finally:
+            run.cancel()
+
+    def _check(self, request: GenerationRequest) -> None:
+        """Refuses what the capabilities do not cover (the router normally did already)."""
+        if not 1 <= request.n <= self.max_n:
+            raise errors.InvalidArgument.field("n", f"must be between 1 and {self.max_n}")
+        if request.logprobs is not None and not 0 <= request.logprobs <= self.max_top_logprobs:
+            raise errors.InvalidArgument.field("logprobs", f"must be between 0 and {self.max_top_logprobs}")
+
+    def _prompt_ids(self, loaded: Loaded, request: GenerationRequest) -> list[int]:
+        """Token ids of the raw prompt, or of the messages rendered by the chat template."""
+        tokenizer = loaded.tokenizer
+        if request.messages is not None:
+            for i, message in enumerate(request.messages):
+                for j, part in enumerate(message.content):
+                    if isinstance(part, ImagePart):
+                        raise errors.InvalidArgument.field(
+                            f"messages[{i}].content[{j}]",
+                            f"model {self.name!r} takes text input only",
+                            reason="UNSUPPORTED_MODALITY",
+                        )
+            if tokenizer.chat_template is None:
+                raise errors.InvalidArgument.field(
+                    "messages",
+                    f"model {self.name!r} has no chat template; send a prompt",
+                    reason="NO_CHAT_TEMPLATE",
+                )
+            conversation = [{"role": m.role.value, "content": m.text} for m in request.messages]
+            text = tokenizer.apply_chat_template(
+                conversation, add_generation_prompt=request.continuation is None, tokenize=False
+            )
+            ids = list(tokenizer(text + (request.continuation or ""), add_special_tokens=False)["input_ids"])
+        else:
+            ids = list(tokenizer(request.prompt or "")["input_ids"])
+            bos = tokenizer.bos_token_id
+            if len(ids) > 1 and ids[0] == ids[1] == bos:
+                ids = ids[1:]  # the prompt began with BOS (a pre-query's) and the tokenizer added one
+        if not ids:
+            bos = tokenizer.bos_token_id
+            if bos is None:
+                raise errors.InvalidArgument.field(
+                    "prompt", "is empty and the model has no BOS token to start from"
+                )
+            ids = [bos]
+        return ids
+
+
+def hf_eos_token_ids(tokenizer: Any, generation_config: Any) -> frozenset[int]:
+    """EOS ids from the tokenizer and the model's generation config (an int or a list each)."""
+    eos: set[int] = set()
+    for candidate in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+        if isinstance(candidate, int):
+            eos.add(candidate)
+        elif isinstance(candidate, list | tuple):
+            eos.update(int(t) for t in candidate)
+    return frozenset(eos)
