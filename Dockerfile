@@ -5,6 +5,7 @@
 #   docker run -p 50051:50051 -v $PWD/gengate.yaml:/etc/gengate/gengate.yaml:ro \
 #     -e OPENAI_API_KEY gengate --config /etc/gengate/gengate.yaml
 # Add the transformers engine (pulls torch: about +1 GB):  --build-arg EXTRAS=llamacpp,providers,transformers
+# Add the MLX engine (mlx-lm on MLX's CPU build, with transformers):  --build-arg EXTRAS=llamacpp,providers,mlx
 # The GPU image with vLLM is a separate stack: bench/gpu/Dockerfile.vllm.
 
 ARG PYTHON_IMAGE=python:3.11-slim

@@ -67,6 +67,10 @@ KINDS: dict[str, KindSpec] = {
             extra="transformers", process_by_default=True, cpu_threaded=True,
         ),
         _engine(
+            "mlx", "gengate.engines.mlx:MlxBackend", "mlx",
+            extra="mlx", process_by_default=True, cpu_threaded=True,
+        ),
+        _engine(
             "vllm", "gengate.engines.vllm:VLLMBackend", "vllm",
             extra="vllm", process_by_default=True, gpu_by_default=True,
         ),

@@ -154,9 +154,12 @@ async def test_a_batch_runs_magpie_items_beside_plain_ones(make_server: ServerFa
     assert items[2].response is not None and not items[2].response.generations[0].conversation
 
 
-async def test_transformers_continues_its_own_chat_template(make_server: ServerFactory) -> None:
-    pytest.importorskip("transformers")
-    server = await make_server({"models": [{"name": "hf", "backend": "transformers", "tiny": True}]})
+@pytest.mark.parametrize(("kind", "framework"), [("transformers", "torch"), ("mlx", "mlx.core")])
+async def test_batched_engines_continue_their_own_chat_template(
+    make_server: ServerFactory, kind: str, framework: str
+) -> None:
+    pytest.importorskip(framework)
+    server = await make_server({"models": [{"name": "hf", "backend": kind, "tiny": True}]})
     async with AsyncClient(server.address) as client:
         magpie = Magpie("qwen2", system_prompt="Ask about rivers.", n_turns=1)
         reply = await client.generate("hf", magpie=magpie, max_tokens=4, seed=3)

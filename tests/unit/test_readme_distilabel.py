@@ -37,7 +37,9 @@ def test_rows_not_served_yet_name_their_issue() -> None:
 def test_row_names_a_kind_and_its_settings(llm: str) -> None:
     kind, settings, _ = SERVED[llm]
     assert kind in KINDS, f"{llm}: no backend kind {kind!r}"
-    fields = backend_class(kind).Options.model_fields
+    model_fields = backend_class(kind).Options.model_fields
+    # a setting is what a config file writes: the field's alias where it has one (mlx's model_config)
+    fields = {field.alias or name for name, field in model_fields.items()}
     keys = [key.split(":")[0] for key in re.findall(r"`([^`]+)`", settings)]
     assert keys, llm
     for key in keys:

@@ -1,4 +1,4 @@
-"""Real engines in worker processes on the tiny model: llama.cpp and transformers.
+"""Real engines in worker processes on the tiny model: llama.cpp, transformers and MLX.
 
 kill -9 mid-stream ends the call with Unavailable within 2 s while another model keeps
 answering, and the model serves again within 30 s; a worker that cannot load its model
@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from gengate import errors
@@ -153,15 +154,25 @@ async def test_llamacpp_worker_with_a_bad_path_fails_to_start(tmp_path: object) 
     assert "worker output (tail)" in info.value.message
 
 
-async def test_transformers_worker_kill_9_mid_stream(
-    tiny_model: TinyModelPaths, bystander: WorkerBackend
+@pytest.mark.parametrize(("kind", "framework"), [("transformers", "torch"), ("mlx", "mlx.core")])
+async def test_batched_engine_worker_kill_9_mid_stream(
+    tiny_model: TinyModelPaths, bystander: WorkerBackend, kind: str, framework: str
 ) -> None:
-    pytest.importorskip("torch")
+    pytest.importorskip(framework)
     backend = WorkerBackend(
-        "tiny-hf", "transformers", _engine_options("transformers", tiny_model), restart_backoff_s=(0.2, 2.0)
+        f"tiny-{kind}", kind, _engine_options(kind, tiny_model), restart_backoff_s=(0.2, 2.0)
     )
     await backend.start()
     try:
         await _kill_mid_stream_and_recover(backend, bystander)
     finally:
         await backend.aclose()
+
+
+async def test_mlx_worker_that_cannot_load_fails_to_start_in_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("mlx.core")
+    backend = WorkerBackend("broken-mlx", "mlx", {"model": str(tmp_path)})
+    with pytest.raises(WorkerStartError) as info:
+        await backend.start()
+    first = info.value.message.splitlines()[0]
+    assert f"model 'broken-mlx': mlx-lm could not load '{tmp_path}'" in first, info.value.message

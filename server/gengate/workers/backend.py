@@ -135,7 +135,8 @@ class WorkerBackend:
         self.kind = kind
         self.capabilities = ModelCapabilities()
         self._target = target or kind_spec(kind).target
-        self._options = options.model_dump() if isinstance(options, BaseModel) else dict(options)
+        # by alias: the worker validates them again, as a config file writes them
+        self._options = options.model_dump(by_alias=True) if isinstance(options, BaseModel) else dict(options)
         self._gpu = gpu
         self._hide_gpus = hide_gpus
         self._placement = placement

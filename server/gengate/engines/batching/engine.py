@@ -5,8 +5,10 @@ its chat template), request checks, and the stream of a request's generations (R
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 from gengate import errors
@@ -24,6 +26,7 @@ from gengate.engines.batching.request import Loaded
 from gengate.engines.options import engine_options
 
 MAX_TOP_LOGPROBS = 20
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
 
 class BatchedEngine:
@@ -162,3 +165,32 @@ def hf_eos_token_ids(tokenizer: Any, generation_config: Any) -> frozenset[int]:
         elif isinstance(candidate, list | tuple):
             eos.update(int(t) for t in candidate)
     return frozenset(eos)
+
+
+def context_length_of(config: Any) -> int:
+    """The context length in a model config (a transformers config object or a config.json dict),
+    looking into `text_config` for multimodal configs; 2048 when it names none."""
+
+    def get(key: str) -> Any:
+        return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+    for key in _CONTEXT_KEYS:
+        value = get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    text_config = get("text_config")
+    return context_length_of(text_config) if text_config is not None else 2048
+
+
+def context_length_from_folder(model: str | None) -> int:
+    """Context length from a local folder's config.json, read without importing the engine; the
+    tiny model's for None (`tiny: true`); 0 for a hub id (known after start())."""
+    if model is None:
+        from gengate.models.tiny import TINY
+
+        return TINY.context_length
+    try:
+        config = json.loads((Path(model).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    return context_length_of(config) if isinstance(config, dict) else 0

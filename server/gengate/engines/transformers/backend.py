@@ -8,7 +8,6 @@ llama.cpp one.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,12 +16,14 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gengate import errors
-from gengate.engines.batching.engine import BatchedEngine, hf_eos_token_ids
+from gengate.engines.batching.engine import (
+    BatchedEngine,
+    context_length_from_folder,
+    context_length_of,
+    hf_eos_token_ids,
+)
 from gengate.engines.batching.request import Loaded
 from gengate.engines.options import refuse_own_keys
-
-_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
-
 
 # from_pretrained arguments gengate sets from its own options (or from where the model lives):
 # not for model_kwargs, so each setting has one place. key -> the option that sets it.
@@ -98,7 +99,7 @@ class TransformersBackend(BatchedEngine):
 
     def __init__(self, name: str, options: TransformersOptions) -> None:
         self.options = options
-        super().__init__(name, max_n=options.max_n, context_length=_context_length_from_folder(options.model))
+        super().__init__(name, max_n=options.max_n, context_length=context_length_from_folder(options.model))
 
     def _load(self) -> Loaded:
         import torch
@@ -148,7 +149,7 @@ class TransformersBackend(BatchedEngine):
             compiler=compiler,
             eos_token_ids=eos,
             vocab_size=vocab_size,
-            context_length=_context_length(model.config),
+            context_length=context_length_of(model.config),
         )
 
     @contextmanager
@@ -181,29 +182,3 @@ class TransformersBackend(BatchedEngine):
 
 def _local_folder(model: str | None) -> bool:
     return model is not None and Path(model).expanduser().is_dir()
-
-
-def _context_length(config: Any) -> int:
-    for key in _CONTEXT_KEYS:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    text_config = getattr(config, "text_config", None)
-    return _context_length(text_config) if text_config is not None else 2048
-
-
-def _context_length_from_folder(model: str | None) -> int:
-    """Context length read from a local folder's config.json without importing transformers."""
-    if model is None:
-        from gengate.models.tiny import TINY
-
-        return TINY.context_length
-    try:
-        config = json.loads((Path(model).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
-        return 0  # a hub id: known after start()
-    for key in _CONTEXT_KEYS:
-        value = config.get(key)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 0

@@ -1,4 +1,6 @@
-"""The transformers engine on the tiny model: decoding features, constraints, and real batching."""
+"""The batched engines (transformers, MLX) on the tiny model, each loaded from the same Hugging Face
+folder through its own loader: decoding features, constraints, and real batching. Every test runs
+on both engines; the last ones are engine-specific."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from gengate import errors
@@ -30,21 +32,40 @@ from gengate.domain import (
     StructuredOutput,
     TextPart,
 )
+from gengate.engines.batching.engine import BatchedEngine
+from gengate.engines.mlx import MlxBackend, MlxOptions
 from gengate.engines.transformers import TransformersBackend, TransformersOptions
 from gengate.models.tiny import TinyModelPaths
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+
+def _transformers(name: str, slots: int = 16, **options: object) -> BatchedEngine:
+    return TransformersBackend(name, TransformersOptions(**options, max_batch_size=slots))  # type: ignore[arg-type]
+
+
+def _mlx(name: str, slots: int = 16, **options: object) -> BatchedEngine:
+    return MlxBackend(name, MlxOptions(**options, max_concurrency=slots))  # type: ignore[arg-type]
+
+
+# engine -> (the module its extra installs, a backend of it with `slots` concurrent generations)
+ENGINES: dict[str, tuple[str, Callable[..., BatchedEngine]]] = {
+    "transformers": ("torch", _transformers),
+    "mlx": ("mlx.core", _mlx),
+}
+
+
+def make_engine(engine: str, name: str, **options: object) -> BatchedEngine:
+    module, build = ENGINES[engine]
+    pytest.importorskip(module)
+    return build(name, **options)
+
 
 PROMPT = "Once upon a time there was a small robot"
 GREEDY = SamplingParams(temperature=0.0, seed=0)
 
 
-@pytest.fixture(scope="module")
-async def backend(tiny_model: TinyModelPaths) -> AsyncIterator[TransformersBackend]:
-    engine = TransformersBackend(
-        "tiny-hf", TransformersOptions(model=str(tiny_model.hf_dir), max_batch_size=16)
-    )
+@pytest.fixture(scope="module", params=list(ENGINES))
+async def backend(request: pytest.FixtureRequest, tiny_model: TinyModelPaths) -> AsyncIterator[BatchedEngine]:
+    engine = make_engine(request.param, "tiny-hf", model=str(tiny_model.hf_dir))
     await engine.start()
     yield engine
     await engine.aclose()
@@ -57,7 +78,7 @@ def request(**fields: object) -> GenerationRequest:
     return GenerationRequest(model="tiny-hf", **fields)  # type: ignore[arg-type]
 
 
-async def events_of(engine: TransformersBackend, req: GenerationRequest) -> list[StreamEvent]:
+async def events_of(engine: BatchedEngine, req: GenerationRequest) -> list[StreamEvent]:
     return [event async for event in engine.generate_stream(req)]
 
 
@@ -66,8 +87,9 @@ def token_ids(result_generation_logprobs: object) -> list[int | None]:
     return [lp.token_id for lp in result_generation_logprobs]
 
 
-def test_import_does_not_load_torch() -> None:
-    code = "import sys, gengate.engines.transformers as t; print('torch' in sys.modules)"
+@pytest.mark.parametrize(("package", "heavy"), [("transformers", "torch"), ("mlx", "mlx.core")])
+def test_import_does_not_load_the_framework(package: str, heavy: str) -> None:
+    code = f"import sys, gengate.engines.{package} as t; print({heavy!r} in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -82,7 +104,7 @@ def test_options_need_exactly_one_source() -> None:
     assert TransformersOptions(tiny=True).device == "cpu"
 
 
-async def test_capabilities(backend: TransformersBackend) -> None:
+async def test_capabilities(backend: BatchedEngine) -> None:
     caps = backend.capabilities
     assert set(caps.constraints.values()) == {Enforcement.ENGINE} and len(caps.constraints) == 5
     assert caps.grammar_syntaxes == frozenset(GrammarSyntax)
@@ -90,7 +112,7 @@ async def test_capabilities(backend: TransformersBackend) -> None:
     assert caps.seed and caps.logprobs and caps.chat
 
 
-async def test_text_and_usage(backend: TransformersBackend) -> None:
+async def test_text_and_usage(backend: BatchedEngine) -> None:
     result = await backend.generate(request(sampling=GREEDY))
     (gen,) = result.generations
     assert gen.text and gen.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
@@ -102,7 +124,7 @@ async def test_text_and_usage(backend: TransformersBackend) -> None:
     assert 0 <= result.timings.queue_s <= result.timings.time_to_first_token_s <= result.timings.total_s  # type: ignore[operator]
 
 
-async def test_stream_event_order(backend: TransformersBackend) -> None:
+async def test_stream_event_order(backend: BatchedEngine) -> None:
     events = await events_of(backend, request(n=3))
     assert isinstance(events[0], StreamStart) and events[0].input_tokens > 0
     assert all(not isinstance(e, StreamStart) for e in events[1:])
@@ -117,7 +139,7 @@ async def test_stream_event_order(backend: TransformersBackend) -> None:
         assert end.timings.total_s is not None
 
 
-async def test_n_generations_differ_and_are_reproducible(backend: TransformersBackend) -> None:
+async def test_n_generations_differ_and_are_reproducible(backend: BatchedEngine) -> None:
     first = await backend.generate(request(n=4, sampling=SamplingParams(seed=11)))
     assert [g.index for g in first.generations] == [0, 1, 2, 3]
     assert len({g.text for g in first.generations}) > 1
@@ -127,7 +149,7 @@ async def test_n_generations_differ_and_are_reproducible(backend: TransformersBa
     assert [g.text for g in other.generations] != [g.text for g in first.generations]
 
 
-async def test_seeded_result_does_not_depend_on_the_batch(backend: TransformersBackend) -> None:
+async def test_seeded_result_does_not_depend_on_the_batch(backend: BatchedEngine) -> None:
     target = request(sampling=SamplingParams(seed=5, temperature=0.8), logprobs=0)
     alone = await backend.generate(target)
     noise = [
@@ -139,7 +161,7 @@ async def test_seeded_result_does_not_depend_on_the_batch(backend: TransformersB
     assert together[0].generations[0].text == alone.generations[0].text
 
 
-async def test_joining_a_running_batch_matches_greedy_alone(backend: TransformersBackend) -> None:
+async def test_joining_a_running_batch_matches_greedy_alone(backend: BatchedEngine) -> None:
     """Sequences that join mid-flight (cache merge) and leave early give the solo greedy tokens."""
     prompts = ["Hello, world! How", "The", "Colours: red green blue yellow orange", "Days: Monday"]
     long = StoppingCriteria(max_tokens=24)
@@ -162,7 +184,7 @@ async def test_joining_a_running_batch_matches_greedy_alone(backend: Transformer
         assert got == token_ids(solo.generations[0].logprobs)[: len(got)]
 
 
-async def test_stop_sequence(backend: TransformersBackend) -> None:
+async def test_stop_sequence(backend: BatchedEngine) -> None:
     free = await backend.generate(request(sampling=GREEDY, stopping=StoppingCriteria(max_tokens=20)))
     text = free.generations[0].text
     stop = text[6:9]
@@ -179,13 +201,13 @@ async def test_stop_sequence(backend: TransformersBackend) -> None:
     assert "".join(e.text for e in streamed if isinstance(e, GenerationDelta)) == gen.text
 
 
-async def test_max_tokens_ends_with_length(backend: TransformersBackend) -> None:
+async def test_max_tokens_ends_with_length(backend: BatchedEngine) -> None:
     result = await backend.generate(request(sampling=GREEDY, stopping=StoppingCriteria(max_tokens=5)))
     gen = result.generations[0]
     assert gen.finish_reason is FinishReason.LENGTH and gen.output_tokens == 5
 
 
-async def test_logprobs(backend: TransformersBackend) -> None:
+async def test_logprobs(backend: BatchedEngine) -> None:
     result = await backend.generate(
         request(sampling=GREEDY, logprobs=3, stopping=StoppingCriteria(max_tokens=6))
     )
@@ -199,7 +221,7 @@ async def test_logprobs(backend: TransformersBackend) -> None:
     assert "".join(lp.token for lp in gen.logprobs).startswith(gen.text)
 
 
-async def test_chat_messages(backend: TransformersBackend) -> None:
+async def test_chat_messages(backend: BatchedEngine) -> None:
     messages = (
         ChatMessage(Role.SYSTEM, (TextPart("You are a helpful assistant."),)),
         ChatMessage(Role.USER, (TextPart("What is your name?"),)),
@@ -220,7 +242,7 @@ async def test_chat_messages(backend: TransformersBackend) -> None:
     assert result.generations[0].output_tokens > 0
 
 
-async def test_images_are_refused_by_field(backend: TransformersBackend) -> None:
+async def test_images_are_refused_by_field(backend: BatchedEngine) -> None:
     messages = (
         ChatMessage(Role.USER, (TextPart("hi"),)),
         ChatMessage(Role.USER, (TextPart("look:"), ImagePart(data=b"\x89PNG", mime_type="image/png"))),
@@ -230,7 +252,7 @@ async def test_images_are_refused_by_field(backend: TransformersBackend) -> None
     assert caught.value.violations[0].field == "messages[1].content[1]"
 
 
-async def test_deadline_ends_with_time_limit(backend: TransformersBackend) -> None:
+async def test_deadline_ends_with_time_limit(backend: BatchedEngine) -> None:
     req = request(stopping=StoppingCriteria(max_tokens=1500), deadline=time.monotonic() + 0.3)
     result = await backend.generate(req)
     gen = result.generations[0]
@@ -239,7 +261,7 @@ async def test_deadline_ends_with_time_limit(backend: TransformersBackend) -> No
 
 
 @pytest.mark.parametrize("name", list(EXAMPLE_CONSTRAINTS))
-async def test_every_constraint_holds(backend: TransformersBackend, name: str) -> None:
+async def test_every_constraint_holds(backend: BatchedEngine, name: str) -> None:
     structured = StructuredOutput(EXAMPLE_CONSTRAINTS[name])
     max_tokens = 200 if name == "json_object" else 60
     result = await backend.generate(
@@ -254,7 +276,7 @@ async def test_every_constraint_holds(backend: TransformersBackend, name: str) -
 
 
 async def test_validated_constraint_retries_then_validates_or_aborts(
-    backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+    backend: BatchedEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """uniqueItems is not enforced by the engine (VALIDATED): bad generations are re-generated."""
     from gengate.engines.batching import request as request_module
@@ -294,7 +316,7 @@ async def test_validated_constraint_retries_then_validates_or_aborts(
     assert all(validate_output(structured, d.text) is None for d in deltas)
 
 
-async def wait_idle(engine: TransformersBackend) -> None:
+async def wait_idle(engine: BatchedEngine) -> None:
     """Waits until sequences cancelled by earlier tests have left the scheduler."""
     for _ in range(200):
         if engine.stats.active == 0 and engine.stats.waiting == 0:
@@ -303,7 +325,7 @@ async def wait_idle(engine: TransformersBackend) -> None:
     raise AssertionError("the scheduler did not become idle")
 
 
-async def test_requests_run_as_real_batches(backend: TransformersBackend) -> None:
+async def test_requests_run_as_real_batches(backend: BatchedEngine) -> None:
     await wait_idle(backend)
     stats = backend.stats
     passes, biggest = stats.forward_passes, stats.max_batch_size
@@ -321,11 +343,12 @@ async def test_requests_run_as_real_batches(backend: TransformersBackend) -> Non
     stats.max_batch_size = max(stats.max_batch_size, biggest)
 
 
+@pytest.mark.parametrize("engine_kind", list(ENGINES))
 async def test_cancellation_frees_the_slot(
-    tiny_model: TinyModelPaths, monkeypatch: pytest.MonkeyPatch
+    tiny_model: TinyModelPaths, monkeypatch: pytest.MonkeyPatch, engine_kind: str
 ) -> None:
     monkeypatch.setenv("GENGATE_CACHE", str(tiny_model.hf_dir.parent.parent))  # `tiny: true` finds it built
-    engine = TransformersBackend("one-slot", TransformersOptions(tiny=True, max_batch_size=1))
+    engine = make_engine(engine_kind, "one-slot", tiny=True, slots=1)
     assert engine.capabilities.context_length == 2048  # declared before loading
     await engine.start()
     try:
@@ -350,9 +373,9 @@ async def test_cancellation_frees_the_slot(
 
 
 @pytest.mark.gpu
-async def test_gpu_batches_and_agrees_with_cpu(
-    tiny_model: TinyModelPaths, backend: TransformersBackend
-) -> None:
+async def test_gpu_batches_and_agrees_with_cpu(tiny_model: TinyModelPaths, backend: BatchedEngine) -> None:
+    if not isinstance(backend, TransformersBackend):
+        pytest.skip("the transformers engine's CUDA device")
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -375,7 +398,7 @@ async def test_gpu_batches_and_agrees_with_cpu(
         await engine.aclose()
 
 
-async def test_empty_prompt_starts_from_bos_and_effective_stopping(backend: TransformersBackend) -> None:
+async def test_empty_prompt_starts_from_bos_and_effective_stopping(backend: BatchedEngine) -> None:
     events = backend.generate_stream(request(prompt="", stopping=StoppingCriteria()))
     start = await anext(events)
     await events.aclose()  # type: ignore[attr-defined]
@@ -384,7 +407,7 @@ async def test_empty_prompt_starts_from_bos_and_effective_stopping(backend: Tran
     assert start.effective_stopping.max_tokens == 2048 - 1  # no max_tokens: up to the context
 
 
-async def test_n_above_max_is_refused(backend: TransformersBackend) -> None:
+async def test_n_above_max_is_refused(backend: BatchedEngine) -> None:
     with pytest.raises(errors.InvalidArgument) as caught:
         await backend.generate(request(n=17))
     assert caught.value.violations[0].field == "n"
