@@ -49,7 +49,7 @@ class ModelConfig:
     options: BaseModel
     max_concurrency: int = 64
     max_queue: int = 1024
-    # Local engines: "process" (own worker process; the default for llamacpp/transformers/vllm)
+    # Local engines: "process" (own worker process; the default for llamacpp/transformers/mlx/vllm)
     # or "inline" (in the server process). None = the kind's default (gengate.workers.factory).
     isolation: str | None = None
     # GPUs: "auto" or explicit NVML indices; "cpu" = no GPU, also for vllm (its CPU build);

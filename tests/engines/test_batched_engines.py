@@ -411,3 +411,26 @@ async def test_n_above_max_is_refused(backend: BatchedEngine) -> None:
     with pytest.raises(errors.InvalidArgument) as caught:
         await backend.generate(request(n=17))
     assert caught.value.violations[0].field == "n"
+
+
+async def test_min_tokens_and_ignore_eos_hold_eos_back(backend: BatchedEngine) -> None:
+    """A generation that ends by EOS early: min_tokens moves the earliest end, ignore_eos removes it."""
+    long = StoppingCriteria(max_tokens=120)
+    early = None
+    for seed in range(40):
+        result = await backend.generate(request(n=4, sampling=SamplingParams(seed=seed), stopping=long))
+        early = next((g for g in result.generations if g.finish_reason is FinishReason.STOP), None)
+        if early is not None:
+            break
+    assert early is not None, "no seed ended by EOS within 120 tokens"
+    sampling = SamplingParams(seed=seed)
+    held = await backend.generate(
+        request(
+            n=4, sampling=sampling, stopping=long, backend_options={"min_tokens": early.output_tokens + 5}
+        )
+    )
+    assert all(g.output_tokens >= early.output_tokens + 5 for g in held.generations)
+    endless = await backend.generate(
+        request(n=4, sampling=sampling, stopping=long, backend_options={"ignore_eos": True})
+    )
+    assert all(g.finish_reason is FinishReason.LENGTH and g.output_tokens == 120 for g in endless.generations)
