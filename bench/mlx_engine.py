@@ -52,7 +52,7 @@ async def start_engine() -> Any:
     """gengate's MlxBackend on the tiny model, in this process, started."""
     from gengate.engines.mlx import MlxBackend, MlxOptions
 
-    backend = MlxBackend("tiny-mlx", MlxOptions(tiny=True, max_concurrency=16))
+    backend = MlxBackend("tiny-mlx", MlxOptions(tiny=True, max_batch_size=16))
     await backend.start()
     return backend
 

@@ -43,7 +43,7 @@ def _transformers(name: str, slots: int = 16, **options: object) -> BatchedEngin
 
 
 def _mlx(name: str, slots: int = 16, **options: object) -> BatchedEngine:
-    return MlxBackend(name, MlxOptions(**options, max_concurrency=slots))  # type: ignore[arg-type]
+    return MlxBackend(name, MlxOptions(**options, max_batch_size=slots))  # type: ignore[arg-type]
 
 
 # engine -> (the module its extra installs, a backend of it with `slots` concurrent generations)

@@ -30,7 +30,7 @@ def test_options_are_mlxllms() -> None:
     with pytest.raises(ValueError, match="revision"):
         MlxOptions(tiny=True, revision="main")
     options = MlxOptions.model_validate({"model": "org/repo", "model_config": {"rope_theta": 1.0}})
-    assert options.model_config_overrides == {"rope_theta": 1.0} and options.max_concurrency == 16
+    assert options.model_config_overrides == {"rope_theta": 1.0} and options.max_batch_size == 16
 
 
 async def greedy_tokens(options: MlxOptions, name: str = "tiny-mlx") -> list[int | None]:

@@ -48,7 +48,7 @@ class MlxOptions(BaseModel):
     chat_template: str | None = None
     revision: str | None = Field(default=None, min_length=1, description="Branch, tag or commit of a hub id.")
     trust_remote_code: bool = Field(default=False, strict=True)
-    max_concurrency: int = Field(
+    max_batch_size: int = Field(
         default=16, ge=1, description="Generations stepped together in one forward pass at most."
     )
     max_n: int = Field(default=16, ge=1)
@@ -122,7 +122,7 @@ class MlxBackend(BatchedEngine):
         eos = frozenset(int(t) for t in wrapper.eos_token_ids)
         ll_tokenizer = make_ll_tokenizer_from_hf(tokenizer, n_vocab=max(logits_size, len(tokenizer)))
         compiler = ConstraintCompiler(ll_tokenizer, f"mlx:{source}")
-        scheduler = BatchScheduler(MlxBatch(model), max_batch_size=options.max_concurrency, engine="mlx")
+        scheduler = BatchScheduler(MlxBatch(model), max_batch_size=options.max_batch_size, engine="mlx")
         return Loaded(
             tokenizer=tokenizer,
             scheduler=scheduler,
