@@ -17,26 +17,21 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from common import PROMPT, RunStats, gengate_server, print_ratios, print_table, run_interleaved
+from common import (
+    PROMPT,
+    SCHEMA,
+    Call,
+    RunStats,
+    gengate_server,
+    print_ratios,
+    print_table,
+    run_interleaved,
+)
 
 MAX_TOKENS = 32
 BATCH = 16
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "title": {"type": "string"},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "rating": {"type": "integer"},
-        "summary": {"type": "string"},
-    },
-    "required": ["title", "tags", "rating", "summary"],
-}
-
-Call = Callable[[int], Awaitable[int]]
-Pair = tuple[RunStats, RunStats]
 
 
 def engine_call(backend: Any, *, schema: dict[str, Any] | None = None) -> Call:

@@ -194,3 +194,17 @@ def context_length_from_folder(model: str | None) -> int:
     except (OSError, ValueError):
         return 0
     return context_length_of(config) if isinstance(config, dict) else 0
+
+
+def model_source(model: str | None, tiny: bool) -> tuple[str, bool]:
+    """Where a batched engine loads its model from: (folder or hub id, whether it is a local
+    folder). `tiny: true` builds (or reuses) the tiny test model's Hugging Face folder."""
+    if tiny:
+        from gengate.models.tiny import build_tiny_model, default_tiny_dir
+
+        return str(build_tiny_model(default_tiny_dir()).hf_dir), True
+    assert model is not None
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return str(path), True
+    return model, False
