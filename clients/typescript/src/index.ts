@@ -17,12 +17,13 @@ export {
   type ListJobsOptions,
   type ResultsOptions,
 } from "./jobs.js";
-export { Code, GengateError, InvalidOutputError, type FieldViolation } from "./errors.js";
+export { Code, GengateError, InvalidOutputError, TruncatedOutputError, type FieldViolation } from "./errors.js";
 export {
   choice,
   jsonObject,
   jsonSchema,
   larkGrammar,
+  parseGeneration,
   parseWithZod,
   regex,
   schemaFromZod,
