@@ -343,10 +343,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return asyncio.run(_demo())
 
 
+def version_line() -> str:
+    """`gengate --version`: the server package's version and the contract it serves."""
+    from importlib.metadata import version
+
+    return f"gengate {version('gengate')} (contract gengate.v1)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gengate", description="One gRPC service for text and typed output."
     )
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the server until SIGINT/SIGTERM")

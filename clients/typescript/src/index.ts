@@ -33,3 +33,4 @@ export { tracingInterceptor, type TracingOptions } from "./tracing.js";
 export * from "./gen/gengate/v1/generation_pb.js";
 export * from "./gen/gengate/v1/types_pb.js";
 export * from "./gen/gengate/v1/jobs_pb.js";
+export { VERSION } from "./version.js";
