@@ -38,6 +38,35 @@ async def test_second_compile_is_a_cache_hit(compiler: ConstraintCompiler) -> No
     assert compiler.stats.lowerings == 2
 
 
+async def test_schemas_differing_only_in_annotations_share_one_compile(compiler: ConstraintCompiler) -> None:
+    def person(**annotations: object) -> StructuredOutput:
+        name = {"type": "string", **annotations}
+        # a property called "description" is data, not an annotation: it must stay in the key
+        schema = {
+            "type": "object",
+            "properties": {"name": name, "description": {"type": "string"}},
+            **annotations,
+        }
+        return StructuredOutput(JsonSchemaConstraint(schema))
+
+    plain = person()
+    first = await compiler.compile(plain)
+    described = person(title="Person", description="Someone", examples=["x"], **{"$comment": "c"})
+    second = await compiler.compile(described)
+    assert compiler.stats.lowerings == 1 and compiler.stats.hits == 1
+    assert second.structured is described and first.structured is plain  # each reports its own
+    assert second.grammar == first.grammar
+    without_property = StructuredOutput(
+        JsonSchemaConstraint({"type": "object", "properties": {"name": {"type": "string"}}})
+    )
+    await compiler.compile(without_property)
+    assert compiler.stats.lowerings == 2  # a real difference still compiles anew
+    tighter = person(description="Someone", maxLength=3)
+    matcher = (await compiler.compile(tighter)).new_matcher()
+    assert compiler.stats.lowerings == 3  # maxLength is a keyword, not an annotation
+    assert matcher is not None
+
+
 async def test_concurrent_compiles_of_one_constraint_share_the_work(compiler: ConstraintCompiler) -> None:
     structured = StructuredOutput(ChoiceConstraint(("red", "green")))
     results = await asyncio.gather(*(compiler.compile(structured) for _ in range(5)))

@@ -18,6 +18,7 @@ The functions at the end are what other modules call; each asks the kind's spec.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from abc import ABC, abstractmethod
@@ -29,6 +30,7 @@ from gengate import errors
 from gengate.constraints import lowering, syntax, validation
 from gengate.constraints.lowering import LoweredConstraint
 from gengate.constraints.regex_dialect import ascii_shorthands
+from gengate.constraints.schemas import without_annotations
 from gengate.domain import (
     ChoiceConstraint,
     Constraint,
@@ -93,6 +95,10 @@ class ConstraintSpec(ABC, Generic[C]):
     def weight(self, constraint: C) -> int:
         """About the grammar-engine states the compiled constraint holds, for weighing caches."""
         return 1
+
+    def cache_fields(self, constraint: C) -> dict[str, Any]:
+        """The constraint's fields as a compile cache keys them: what can change the grammar."""
+        return {f.name: getattr(constraint, f.name) for f in dataclasses.fields(constraint)}
 
     def check_shape(self, structured: StructuredOutput, caps: ModelCapabilities) -> None:
         """Refuses a constraint malformed on its face (empty, or options it cannot take); cheap,
@@ -174,6 +180,11 @@ class JsonSchemaSpec(ConstraintSpec[JsonSchemaConstraint]):
             if found:
                 return found
         return []
+
+    def cache_fields(self, constraint: JsonSchemaConstraint) -> dict[str, Any]:
+        # Annotations (title, description, examples, ...) never change the grammar: schemas that
+        # differ only in them share one compile.
+        return {**super().cache_fields(constraint), "schema": without_annotations(constraint.schema)}
 
     def weight(self, constraint: JsonSchemaConstraint) -> int:
         schema = constraint.schema
@@ -522,6 +533,11 @@ def field_of(kind: ConstraintKind) -> str:
 def constraint_violations(constraint: Constraint, limits: RequestLimits) -> list[FieldViolation]:
     """Size, count, nesting and expansion limits of one constraint (gengate.checks asks)."""
     return spec_of(constraint).limit_violations(constraint, limits)
+
+
+def cache_fields(constraint: Constraint) -> dict[str, Any]:
+    """A constraint's fields as compile caches key them (its spec's `cache_fields`)."""
+    return spec_of(constraint).cache_fields(constraint)
 
 
 def constraint_weight(constraint: Constraint) -> int:

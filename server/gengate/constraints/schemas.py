@@ -28,6 +28,25 @@ LIST_VALUED = ("allOf", "anyOf", "oneOf", "prefixItems")
 MAP_VALUED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
+# Annotation keywords (JSON Schema 2020-12 meta-data, plus $comment): they describe, they never
+# change what validates, so two schemas differing only in them enforce the same language.
+ANNOTATIONS = frozenset(
+    {"title", "description", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
+)
+
+
+def without_annotations(schema: Any) -> Any:
+    """The schema with annotation keywords removed from every subschema (property *names* such as
+    `description` under `properties` stay: they are data, not keywords). Untouched nodes are shared."""
+
+    def strip(node: dict[str, Any]) -> dict[str, Any]:
+        if ANNOTATIONS.isdisjoint(node):
+            return node
+        return {key: value for key, value in node.items() if key not in ANNOTATIONS}
+
+    return rewrite(schema, strip)
+
+
 def escape(token: str) -> str:
     """A key as a JSON Pointer reference token."""
     return token.replace("~", "~0").replace("/", "~1")
