@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
 import socket
 import sys
 import time
@@ -43,6 +43,7 @@ from gengate.cli_options import (
     generate_kwargs,
     print_rpc_error,
 )
+from gengate.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 
 
 def _frame_json(frame: StreamFrame) -> str:
@@ -164,7 +165,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gengate.config import load_config
     from gengate.errors import ConfigError
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -355,6 +356,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gengate", description="One gRPC service for text and typed output."
     )
     parser.add_argument("--version", action="version", version=version_line())
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=os.environ.get("GENGATE_LOG_LEVEL", "INFO").upper(),
+        help="server log level (default INFO, or $GENGATE_LOG_LEVEL); workers log WARNING and up, "
+        "everything at DEBUG",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=os.environ.get("GENGATE_LOG_FORMAT", "text"),
+        help="text, or json: one object per line with time, level, logger, message, request_id, model, "
+        "caller (default text, or $GENGATE_LOG_FORMAT); workers log in the same format",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the server until SIGINT/SIGTERM")
