@@ -33,10 +33,8 @@ def about_request(request_id: str | None, model: str) -> Iterator[None]:
     try:
         yield
     finally:
-        try:
+        with contextlib.suppress(ValueError):  # a stream closed from another task's context
             _request.reset(token)
-        except ValueError:  # a stream closed from another task's context: nothing left to undo there
-            _request.set(None)
 
 
 class RequestContext(logging.Filter):
@@ -93,8 +91,13 @@ class JsonFormatter(logging.Formatter):
         worker = getattr(record, "worker", None) or self.worker
         if worker:
             line["worker"] = worker
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
+        # exc_text and stack_info as the redacting filter left them (secrets out, length bounded)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = record.stack_info
         return json.dumps(line, ensure_ascii=False)
 
 
@@ -131,7 +134,8 @@ def worker_log_level() -> str:
 
 def forward_worker_line(worker: str, text: str) -> bool:
     """Logs a worker's JSON log line (`--log-format json`) in the server's log at its own level,
-    with its logger, request, model and caller; False when the line is not one."""
+    under `gengate.worker.<model>`, with its request, model and caller as bounded strings (a
+    worker's line cannot pick the server's loggers or forge lines); False when it is not one."""
     if not text.startswith("{"):
         return False
     try:
@@ -143,9 +147,18 @@ def forward_worker_line(worker: str, text: str) -> bool:
     level = logging.getLevelName(str(data.get("level", "")))
     if not isinstance(level, int):
         return False
-    fields = {key: data.get(key) for key in ("request_id", "model", "caller")}
-    message = data["message"] + (f"\n{data['exception']}" if data.get("exception") else "")
-    logging.getLogger(str(data.get("logger", "gengate.worker"))).log(
-        level, "%s", message, extra={**fields, "worker": worker}
+    fields = {key: _field(data.get(key)) for key in ("request_id", "model", "caller")}
+    message = f"{_field(data.get('logger'), 200) or '?'}: {data['message']}"
+    if data.get("exception"):
+        message += f"\n{data['exception']}"
+    logging.getLogger(f"gengate.worker.{worker}").log(
+        level, "%s", message.replace("\r", "\\r").replace("\n", "\n  "), extra={**fields, "worker": worker}
     )
     return True
+
+
+def _field(value: object, limit: int = 128) -> str | None:
+    """A worker-given field as one bounded line of text (None when absent)."""
+    if value is None or value == "":
+        return None
+    return " ".join(str(value).split())[:limit]

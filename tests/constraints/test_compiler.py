@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from gengate import errors
-from gengate.constraints import ConstraintCompiler, kinds, lowering
+from gengate.constraints import ConstraintCompiler, constraint_key, kinds, lowering
 from gengate.domain import (
     ChoiceConstraint,
     Enforcement,
@@ -31,7 +31,7 @@ async def test_second_compile_is_a_cache_hit(compiler: ConstraintCompiler) -> No
     structured = StructuredOutput(RegexConstraint("[ab]{2}"))
     first = await compiler.compile(structured)
     second = await compiler.compile(StructuredOutput(RegexConstraint("[ab]{2}")))
-    assert second is first
+    assert second.lowered is first.lowered  # one compile, shared
     assert compiler.stats.lowerings == 1
     assert (compiler.stats.hits, compiler.stats.misses) == (1, 1)
     await compiler.compile(StructuredOutput(RegexConstraint("[ab]{3}")))
@@ -65,6 +65,23 @@ async def test_schemas_differing_only_in_annotations_share_one_compile(compiler:
     matcher = (await compiler.compile(tighter)).new_matcher()
     assert compiler.stats.lowerings == 3  # maxLength is a keyword, not an annotation
     assert matcher is not None
+
+
+def test_only_compile_keys_leave_annotations_out() -> None:
+    """The sandbox keys its metaschema verdicts on the whole schema: `title: 5` is invalid there,
+    and must not share a verdict with the valid schema it otherwise equals."""
+    clean = StructuredOutput(JsonSchemaConstraint({"type": "string"}))
+    titled = StructuredOutput(JsonSchemaConstraint({"type": "string", "title": 5}))
+    assert constraint_key(clean, grammar_only=True) == constraint_key(titled, grammar_only=True)
+    assert constraint_key(clean) != constraint_key(titled)
+
+
+def test_a_ref_into_an_annotation_keeps_the_annotation_in_the_key() -> None:
+    def pointing(kind: str) -> StructuredOutput:
+        return StructuredOutput(JsonSchemaConstraint({"examples": [{"type": kind}], "$ref": "#/examples/0"}))
+
+    integer, string = pointing("integer"), pointing("string")
+    assert constraint_key(integer, grammar_only=True) != constraint_key(string, grammar_only=True)
 
 
 async def test_concurrent_compiles_of_one_constraint_share_the_work(compiler: ConstraintCompiler) -> None:

@@ -67,6 +67,5 @@ async def test_share_devices_lets_them_share_and_says_so(
         await make_server({"models": [gpu_model("b", share_devices=True)]})
     held = {lease.model: lease.devices for lease in node.leases()}
     assert set(held["b"]) <= set(held["a"])
-    assert any("b" in r.getMessage() and "shar" in r.getMessage().lower() for r in caplog.records), [
-        r.getMessage() for r in caplog.records
-    ]
+    shared = [r.getMessage() for r in caplog.records if "shares GPU" in r.getMessage()]
+    assert shared and "model 'b'" in shared[0], [r.getMessage() for r in caplog.records]

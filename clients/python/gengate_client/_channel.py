@@ -33,7 +33,8 @@ class LoopChannel:
         return stub
 
     async def close(self) -> None:
-        """Closes the channel if it belongs to the running loop (a closed loop took its own)."""
+        """Closes the channel if it belongs to the running loop; one made in another loop is only
+        dropped (grpc.aio closes it when it is collected). A later call makes a new one."""
         channel, loop = self._channel, self._loop
         self._channel, self._loop, self._stubs = None, None, {}
         if channel is not None and loop is asyncio.get_running_loop():

@@ -59,15 +59,16 @@ class CompilerStats:
     misses: int = 0
 
 
-def constraint_key(structured: StructuredOutput) -> str:
+def constraint_key(structured: StructuredOutput, *, grammar_only: bool = False) -> str:
     """Canonical text of a structured-output request (constraint and options), for cache keys.
 
     Key order is kept (a schema's property order is the order it is generated in), and nothing is
-    copied on the way (dataclasses.asdict would deep-copy a large schema first). A JSON Schema's
-    annotations (title, description, examples, ...) are left out: they never change what the
-    grammar allows, so schemas that differ only in them share one compile.
+    copied on the way (dataclasses.asdict would deep-copy a large schema first). `grammar_only`
+    (compile caches): a JSON Schema's annotations (title, description, examples, ...) are left
+    out, as they never change what the grammar allows; caches of checks that read them (the
+    sandbox's metaschema verdicts) keep the whole schema.
     """
-    fields = kinds.cache_fields(structured.constraint)
+    fields = kinds.cache_fields(structured.constraint, grammar_only=grammar_only)
     payload = [fields, structured.whitespace, structured.additional_properties]
 
     def default(value: Any) -> Any:
@@ -80,9 +81,11 @@ def constraint_key(structured: StructuredOutput) -> str:
 
 def _for_request(compiled: CompiledConstraint, structured: StructuredOutput) -> CompiledConstraint:
     """A compile shared by schemas that differ only in annotations, carrying this request's own."""
-    if compiled.structured is structured or compiled.structured == structured:
-        return compiled
-    return dataclasses.replace(compiled, structured=structured)
+    return (
+        compiled
+        if compiled.structured is structured
+        else dataclasses.replace(compiled, structured=structured)
+    )
 
 
 class ConstraintCompiler:
@@ -121,7 +124,7 @@ class ConstraintCompiler:
 
     async def compile(self, structured: StructuredOutput) -> CompiledConstraint:
         """The compiled constraint, or InvalidArgument naming the field and what is wrong."""
-        key = (self.tokenizer_key, constraint_key(structured))
+        key = (self.tokenizer_key, constraint_key(structured, grammar_only=True))
         hit = self._cache.get(key)
         if hit is not None:
             self.stats.hits += 1

@@ -96,8 +96,9 @@ class ConstraintSpec(ABC, Generic[C]):
         """About the grammar-engine states the compiled constraint holds, for weighing caches."""
         return 1
 
-    def cache_fields(self, constraint: C) -> dict[str, Any]:
-        """The constraint's fields as a compile cache keys them: what can change the grammar."""
+    def cache_fields(self, constraint: C, *, grammar_only: bool = False) -> dict[str, Any]:
+        """The constraint's fields as a cache keys them. `grammar_only`: what can change the
+        compiled grammar (for compile caches), not what a schema check reads."""
         return {f.name: getattr(constraint, f.name) for f in dataclasses.fields(constraint)}
 
     def check_shape(self, structured: StructuredOutput, caps: ModelCapabilities) -> None:
@@ -181,10 +182,11 @@ class JsonSchemaSpec(ConstraintSpec[JsonSchemaConstraint]):
                 return found
         return []
 
-    def cache_fields(self, constraint: JsonSchemaConstraint) -> dict[str, Any]:
-        # Annotations (title, description, examples, ...) never change the grammar: schemas that
-        # differ only in them share one compile.
-        return {**super().cache_fields(constraint), "schema": without_annotations(constraint.schema)}
+    def cache_fields(self, constraint: JsonSchemaConstraint, *, grammar_only: bool = False) -> dict[str, Any]:
+        fields = super().cache_fields(constraint)
+        if grammar_only:  # annotations (title, description, ...) never change the grammar
+            fields["schema"] = without_annotations(constraint.schema)
+        return fields
 
     def weight(self, constraint: JsonSchemaConstraint) -> int:
         schema = constraint.schema
@@ -535,9 +537,9 @@ def constraint_violations(constraint: Constraint, limits: RequestLimits) -> list
     return spec_of(constraint).limit_violations(constraint, limits)
 
 
-def cache_fields(constraint: Constraint) -> dict[str, Any]:
-    """A constraint's fields as compile caches key them (its spec's `cache_fields`)."""
-    return spec_of(constraint).cache_fields(constraint)
+def cache_fields(constraint: Constraint, *, grammar_only: bool = False) -> dict[str, Any]:
+    """A constraint's fields as caches key them (its spec's `cache_fields`)."""
+    return spec_of(constraint).cache_fields(constraint, grammar_only=grammar_only)
 
 
 def constraint_weight(constraint: Constraint) -> int:
