@@ -253,7 +253,7 @@ async def test_images_are_refused_by_field(backend: BatchedEngine) -> None:
     )
     with pytest.raises(errors.InvalidArgument) as caught:
         await backend.generate(GenerationRequest(model="tiny-hf", messages=messages))
-    assert caught.value.violations[0].field == "messages[1].content[1]"
+    assert caught.value.violations[0].field == "messages[1].content[1].image"
 
 
 async def test_deadline_ends_with_time_limit(backend: BatchedEngine) -> None:
