@@ -47,3 +47,14 @@ def _error_for(request: GenerationRequest) -> Exception:
     if request.prompt == "busy":
         return errors.Unavailable(f"engine busy {where}", reason="ENGINE_BUSY", retry_after_s=3)
     return ValueError(f"a bug {where}")
+
+
+class StartGateEngine(ScriptedBackend):
+    """Fails to start while the file named by $GENGATE_TEST_START_GATE exists: a restart that
+    fails until the test lets it succeed."""
+
+    async def start(self) -> None:
+        gate = os.environ.get("GENGATE_TEST_START_GATE", "")
+        if gate and os.path.exists(gate):
+            raise RuntimeError(f"start gate {gate} is closed")
+        await super().start()

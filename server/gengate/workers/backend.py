@@ -392,6 +392,8 @@ class WorkerBackend:
         self._set_serving(False)
         code = await self._exit_code(worker, wait_s=0.5)
         _kill_process_group(worker.pid)
+        if time.monotonic() - worker.started_at >= self._stable_after_s:
+            self._backoff = self._backoff_initial  # first, so the calls' RetryInfo is the real delay
         failure = errors.Unavailable(
             f"the worker of model {self.name!r} died ({_describe_exit(code)}); the model is restarting",
             reason="WORKER_DIED",
@@ -414,8 +416,6 @@ class WorkerBackend:
             _describe_exit(code),
             worker.output_tail(10),
         )
-        if time.monotonic() - worker.started_at >= self._stable_after_s:
-            self._backoff = self._backoff_initial
         self._restart_task = asyncio.create_task(self._restart())
 
     async def _restart(self) -> None:
