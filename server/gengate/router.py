@@ -116,6 +116,7 @@ class Slots:
     async def _wait_background(self) -> None:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._background.append(waiter)
+        self._wake_when_quiet()  # arriving in a quiet period: nothing else would wake it at its end
         try:
             await waiter
         except asyncio.CancelledError:
@@ -177,6 +178,10 @@ class Slots:
                 self._free -= 1
                 self.background_active += 1
                 background.set_result(None)
+        self._wake_when_quiet()
+
+    def _wake_when_quiet(self) -> None:
+        """Background work waits for the quiet period's end: a timer dispatches it then."""
         if self._background and self._timer is None and time.monotonic() < self._quiet_at:
             delay = self._quiet_at - time.monotonic()
             self._timer = asyncio.get_running_loop().call_later(delay, self._quiet)

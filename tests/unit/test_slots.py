@@ -168,3 +168,14 @@ async def test_a_full_queue_lets_a_higher_priority_call_displace_the_lowest_wait
     slots.release()
     await pinned
     slots.release()
+
+
+async def test_background_work_arriving_in_a_quiet_period_starts_when_it_ends() -> None:
+    slots = Slots(4, quiet_s=0.05, busy_background=0, idle_background=4)
+    await slots.acquire()
+    slots.release()  # the last call ended: quiet for quiet_s, no job item may start meanwhile
+    item = asyncio.create_task(slots.acquire(background=True))
+    await asyncio.sleep(0)
+    assert not item.done()
+    await item  # woken by the quiet period's end, not by another call (none comes)
+    assert slots.background_active == 1
