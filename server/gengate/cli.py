@@ -161,10 +161,14 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from gengate.callers.logs import install_caller_logging
     from gengate.config import load_config
     from gengate.errors import ConfigError
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s [%(caller)s]: %(message)s"
+    )
+    install_caller_logging()  # every record gets the `caller` the format prints
     try:
         config = load_config(args.config)
     except ConfigError as exc:
