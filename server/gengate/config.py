@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gengate.callers.config import CallerConfig, parse_callers
 from gengate.errors import ConfigError
@@ -118,12 +118,24 @@ class ServerSettings(BaseModel):
     # SIGTERM: health goes NOT_SERVING, new calls are refused (UNAVAILABLE, DRAINING) and calls
     # in flight get this long to finish (deploy/helm: terminationGracePeriodSeconds follows it).
     drain_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    # Where callers' per-minute windows live: None = this process; redis://host:port/db = shared
+    # by every replica using it (callers/shared.py). A replica that loses Redis serves with local
+    # windows and says so (health `gengate.limits`), or refuses calls with `state_fail_closed`.
+    state: str | None = None
+    state_fail_closed: bool = False
     # A call waiting for a model's slot gains one priority point per this many seconds waited,
     # so a low-priority caller still progresses under a stream of higher-priority calls.
     priority_aging_s: float = Field(default=1.0, gt=0)
     # What one request may ask for, checked before any work (gengate.limits; README "Limits").
     limits: RequestLimits = Field(default_factory=RequestLimits)
     jobs: JobSettings = Field(default_factory=JobSettings)
+
+    @field_validator("state")
+    @classmethod
+    def _state_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://host:port/db (or rediss://, unix://) URL")
+        return value
 
     @model_validator(mode="after")
     def _tls_pairs(self) -> ServerSettings:

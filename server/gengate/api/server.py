@@ -23,6 +23,7 @@ from gengate.backend import ReportsHealth
 from gengate.callers.identity import CallerDirectory
 from gengate.callers.limits import Admission
 from gengate.callers.logs import install_caller_logging
+from gengate.callers.shared import RedisLimits, open_state
 from gengate.config import ServerConfig, ServerSettings
 from gengate.errors import ConfigError
 from gengate.jobs.runner import JobRunner, RunnerSettings
@@ -36,6 +37,11 @@ log = logging.getLogger("gengate")
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name
 JOBS_SERVICE_NAME = jobs_pb2.DESCRIPTOR.services_by_name["BatchJobService"].full_name
+
+
+# Health of the shared quota state (server.state): NOT_SERVING while Redis is lost. Open, like
+# overall health: it tells no caller anything about models.
+LIMITS_HEALTH_NAME = "gengate.limits"
 
 
 def model_health_name(model: str) -> str:
@@ -172,8 +178,9 @@ async def start_server(
             *_connection_age_options(settings),
         ],
     )
+    state = open_state(settings.state, fail_closed=settings.state_fail_closed)
     core = GenerationCore(
-        router, max_batch_items=settings.max_batch_items, limits=settings.limits, admission=Admission()
+        router, max_batch_items=settings.max_batch_items, limits=settings.limits, admission=Admission(state)
     )
     servicer = GenerationServicer(core, default_timeout_s=settings.request_timeout_s)
     add_to_server(servicer, server)
@@ -202,7 +209,7 @@ async def start_server(
                 jobs_pb2.DESCRIPTOR.services_by_name["BatchJobService"].full_name)  # fmt: skip
     # Overall and service health stay open for probes; a single model's needs the caller token.
     health_servicer = GuardedHealthServicer(
-        directory, open_names=("", SERVICE_NAME), model_prefix=model_health_name("")
+        directory, open_names=("", SERVICE_NAME, LIMITS_HEALTH_NAME), model_prefix=model_health_name("")
     )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -236,6 +243,8 @@ async def start_server(
     for route in router.routes:
         await health_servicer.set(model_health_name(route.name), serving)
         _watch_model_health(route.backend, route.name, health_servicer)
+    if isinstance(state, RedisLimits):
+        await _watch_shared_state(state, health_servicer)
     return RunningServer(
         server=server,
         router=router,
@@ -265,6 +274,24 @@ def _watch_model_health(backend: object, name: str, servicer: health.aio.HealthS
         )
 
     backend.add_serving_listener(changed)
+
+
+async def _watch_shared_state(state: RedisLimits, servicer: health.aio.HealthServicer) -> None:
+    """`gengate.limits` follows whether the shared quota state answers (checked at start, then
+    by every call that uses it)."""
+    loop = asyncio.get_running_loop()
+
+    def changed(shared: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if shared else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        loop.call_soon(lambda: asyncio.ensure_future(servicer.set(LIMITS_HEALTH_NAME, status)))
+
+    state.on_change = changed
+    shared = await state.ping()
+    status = health_pb2.HealthCheckResponse.SERVING if shared else health_pb2.HealthCheckResponse.NOT_SERVING
+    await servicer.set(LIMITS_HEALTH_NAME, status)
+    log.info("limits: callers' per-minute windows %s", state.status())
 
 
 def serve(config: ServerConfig, host: str | None = None, port: int | None = None) -> None:
