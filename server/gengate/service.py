@@ -11,8 +11,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 
 from gengate.backend import aclose_stream
 from gengate.callers.context import current_policy
@@ -181,21 +182,24 @@ class GenerationCore:
         as the stream tells them (input at the start, output at each generation's end)."""
         arrived = time.monotonic()
         admitted = await self._admit(request, wait=False)
-        if admitted is None:
-            async for event in self._stream(request, arrived):
-                yield event
-            return
-        try:
-            async for event in self._stream(request, arrived):
-                if isinstance(event, StreamStart):
-                    await admitted.charge(event.input_tokens)
-                elif isinstance(event, GenerationEnd):
-                    await admitted.charge(event.usage.output_tokens)
-                yield event
-        finally:
-            admitted.release()
+        # aclosing: a stream dropped by its caller closes the inner one here, in this task, at
+        # once (not later from the event loop's finalizer, in another task).
+        async with aclosing(self._stream(request, arrived)) as events:
+            if admitted is None:
+                async for event in events:
+                    yield event
+                return
+            try:
+                async for event in events:
+                    if isinstance(event, StreamStart):
+                        await admitted.charge(event.input_tokens)
+                    elif isinstance(event, GenerationEnd):
+                        await admitted.charge(event.usage.output_tokens)
+                    yield event
+            finally:
+                admitted.release()
 
-    async def _stream(self, request: GenerationRequest, arrived: float) -> AsyncIterator[StreamEvent]:
+    async def _stream(self, request: GenerationRequest, arrived: float) -> AsyncGenerator[StreamEvent, None]:
         route, request = await self._prepare(request)
         if request.magpie is not None:
             raise Unimplemented(

@@ -11,6 +11,7 @@ callers configured, requests are deserialized only once the caller is known.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -112,8 +113,10 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
             async def call_stream(raw: Any, context: Context) -> AsyncIterator[Any]:
                 await admit(context)
                 try:
-                    async for item in stream(parsed(raw), context):
-                        yield item
+                    # aclosing: a dropped stream closes the handler's generator here, at once.
+                    async with aclosing(stream(parsed(raw), context)) as items:
+                        async for item in items:
+                            yield item
                 finally:
                     drain.leave()
 
@@ -139,8 +142,9 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
         async def call_both(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
             await admit(context)
             try:
-                async for item in both(each_parsed(requests), context):
-                    yield item
+                async with aclosing(both(each_parsed(requests), context)) as items:
+                    async for item in items:
+                        yield item
             finally:
                 drain.leave()
 
