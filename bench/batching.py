@@ -3,7 +3,9 @@
 (1) transformers engine (`tiny: true`, in-process): 16 concurrent requests, which its scheduler
     steps together, vs the same 16 one after another. Ratio = batched / sequential tokens/s.
 (2) the same through a `gengate serve` subprocess and `gengate_client.AsyncClient`.
-(3) llama.cpp tiny engine: a JSON Schema request vs the same unconstrained request.
+(3) llama.cpp tiny engine, then the 32k-vocabulary benchmark model (models.tiny.BENCH_32K, where
+    the mask over the vocabulary costs what it does on real models): a JSON Schema request vs
+    the same unconstrained request.
     Ratio = constrained / unconstrained tokens/s (the grammar engine's per-token cost; the
     schema is compiled once and cached, its first compile is timed on its own).
 
@@ -17,26 +19,21 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from common import PROMPT, RunStats, gengate_server, print_ratios, print_table, run_interleaved
+from common import (
+    PROMPT,
+    SCHEMA,
+    Call,
+    RunStats,
+    gengate_server,
+    print_ratios,
+    print_table,
+    run_interleaved,
+)
 
 MAX_TOKENS = 32
 BATCH = 16
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "title": {"type": "string"},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "rating": {"type": "integer"},
-        "summary": {"type": "string"},
-    },
-    "required": ["title", "tags", "rating", "summary"],
-}
-
-Call = Callable[[int], Awaitable[int]]
-Pair = tuple[RunStats, RunStats]
 
 
 def engine_call(backend: Any, *, schema: dict[str, Any] | None = None) -> Call:
@@ -110,17 +107,32 @@ async def run_transformers_server(rounds: int) -> list[RunStats]:
             return await batching_pairs(client_call(client, "tiny-hf"), rounds, "server")
 
 
-async def run_constraints(requests: int, rounds: int) -> tuple[list[RunStats], float]:
+def bench_32k_gguf() -> str:
+    """The 32k-vocabulary benchmark model (models.tiny.BENCH_32K), built once beside the tiny one."""
+    from gengate.models.tiny import BENCH_32K, build_tiny_model, default_tiny_dir
+
+    return str(build_tiny_model(default_tiny_dir().parent / "bench-32k", config=BENCH_32K).gguf_path)
+
+
+async def run_constraints(
+    requests: int, rounds: int, gguf: str | None = None
+) -> tuple[list[RunStats], float]:
+    """JSON Schema vs unconstrained on llama.cpp: the tiny model, or the GGUF at `gguf`."""
     from gengate.engines.llamacpp import LlamaCppBackend, LlamaCppOptions
 
-    backend = LlamaCppBackend("tiny", LlamaCppOptions(tiny=True))
+    vocab = "tiny" if gguf is None else "32k"
+    options = LlamaCppOptions(tiny=True) if gguf is None else LlamaCppOptions(path=gguf)
+    backend = LlamaCppBackend(vocab, options)
     await backend.start()
     try:
         constrained = engine_call(backend, schema=SCHEMA)
         started = time.perf_counter()
         await constrained(0)  # compiles the schema; later requests hit the compiler's cache
         first_s = time.perf_counter() - started
-        variants = [("llama.cpp unconstrained", engine_call(backend)), ("llama.cpp JSON schema", constrained)]
+        variants = [
+            (f"llama.cpp {vocab} unconstrained", engine_call(backend)),
+            (f"llama.cpp {vocab} JSON schema", constrained),
+        ]
         rows = await run_interleaved(variants, requests, 1, rounds)
     finally:
         await backend.aclose()
@@ -143,6 +155,10 @@ async def run(args: argparse.Namespace) -> None:
     print_table(f"llama.cpp tiny engine: JSON schema vs none, max_tokens {MAX_TOKENS}", constraint_rows)
     print(f"  first JSON-schema request (compiles the grammar): {1000 * first_s:.1f} ms")
     summary += print_ratios([(constraint_rows[1], constraint_rows[0])])
+    rows_32k, first_32k = await run_constraints(requests, rounds, bench_32k_gguf())
+    print_table(f"llama.cpp 32k-vocabulary model: JSON schema vs none, max_tokens {MAX_TOKENS}", rows_32k)
+    print(f"  first JSON-schema request (compiles the grammar): {1000 * first_32k:.1f} ms")
+    summary += print_ratios([(rows_32k[1], rows_32k[0])])
     print(f"\nSUMMARY throughput ratios: {', '.join(summary)}")
 
 

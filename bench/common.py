@@ -26,6 +26,17 @@ from tqdm import tqdm
 REPO = Path(__file__).resolve().parent.parent
 # About 16 tokens of the tiny model's tokenizer (it was trained on this kind of English).
 PROMPT = "Please write a short story about a robot who learns to paint in a quiet town."
+# A JSON Schema the constrained benchmarks ask for (batching.py, mlx_engine.py).
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "rating": {"type": "integer"},
+        "summary": {"type": "string"},
+    },
+    "required": ["title", "tags", "rating", "summary"],
+}
 
 
 @dataclass
@@ -226,3 +237,7 @@ def _wait_serving(proc: subprocess.Popen[str], log: Any, timeout_s: float) -> st
             break
     log.seek(0)
     raise RuntimeError(f"gengate serve did not start (exit {proc.poll()}):\n{log.read()[-3000:]}")
+
+
+Call = Callable[[int], Awaitable[int]]  # one request numbered i; returns its output tokens
+Pair = tuple[RunStats, RunStats]  # (measured, its peer)

@@ -21,28 +21,24 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from common import PROMPT, RunStats, print_ratios, print_table, run_concurrent, run_interleaved
+from common import (
+    PROMPT,
+    SCHEMA,
+    Call,
+    Pair,
+    RunStats,
+    print_ratios,
+    print_table,
+    run_concurrent,
+    run_interleaved,
+)
 
 MAX_TOKENS = 32
 TEMPERATURE = 1.0
 CONCURRENCY = (1, 4)
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "title": {"type": "string"},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "rating": {"type": "integer"},
-        "summary": {"type": "string"},
-    },
-    "required": ["title", "tags", "rating", "summary"],
-}
-
-Call = Callable[[int], Awaitable[int]]
-Pair = tuple[RunStats, RunStats]
 
 
 # -- gengate --------------------------------------------------------------------------------

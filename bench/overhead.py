@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from common import PROMPT, RunStats, gengate_server, print_ratios, print_table, run_interleaved
+from common import PROMPT, Pair, RunStats, gengate_server, print_ratios, print_table, run_interleaved
 
 MAX_TOKENS = 32
 SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
@@ -169,8 +169,6 @@ def start_peer() -> tuple[subprocess.Popen[str], str]:
 
 
 # -- the runs ------------------------------------------------------------------------------
-
-Pair = tuple[RunStats, RunStats]  # (measured, its peer)
 
 
 def raw_stub_unary(channel: grpc.aio.Channel) -> Callable[[int], Awaitable[int]]:

@@ -15,7 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-from gengate_client import Choice, Client, GengateError, Grammar, JsonObject, JsonSchema, OutputError, Regex
+from gengate_client import (
+    Choice,
+    Client,
+    GengateError,
+    Grammar,
+    JsonObject,
+    JsonSchema,
+    OutputError,
+    Regex,
+    TruncatedOutputError,
+)
 from gengate_proto.v1 import generation_pb2, types_pb2
 from google.protobuf import json_format
 
@@ -85,6 +95,8 @@ def generate(client: Client, request: dict[str, Any], timeout_ms: int | None = N
         return _response(client.generate(model, prompt, **options))
     except GengateError as exc:
         return _error(exc)
+    except TruncatedOutputError:  # before OutputError, its base
+        return {"error": {"code": "CLIENT_TRUNCATED_OUTPUT", "reason": "", "fields": []}}
     except OutputError as exc:
         return {"error": {"code": "CLIENT_OUTPUT_ERROR", "reason": str(exc), "fields": []}}
 
@@ -274,6 +286,10 @@ def run_vector(client: Client, v: dict[str, Any]) -> dict[str, Any]:
         observed = {"error": out["error"]} if "error" in out else {"texts": out["texts"]}
         if "timeout_ms" in v and "error" in out:  # client or server may end it first: code only
             observed = {"code": out["error"]["code"]}
+    elif call == "generate_object":  # this client's generate is typed already (output_type)
+        out = generate(client, request)
+        failures += check(expect, out, request)
+        observed = {"error": out["error"]} if "error" in out else {"texts": out["texts"]}
     elif call == "stream":
         out = stream(client, request)
         failures += check(expect, out, request)

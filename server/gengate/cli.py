@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
 import socket
 import sys
 import time
@@ -43,6 +43,7 @@ from gengate.cli_options import (
     generate_kwargs,
     print_rpc_error,
 )
+from gengate.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 
 
 def _frame_json(frame: StreamFrame) -> str:
@@ -161,14 +162,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gengate.callers.logs import install_caller_logging
     from gengate.config import load_config
     from gengate.errors import ConfigError
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s [%(caller)s]: %(message)s"
-    )
-    install_caller_logging()  # every record gets the `caller` the format prints
+    configure_logging(args.log_level, args.log_format)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -347,9 +344,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return asyncio.run(_demo())
 
 
+def version_line() -> str:
+    """`gengate --version`: the server package's version and the contract it serves."""
+    from importlib.metadata import version
+
+    return f"gengate {version('gengate')} (contract gengate.v1)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gengate", description="One gRPC service for text and typed output."
+    )
+    parser.add_argument("--version", action="version", version=version_line())
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=os.environ.get("GENGATE_LOG_LEVEL", "INFO").upper(),
+        help="server log level (default INFO, or $GENGATE_LOG_LEVEL); workers log WARNING and up, "
+        "everything at DEBUG",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=os.environ.get("GENGATE_LOG_FORMAT", "text"),
+        help="text, or json: one object per line with time, level, logger, message, request_id, model, "
+        "caller (default text, or $GENGATE_LOG_FORMAT); workers log in the same format",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -154,6 +154,12 @@ class ServerConfig:
     callers: tuple[CallerConfig, ...] = ()
 
 
+def option_keys(options_model: type[BaseModel]) -> frozenset[str]:
+    """The keys a config file writes for a backend's options: each field's alias where it has one
+    (mlx's `model_config`, a name pydantic keeps for itself)."""
+    return frozenset(field.alias or name for name, field in options_model.model_fields.items())
+
+
 def load_config(path: str | Path | None) -> ServerConfig:
     """Reads a YAML config file, or returns the embedded default when `path` is None."""
     if path is None:
@@ -243,7 +249,7 @@ def _parse_model(raw: Any, index: int, source: str) -> ModelConfig:
     cls = backend_class(kind)
     options_model: type[BaseModel] = cls.Options
     backend_keys = {k: v for k, v in raw.items() if k not in COMMON_MODEL_KEYS}
-    allowed = set(options_model.model_fields) | COMMON_MODEL_KEYS
+    allowed = option_keys(options_model) | COMMON_MODEL_KEYS
     unknown = sorted(set(backend_keys) - allowed)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown} for backend {kind!r}; known: {sorted(allowed)}")

@@ -50,6 +50,7 @@ from gengate.errors import (
     echo,
 )
 from gengate.limits import LIMIT_REASON, RequestLimits
+from gengate.logs import about_request
 from gengate.router import Route, Router
 
 log = logging.getLogger(__name__)
@@ -171,11 +172,12 @@ class GenerationCore:
         self, request: GenerationRequest, arrived: float, queue_bounded: bool, background: bool
     ) -> GenerationResult:
         route, request = await self._prepare(request)
-        if request.magpie is not None:
-            writer = MagpieWriter(route, request, bounded=queue_bounded, background=background)
-            return await self.finish(route, request, await writer.write(), arrived)
-        result = await route.generate(request, bounded=queue_bounded, background=background)
-        return await self.finish(route, request, result, arrived)
+        with about_request(request.request_id, route.name):
+            if request.magpie is not None:
+                writer = MagpieWriter(route, request, bounded=queue_bounded, background=background)
+                return await self.finish(route, request, await writer.write(), arrived)
+            result = await route.generate(request, bounded=queue_bounded, background=background)
+            return await self.finish(route, request, result, arrived)
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         """One request's events, checked, routed and validated; a caller's tokens are charged
@@ -211,22 +213,23 @@ class GenerationCore:
         enforcement = "none"
         stream = route.generate_stream(request)
         try:
-            async for event in stream:
-                if isinstance(event, StreamStart):
-                    enforcement = event.enforcement.value
-                    event = evolve(event, request_id=request.request_id, model=route.name)
-                elif isinstance(event, GenerationDelta):
-                    texts.setdefault(event.index, []).append(event.text)
-                elif isinstance(event, GenerationEnd):
-                    generation = Generation(
-                        index=event.index,
-                        text="".join(texts.pop(event.index, [])),
-                        finish_reason=event.finish_reason,
-                    )
-                    await self.validator.check(request.structured_output, generation, enforcement)
-                    timings = evolve(event.timings, total_s=time.monotonic() - arrived)
-                    event = evolve(event, timings=timings)
-                yield event
+            with about_request(request.request_id, route.name):
+                async for event in stream:
+                    if isinstance(event, StreamStart):
+                        enforcement = event.enforcement.value
+                        event = evolve(event, request_id=request.request_id, model=route.name)
+                    elif isinstance(event, GenerationDelta):
+                        texts.setdefault(event.index, []).append(event.text)
+                    elif isinstance(event, GenerationEnd):
+                        generation = Generation(
+                            index=event.index,
+                            text="".join(texts.pop(event.index, [])),
+                            finish_reason=event.finish_reason,
+                        )
+                        await self.validator.check(request.structured_output, generation, enforcement)
+                        timings = evolve(event.timings, total_s=time.monotonic() - arrived)
+                        event = evolve(event, timings=timings)
+                    yield event
         finally:
             await aclose_stream(stream)
 

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
@@ -23,6 +24,7 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
+    ConsoleSpanExporter,
     SimpleSpanProcessor,
     SpanExporter,
     SpanExportResult,
@@ -162,13 +164,43 @@ _configured = False
 _provider: TracerProvider | None = None
 
 
+TRACE_EXPORTERS = ("otlp", "console", "none")
+
+
+def trace_exporters(env: Mapping[str, str]) -> frozenset[str]:
+    """OTEL_TRACES_EXPORTER (comma-separated: otlp, console, none; default otlp). Names it does not
+    know are warned about and left out; `none` alone turns off OTLP and console export."""
+    names = {n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if n.strip()}
+    unknown = sorted(names - set(TRACE_EXPORTERS))
+    if unknown:
+        log.warning(
+            "OTEL_TRACES_EXPORTER: unknown exporter(s) %s ignored (known: %s)", unknown, TRACE_EXPORTERS
+        )
+    return frozenset(names & {"otlp", "console"})
+
+
+def service_resource(env: Mapping[str, str]) -> Resource:
+    """The resource spans carry: OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME as the SDK reads
+    them, and service.name "gengate" only where neither names the service."""
+    attributes: dict[str, str] = {}
+    for pair in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, sep, value = pair.partition("=")
+        if sep and key.strip():
+            attributes[key.strip()] = urllib.parse.unquote(value.strip())
+    if env.get("OTEL_SERVICE_NAME"):
+        attributes[SERVICE_NAME] = env["OTEL_SERVICE_NAME"]
+    attributes.setdefault(SERVICE_NAME, "gengate")
+    return Resource.create(attributes)
+
+
 def configure_tracing(env: Mapping[str, str] | None = None) -> TracerProvider | None:
     """Installs a tracer provider that exports where the environment says, once per process.
 
     GENGATE_TRACES_FILE=path: every span as a JSON line (SimpleSpanProcessor, written at span end).
-    OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT): OTLP, batched. Neither set, OTEL_SDK_DISABLED,
-    or a provider already installed by the embedding application: nothing is changed. Returns the provider
-    installed here (to shut down at exit), else None.
+    OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT), or OTEL_TRACES_EXPORTER naming otlp:
+    OTLP, batched; OTEL_TRACES_EXPORTER=console: spans on stdout; =none: neither. Nothing set,
+    OTEL_SDK_DISABLED, or a provider already installed by the embedding application: nothing is
+    changed. Returns the provider installed here (to shut down at exit), else None.
     """
     global _configured, _provider
     env = os.environ if env is None else env
@@ -177,23 +209,33 @@ def configure_tracing(env: Mapping[str, str] | None = None) -> TracerProvider | 
             return _provider
         _configured = True
         traces_file = env.get("GENGATE_TRACES_FILE", "")
-        otlp = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        if (not traces_file and not otlp) or env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        exporters = trace_exporters(env)
+        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        named = "otlp" in {n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",")}
+        otlp = "otlp" in exporters and bool(endpoint or named)
+        console = "console" in exporters
+        if (not traces_file and not otlp and not console) or env.get(
+            "OTEL_SDK_DISABLED", ""
+        ).lower() == "true":
             return None
         if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
             log.info("tracing: the application installed a tracer provider; gengate uses it as it is")
             return None
-        resource_attrs = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "gengate"}
-        provider = TracerProvider(resource=Resource.create(resource_attrs))
+        provider = TracerProvider(resource=service_resource(env))
+        targets: list[str] = []
         if traces_file:
             processor: SpanProcessor = SimpleSpanProcessor(JsonLinesSpanExporter(traces_file))
             provider.add_span_processor(RedactingSpanProcessor(processor))
+            targets.append(f"file {traces_file}")
         exporter = _otlp_exporter(env) if otlp else None
         if exporter is not None:
             provider.add_span_processor(RedactingSpanProcessor(BatchSpanProcessor(exporter)))
+            targets.append(f"OTLP {endpoint or 'default endpoint'}")
+        if console:
+            provider.add_span_processor(RedactingSpanProcessor(SimpleSpanProcessor(ConsoleSpanExporter())))
+            targets.append("console")
         trace.set_tracer_provider(provider)
         _provider = provider
-        targets = ([f"file {traces_file}"] if traces_file else []) + ([f"OTLP {otlp}"] if exporter else [])
         log.info("tracing: spans go to %s", ", ".join(targets))
         return provider
 

@@ -18,8 +18,8 @@ from gengate.api.auth import CallerInterceptor
 from gengate.api.tracing import tracing_interceptor
 from gengate.caller import current_caller
 from gengate.callers.identity import CallerDirectory
-from gengate.callers.logs import CallerFilter
 from gengate.config import parse_config
+from gengate.logs import RequestContext
 from gengate_client import AsyncClient
 from gengate_client.errors import UnauthenticatedError, UnavailableError
 from observe import ServerFactory
@@ -120,7 +120,7 @@ async def test_spans_and_logs_of_a_call_carry_its_caller_never_its_token(
     ]
     server = await make_server(with_callers(models, callers))
     caplog.set_level(logging.INFO)
-    caplog.handler.addFilter(CallerFilter())
+    caplog.handler.addFilter(RequestContext())  # what `gengate serve` puts on its handlers
     exporter.clear()
     async with AsyncClient(server.address) as client:
         await client.generate("echo", "hello", metadata=bearer(TOKEN_A))

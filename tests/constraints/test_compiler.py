@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from gengate import errors
-from gengate.constraints import ConstraintCompiler, kinds, lowering
+from gengate.constraints import ConstraintCompiler, constraint_key, kinds, lowering
 from gengate.domain import (
     ChoiceConstraint,
     Enforcement,
@@ -31,11 +31,57 @@ async def test_second_compile_is_a_cache_hit(compiler: ConstraintCompiler) -> No
     structured = StructuredOutput(RegexConstraint("[ab]{2}"))
     first = await compiler.compile(structured)
     second = await compiler.compile(StructuredOutput(RegexConstraint("[ab]{2}")))
-    assert second is first
+    assert second.lowered is first.lowered  # one compile, shared
     assert compiler.stats.lowerings == 1
     assert (compiler.stats.hits, compiler.stats.misses) == (1, 1)
     await compiler.compile(StructuredOutput(RegexConstraint("[ab]{3}")))
     assert compiler.stats.lowerings == 2
+
+
+async def test_schemas_differing_only_in_annotations_share_one_compile(compiler: ConstraintCompiler) -> None:
+    def person(**annotations: object) -> StructuredOutput:
+        name = {"type": "string", **annotations}
+        # a property called "description" is data, not an annotation: it must stay in the key
+        schema = {
+            "type": "object",
+            "properties": {"name": name, "description": {"type": "string"}},
+            **annotations,
+        }
+        return StructuredOutput(JsonSchemaConstraint(schema))
+
+    plain = person()
+    first = await compiler.compile(plain)
+    described = person(title="Person", description="Someone", examples=["x"], **{"$comment": "c"})
+    second = await compiler.compile(described)
+    assert compiler.stats.lowerings == 1 and compiler.stats.hits == 1
+    assert second.structured is described and first.structured is plain  # each reports its own
+    assert second.grammar == first.grammar
+    without_property = StructuredOutput(
+        JsonSchemaConstraint({"type": "object", "properties": {"name": {"type": "string"}}})
+    )
+    await compiler.compile(without_property)
+    assert compiler.stats.lowerings == 2  # a real difference still compiles anew
+    tighter = person(description="Someone", maxLength=3)
+    matcher = (await compiler.compile(tighter)).new_matcher()
+    assert compiler.stats.lowerings == 3  # maxLength is a keyword, not an annotation
+    assert matcher is not None
+
+
+def test_only_compile_keys_leave_annotations_out() -> None:
+    """The sandbox keys its metaschema verdicts on the whole schema: `title: 5` is invalid there,
+    and must not share a verdict with the valid schema it otherwise equals."""
+    clean = StructuredOutput(JsonSchemaConstraint({"type": "string"}))
+    titled = StructuredOutput(JsonSchemaConstraint({"type": "string", "title": 5}))
+    assert constraint_key(clean, grammar_only=True) == constraint_key(titled, grammar_only=True)
+    assert constraint_key(clean) != constraint_key(titled)
+
+
+def test_a_ref_into_an_annotation_keeps_the_annotation_in_the_key() -> None:
+    def pointing(kind: str) -> StructuredOutput:
+        return StructuredOutput(JsonSchemaConstraint({"examples": [{"type": kind}], "$ref": "#/examples/0"}))
+
+    integer, string = pointing("integer"), pointing("string")
+    assert constraint_key(integer, grammar_only=True) != constraint_key(string, grammar_only=True)
 
 
 async def test_concurrent_compiles_of_one_constraint_share_the_work(compiler: ConstraintCompiler) -> None:

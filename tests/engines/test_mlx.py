@@ -4,6 +4,7 @@ The shared contract (sampling, constraints, batching, cancel) is tests/engines/t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -142,3 +143,43 @@ async def test_a_bad_adapter_path_is_a_one_line_start_error(
     (wrong_shape / "adapter_config.json").write_text(json.dumps(config))
     message = await start_error(MlxOptions(model=str(tiny_model.hf_dir), adapter_path=str(wrong_shape)))
     assert "(with adapter_path)" in message
+
+
+async def test_a_model_mlx_lm_cannot_batch_runs_each_row_alone_with_the_same_tokens(
+    tiny_model: TinyModelPaths,
+) -> None:
+    """Where mlx-lm cannot merge a model's caches, every row keeps its own: one forward pass per
+    row, the tokens unchanged (seeded, greedy)."""
+    engine = MlxBackend("tiny-mlx", MlxOptions(model=str(tiny_model.hf_dir)))
+    await engine.start()
+    try:
+        assert engine._loaded is not None
+        batch = engine._loaded.scheduler.batch
+        prompts = ["One two three", "The weather", "Colours: red green"]
+
+        async def tokens_of_each() -> list[list[int | None]]:
+            results = await asyncio.gather(
+                *(
+                    engine.generate(
+                        GenerationRequest(
+                            model="tiny-mlx",
+                            prompt=p,
+                            sampling=GREEDY,
+                            logprobs=0,
+                            stopping=StoppingCriteria(max_tokens=10),
+                        )
+                    )
+                    for p in prompts
+                )
+            )
+            return [[lp.token_id for lp in r.generations[0].logprobs or ()] for r in results]
+
+        batched = await tokens_of_each()
+        batch.batchable = False  # idle now: the next rows start with caches of their own
+        passes = engine.stats.forward_passes
+        alone = await tokens_of_each()
+        assert alone == batched
+        # every decode pass ran once per live row: more passes than tokens' steps of one batch
+        assert engine.stats.forward_passes - passes > 10 * 1.5
+    finally:
+        await engine.aclose()

@@ -351,3 +351,54 @@ async def test_a_stream_cancelled_by_its_caller_ends_its_spans_without_context_e
     assert backend.status.status_code is StatusCode.ERROR  # cancelled: not a success
     detach_errors = [r.getMessage() for r in caplog.records if r.name == "opentelemetry.context"]
     assert detach_errors == []
+
+
+def test_otel_resource_attributes_name_the_service(tmp_path: Path) -> None:
+    """OTEL_RESOURCE_ATTRIBUTES' service.name (and its other attributes) reach the spans; gengate's
+    own name is only the default."""
+    path = tmp_path / "spans.jsonl"
+    code = """
+import sys
+from opentelemetry import trace
+from gengate.telemetry import configure_tracing
+attributes = "service.name=llm-gateway,deployment.environment=prod%2Deu"
+provider = configure_tracing({"GENGATE_TRACES_FILE": sys.argv[1], "OTEL_RESOURCE_ATTRIBUTES": attributes})
+with trace.get_tracer("x").start_as_current_span("s"):
+    pass
+print(dict(provider.resource.attributes)["deployment.environment"])
+provider.shutdown()
+"""
+    out = subprocess.run(
+        [PYTHON, "-c", code, str(path)], check=True, cwd=REPO, timeout=60, capture_output=True, text=True
+    )
+    assert out.stdout.strip() == "prod-eu"
+    (record,) = (json.loads(line) for line in path.read_text().splitlines())
+    assert record["service_name"] == "llm-gateway"
+
+
+@pytest.mark.parametrize(
+    ("exporter", "on_stdout"),
+    [("console", True), ("none", False), ("console,bogus", True)],
+)
+def test_otel_traces_exporter_picks_the_exporters(exporter: str, on_stdout: bool) -> None:
+    code = """
+import os
+from opentelemetry import trace
+from gengate.telemetry import configure_tracing
+provider = configure_tracing({"OTEL_TRACES_EXPORTER": os.environ["EXPORTER"],
+                              "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+with trace.get_tracer("x").start_as_current_span("console-span"):
+    pass
+print("installed" if provider is not None else "none")
+if provider is not None:
+    provider.shutdown()
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {"EXPORTER": exporter}
+    out = subprocess.run(
+        [PYTHON, "-c", code], check=True, cwd=REPO, timeout=60, capture_output=True, text=True, env=env
+    )
+    assert ('"name": "console-span"' in out.stdout) is on_stdout, out.stdout
+    # `none` turns OTLP off although an endpoint is set: no provider at all
+    assert out.stdout.strip().endswith("installed" if on_stdout else "none")
+    if exporter == "console,bogus":
+        assert "bogus" in out.stderr

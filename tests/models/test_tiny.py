@@ -161,3 +161,21 @@ def test_llamacpp_matches_transformers(tiny_model: TinyModelPaths) -> None:
     hf_logits = _hf_logits(tiny_model, ids)
     np.testing.assert_allclose(llama_logits, hf_logits, atol=1e-3, rtol=0)
     assert llm.detokenize(ids).decode() == PROMPT
+
+
+def test_made_up_words_grow_the_vocabulary_to_the_size_asked(tmp_path: Path) -> None:
+    """What BENCH_32K relies on (at 32k it takes ~15 s, so a smaller one here): a vocabulary far
+    beyond what the tiny corpus holds trains to exactly the size asked, with the same tokenizer
+    files and special tokens as the tiny model."""
+    assert tiny.synthetic_words(50, seed=3) == tiny.synthetic_words(50, seed=3)
+    assert len(set(tiny.synthetic_words(2000))) > 1500
+    config = tiny.TinyConfig(vocab_size=4096, extra_words=20_000)
+    from tokenizers import Tokenizer
+
+    with pytest.raises(RuntimeError, match="expected 4096"):
+        tiny.build_tiny_model(tmp_path / "too-few-words", config=tiny.TinyConfig(vocab_size=4096))
+    paths = tiny.build_tiny_model(tmp_path / "4k", config=config)
+    tokenizer = Tokenizer.from_file(str(paths.hf_dir / "tokenizer.json"))
+    assert tokenizer.get_vocab_size() == 4096
+    assert tokenizer.token_to_id(tiny.EOS_TOKEN) == tiny.SPECIAL_TOKENS.index(tiny.EOS_TOKEN)
+    assert tiny.BENCH_32K.vocab_size == 32768 and tiny.BENCH_32K.extra_words > 0

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from gengate.config import option_keys
 from gengate.registry import KINDS, backend_class
 from test_readme_capabilities import default_options
 
@@ -37,9 +38,7 @@ def test_rows_not_served_yet_name_their_issue() -> None:
 def test_row_names_a_kind_and_its_settings(llm: str) -> None:
     kind, settings, _ = SERVED[llm]
     assert kind in KINDS, f"{llm}: no backend kind {kind!r}"
-    model_fields = backend_class(kind).Options.model_fields
-    # a setting is what a config file writes: the field's alias where it has one (mlx's model_config)
-    fields = {field.alias or name for name, field in model_fields.items()}
+    fields = option_keys(backend_class(kind).Options)
     keys = [key.split(":")[0] for key in re.findall(r"`([^`]+)`", settings)]
     assert keys, llm
     for key in keys:

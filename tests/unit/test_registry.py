@@ -74,9 +74,10 @@ def test_a_server_never_sends_a_key_meant_for_another_host(monkeypatch: pytest.M
 
 
 def test_the_worker_factory_and_defaults_follow_the_rows() -> None:
-    assert factory.LOCAL_ENGINES == {"scripted", "llamacpp", "transformers", "vllm"}
-    assert factory.PROCESS_BY_DEFAULT == {"llamacpp", "transformers", "vllm"}
-    assert factory.GPU_BY_DEFAULT == {"vllm"} and factory.CPU_THREADED == {"llamacpp", "transformers"}
+    assert factory.LOCAL_ENGINES == {"scripted", "llamacpp", "transformers", "mlx", "vllm"}
+    assert factory.PROCESS_BY_DEFAULT == {"llamacpp", "transformers", "mlx", "vllm"}
+    assert factory.GPU_BY_DEFAULT == {"vllm"}
+    assert factory.CPU_THREADED == {"llamacpp", "transformers", "mlx"}
     assert kinds_where("composite") == {"fallback", "mixture_of_agents", "preset"}
     with_defaults = {k for k, s in KINDS.items() if s.default_model}
     env = {variable: "set-0123456789" for k in with_defaults for variable in KINDS[k].key_envs}

@@ -168,7 +168,7 @@ def test_one_cpu_worker_or_omp_num_threads_leaves_threads_to_the_engine(
     [
         ({"backend": "llamacpp", "tiny": True, "cpu_threads": 0}, "'cpu_threads' must be a positive integer"),
         ({"backend": "vllm", "model": "x", "devices": "cpu", "cpu_threads": 2}, "takes 'cpu_threads_bind'"),
-        ({"backend": "scripted", "cpu_threads": 2}, "applies to llamacpp and transformers"),
+        ({"backend": "scripted", "cpu_threads": 2}, "applies to llamacpp, mlx, transformers workers"),
         (
             {"backend": "llamacpp", "tiny": True, "isolation": "inline", "cpu_threads": 2},
             "needs 'isolation: process'",

@@ -305,6 +305,21 @@ func TestGenerateJSONRefusesOutputOutsideTheSchema(t *testing.T) {
 	}
 }
 
+func TestGenerateJSONReportsATruncatedGenerationBeforeParsing(t *testing.T) {
+	fake, addr := startFake(t, nil)
+	c := dial(t, addr)
+	fake.jsonText, fake.jsonFinish = `{"name":"Ad`, gengatev1.FinishReason_FINISH_REASON_LENGTH
+	_, _, err := gengate.GenerateJSON[person](context.Background(), c, gengate.Prompt("tiny", "x"))
+	if !errors.Is(err, gengate.ErrTruncatedOutput) || errors.Is(err, gengate.ErrInvalidOutput) {
+		t.Fatalf("err = %v", err)
+	}
+	// a complete object cut by LENGTH is still truncated: the finish reason decides, not the parse
+	fake.jsonText = `{"name":"Ada","age":36}`
+	if _, _, err := gengate.GenerateJSON[person](context.Background(), c, gengate.Prompt("tiny", "x")); !errors.Is(err, gengate.ErrTruncatedOutput) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
 func TestTLSAndTokenOverTLS(t *testing.T) {
 	cert, pool := selfSigned(t)
 	fake, addr := startFake(t, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}}))

@@ -32,8 +32,9 @@ type fakeServer struct {
 	// gone) server-side; the slow call never answers on its own, so nothing else closes it.
 	slowEnded     chan struct{}
 	slowEndedOnce sync.Once
-	// jsonText is what a json_schema request gets back.
-	jsonText string
+	// jsonText is what a json_schema request gets back, with jsonFinish (STOP when unset).
+	jsonText   string
+	jsonFinish gengatev1.FinishReason
 	// jobs is the BatchJobService served beside it.
 	jobs *fakeJobs
 }
@@ -76,14 +77,17 @@ func check(req *gengatev1.GenerateRequest) error {
 }
 
 func (f *fakeServer) answer(req *gengatev1.GenerateRequest) *gengatev1.GenerateResponse {
-	text := "echo: " + req.GetPrompt()
+	text, finish := "echo: "+req.GetPrompt(), gengatev1.FinishReason_FINISH_REASON_STOP
 	if req.GetStructuredOutput().GetJsonSchema() != nil {
 		text = f.jsonText
+		if f.jsonFinish != gengatev1.FinishReason_FINISH_REASON_UNSPECIFIED {
+			finish = f.jsonFinish
+		}
 	}
 	resp := &gengatev1.GenerateResponse{RequestId: req.GetRequestId(), Model: req.GetModel()}
 	for i := range max(req.GetN(), 1) {
 		resp.Generations = append(resp.Generations, &gengatev1.Generation{
-			Index: i, Text: text, FinishReason: gengatev1.FinishReason_FINISH_REASON_STOP,
+			Index: i, Text: text, FinishReason: finish, OutputTokens: 3,
 		})
 	}
 	return resp

@@ -42,6 +42,11 @@ func JSONSchema(name string, schemaJSON []byte) (*Structured, error) {
 // not match T's schema (which the server should never let happen).
 var ErrInvalidOutput = errors.New("gengate: output does not match the schema")
 
+// ErrTruncatedOutput is wrapped by the error GenerateJSON and DecodeGeneration return when the
+// generation was cut at max_tokens (finish reason LENGTH) before its structure was complete:
+// raise max_tokens. Checked before any parse, as the Python and TypeScript clients do.
+var ErrTruncatedOutput = errors.New("gengate: output was cut at max_tokens before it was complete")
+
 // GenerateJSON asks for output shaped like T: it derives T's JSON Schema, sends it as the
 // request's structured output (the request itself is not modified), validates the first
 // generation against the schema and decodes it into T.
@@ -65,8 +70,19 @@ func GenerateJSON[T any](ctx context.Context, c *Client, req *Request, opts ...C
 	if len(resp.GetGenerations()) == 0 {
 		return out, resp, fmt.Errorf("%w: no generation", ErrInvalidOutput)
 	}
-	out, err = DecodeJSON[T](schema, resp.GetGenerations()[0].GetText())
+	out, err = DecodeGeneration[T](schema, resp.GetGenerations()[0])
 	return out, resp, err
+}
+
+// DecodeGeneration decodes one generation of a structured request into T: ErrTruncatedOutput
+// when it was cut at max_tokens, else as DecodeJSON.
+func DecodeGeneration[T any](schemaJSON []byte, g *gengatev1.Generation) (T, error) {
+	if g.GetFinishReason() == gengatev1.FinishReason_FINISH_REASON_LENGTH {
+		var out T
+		return out, fmt.Errorf("%w: generation %d stopped at %d tokens; raise max_tokens",
+			ErrTruncatedOutput, g.GetIndex(), g.GetOutputTokens())
+	}
+	return DecodeJSON[T](schemaJSON, g.GetText())
 }
 
 // DecodeJSON validates text against schemaJSON (a JSON Schema as JSON text) and decodes it into T.

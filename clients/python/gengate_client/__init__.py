@@ -5,6 +5,8 @@ with Client("localhost:50051") as client:
     print(client.generate("tiny", "Hello", max_tokens=16).text)
 """
 
+from importlib.metadata import version as _package_version
+
 from gengate_client.aio import AsyncClient
 from gengate_client.client import Client
 from gengate_client.errors import (
@@ -56,6 +58,8 @@ from gengate_client.types import (
     Turn,
     Usage,
 )
+
+__version__ = _package_version("gengate-client")
 
 __all__ = [
     "AbortedError",

@@ -10,6 +10,7 @@ import grpc.aio
 from gengate_proto.v1 import generation_pb2, generation_pb2_grpc
 
 from gengate_client import _convert as convert
+from gengate_client._channel import LoopChannel
 from gengate_client._convert import BaseOptions, CallSettings, GenerateOptions, MetadataLike
 from gengate_client._progress import BatchProgress
 from gengate_client.errors import error_from_rpc
@@ -32,15 +33,25 @@ class AsyncClient:
         options: Sequence[tuple[str, Any]] | None = None,
     ) -> None:
         self.address = address
-        if credentials is not None:
-            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
-        else:
-            self._channel = grpc.aio.insecure_channel(address, options=options)
-        self._stub = generation_pb2_grpc.GenerationServiceStub(self._channel)
+
+        def make() -> grpc.aio.Channel:
+            if credentials is not None:
+                return grpc.aio.secure_channel(address, credentials, options=options)
+            return grpc.aio.insecure_channel(address, options=options)
+
+        # No channel yet: it is made in the loop of the first call (LoopChannel).
+        self._channel = LoopChannel(make)
         self._metadata = metadata
         self._timeout = timeout
         # Durable jobs on the server: create, get, list, cancel, results (gengate_client.jobs).
         self.batch_jobs = AsyncBatchJobs(self._channel, CallSettings(None, metadata), timeout)
+
+    @property
+    def _stub(self) -> generation_pb2_grpc.GenerationServiceAsyncStub:
+        stub: generation_pb2_grpc.GenerationServiceAsyncStub = self._channel.stub(
+            generation_pb2_grpc.GenerationServiceStub
+        )
+        return stub
 
     async def __aenter__(self) -> AsyncClient:
         return self

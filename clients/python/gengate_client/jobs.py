@@ -16,6 +16,7 @@ from gengate_proto.v1 import generation_pb2, jobs_pb2, jobs_pb2_grpc
 from google.protobuf import timestamp_pb2
 
 from gengate_client import _convert as convert
+from gengate_client._channel import LoopChannel
 from gengate_client._convert import CallSettings, MetadataLike
 from gengate_client.errors import OutputError, error_from_rpc, error_from_status
 from gengate_client.output_types import resolve_output_type
@@ -254,10 +255,15 @@ def _defaults(defaults: Request | Mapping[str, Any]) -> generation_pb2.GenerateR
 class AsyncBatchJobs:
     """The BatchJobService of one AsyncClient (`client.batch_jobs`): BatchJobs, awaitable."""
 
-    def __init__(self, channel: grpc.aio.Channel, call: CallSettings, default_timeout: float | None) -> None:
-        self._stub = jobs_pb2_grpc.BatchJobServiceStub(channel)
+    def __init__(self, channel: LoopChannel, call: CallSettings, default_timeout: float | None) -> None:
+        self._channel = channel
         self._call = call
         self._timeout = default_timeout
+
+    @property
+    def _stub(self) -> jobs_pb2_grpc.BatchJobServiceAsyncStub:
+        stub: jobs_pb2_grpc.BatchJobServiceAsyncStub = self._channel.stub(jobs_pb2_grpc.BatchJobServiceStub)
+        return stub
 
     def _kwargs(self, timeout: float | None, metadata: MetadataLike | None) -> dict[str, Any]:
         return CallSettings(timeout, metadata).kwargs(self._timeout, self._call.metadata)

@@ -16,6 +16,8 @@ import {
   GenerateRequestSchema,
   GengateClient,
   GengateError,
+  TruncatedOutputError,
+  parseGeneration,
   type GenerateRequest,
   type GenerateResponse,
 } from "../src/index.js";
@@ -99,7 +101,7 @@ const parse = (raw: JsonValue | undefined): GenerateRequest => fromJson(Generate
 
 function fromError(e: unknown): Outcome {
   const err = GengateError.from(e);
-  return { error: { code: err.codeName === "CANCELED" ? "CANCELLED" : err.codeName, reason: err.reason, fields: err.fieldViolations.map((v) => v.field).sort() } };
+  return { error: { code: err.codeName, reason: err.reason, fields: err.fieldViolations.map((v) => v.field).sort() } };
 }
 
 function fromResponse(resp: GenerateResponse): Outcome {
@@ -119,6 +121,29 @@ async function generate(client: GengateClient, raw: JsonValue | undefined, timeo
   } catch (e) {
     return fromError(e);
   }
+}
+
+/**
+ * A structured request whose first generation goes through the typed path (parseGeneration, with
+ * the request's own schema as zod): truncated is CLIENT_TRUNCATED_OUTPUT, bad CLIENT_OUTPUT_ERROR.
+ */
+async function generateObject(client: GengateClient, raw: JsonValue | undefined): Promise<Outcome> {
+  const request = parse(raw);
+  let response: GenerateResponse;
+  try {
+    response = await client.generate(request);
+  } catch (e) {
+    return fromError(e);
+  }
+  const so = request.structuredOutput?.kind;
+  const schema = so?.case === "jsonSchema" ? z.fromJSONSchema(JSON.parse(so.value.schemaJson)) : z.unknown();
+  try {
+    parseGeneration(schema, response.generations[0]);
+  } catch (e) {
+    const code = e instanceof TruncatedOutputError ? "CLIENT_TRUNCATED_OUTPUT" : "CLIENT_OUTPUT_ERROR";
+    return { error: { code, reason: "", fields: [] } };
+  }
+  return fromResponse(response);
 }
 
 async function stream(client: GengateClient, raw: JsonValue | undefined): Promise<Outcome> {
@@ -165,7 +190,7 @@ async function cancelStream(client: GengateClient, raw: JsonValue | undefined, a
     return { cancelled: false };
   } catch (e) {
     const err = GengateError.from(e);
-    if (err.codeName !== "CANCELED") return fromError(e);
+    if (err.codeName !== "CANCELLED") return fromError(e);
     return { cancelled: deltas === after };
   }
 }
@@ -288,6 +313,12 @@ async function runVector(client: GengateClient, v: Vector): Promise<{ name: stri
       if (wantOptions && options.join(",") !== wantOptions.join(",")) {
         failures.push(`backend options ${options.join(",")}, want ${wantOptions.join(",")}`);
       }
+      break;
+    }
+    case "generate_object": {
+      const out = await generateObject(client, v.request);
+      failures.push(...check(expect, out, v.request));
+      observed = observe(out);
       break;
     }
     case "generate": {

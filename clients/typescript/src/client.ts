@@ -15,7 +15,7 @@ import {
 } from "./gen/gengate/v1/generation_pb.js";
 import { StructuredOutputSchema, type ModelInfo } from "./gen/gengate/v1/types_pb.js";
 import { BatchJobs } from "./jobs.js";
-import { jsonSchema, parseWithZod, schemaFromZod } from "./structured.js";
+import { jsonSchema, parseGeneration, schemaFromZod } from "./structured.js";
 import { tracingInterceptor, type TracingOptions } from "./tracing.js";
 
 export type GenerateRequestInit = MessageInitShape<typeof GenerateRequestSchema>;
@@ -198,8 +198,7 @@ export class GengateClient {
     const structured = create(StructuredOutputSchema, jsonSchema(schemaFromZod(schema), options?.name ?? "output"));
     structured.options = full.structuredOutput?.options;
     const response = await this.generate({ ...full, structuredOutput: structured }, options);
-    const first = response.generations[0];
-    return { object: parseWithZod(schema, first?.text ?? ""), response };
+    return { object: parseGeneration(schema, response.generations[0]), response };
   }
 }
 

@@ -24,12 +24,13 @@ export interface FieldViolation {
 
 const detailRegistry: Registry = createRegistry(ErrorInfoSchema, BadRequestSchema, RetryInfoSchema);
 
-/** gRPC code names as in the gRPC spec ("NOT_FOUND"), indexed by numeric code. */
+/** gRPC code names as in the gRPC spec ("NOT_FOUND", "CANCELLED"), indexed by numeric code. */
 const CODE_NAMES = Object.fromEntries(
   Object.entries(Code)
     .filter(([, v]) => typeof v === "number")
     .map(([k, v]) => [v, k.replace(/([a-z])([A-Z])/g, "$1_$2").toUpperCase()]),
 ) as Record<number, string>;
+CODE_NAMES[Code.Canceled] = "CANCELLED"; // connect spells it "Canceled"; gRPC, Python and Go "CANCELLED"
 
 /**
  * GengateError is a failed call or batch item. `code` is the gRPC status code (the numbers
@@ -96,6 +97,20 @@ export class GengateError extends Error {
       .map((any) => anyUnpack(any, detailRegistry))
       .filter((m) => m !== undefined);
     return new GengateError(status.code as Code, status.message, details);
+  }
+}
+
+/**
+ * A structured generation was cut at max_tokens (finish reason LENGTH) before it was complete:
+ * raise max_tokens. Thrown before any parse, as the Python and Go clients do.
+ */
+export class TruncatedOutputError extends Error {
+  override readonly name = "TruncatedOutputError";
+  constructor(
+    message: string,
+    readonly text: string,
+  ) {
+    super(message);
   }
 }
 

@@ -17,12 +17,13 @@ export {
   type ListJobsOptions,
   type ResultsOptions,
 } from "./jobs.js";
-export { Code, GengateError, InvalidOutputError, type FieldViolation } from "./errors.js";
+export { Code, GengateError, InvalidOutputError, TruncatedOutputError, type FieldViolation } from "./errors.js";
 export {
   choice,
   jsonObject,
   jsonSchema,
   larkGrammar,
+  parseGeneration,
   parseWithZod,
   regex,
   schemaFromZod,
@@ -32,3 +33,4 @@ export { tracingInterceptor, type TracingOptions } from "./tracing.js";
 export * from "./gen/gengate/v1/generation_pb.js";
 export * from "./gen/gengate/v1/types_pb.js";
 export * from "./gen/gengate/v1/jobs_pb.js";
+export { VERSION } from "./version.js";

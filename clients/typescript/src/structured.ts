@@ -2,8 +2,8 @@
 import type { JsonObject, MessageInitShape } from "@bufbuild/protobuf";
 import { z } from "zod";
 
-import { InvalidOutputError } from "./errors.js";
-import { GrammarSyntax, type StructuredOutputSchema } from "./gen/gengate/v1/types_pb.js";
+import { InvalidOutputError, TruncatedOutputError } from "./errors.js";
+import { FinishReason, GrammarSyntax, type Generation, type StructuredOutputSchema } from "./gen/gengate/v1/types_pb.js";
 
 export type StructuredOutputInit = MessageInitShape<typeof StructuredOutputSchema>;
 
@@ -66,4 +66,18 @@ export function parseWithZod<S extends z.ZodType>(schema: S, text: string): z.ou
     });
   }
   return result.data;
+}
+
+/**
+ * One generation of a structured request, parsed with the zod schema: TruncatedOutputError when it
+ * was cut at max_tokens (before any parse), else as parseWithZod.
+ */
+export function parseGeneration<S extends z.ZodType>(schema: S, generation: Generation | undefined): z.output<S> {
+  if (generation?.finishReason === FinishReason.LENGTH) {
+    throw new TruncatedOutputError(
+      `generation ${generation.index} stopped at ${generation.outputTokens} tokens, before the structured output was complete; raise maxTokens`,
+      generation.text,
+    );
+  }
+  return parseWithZod(schema, generation?.text ?? "");
 }

@@ -7,7 +7,17 @@ import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "
 import { generate as selfSigned } from "selfsigned";
 import { z } from "zod";
 
-import { Code, GengateClient, GengateError, InvalidOutputError, jsonSchema, prompt, regex } from "../src/index.js";
+import {
+  Code,
+  FinishReason,
+  GengateClient,
+  GengateError,
+  InvalidOutputError,
+  TruncatedOutputError,
+  jsonSchema,
+  prompt,
+  regex,
+} from "../src/index.js";
 import { startFake, type Fake } from "./fake.js";
 
 /** Waits for an event the fake records; the bound only guards against a hang, it times nothing. */
@@ -97,7 +107,7 @@ describe("GengateClient against an in-process fake server", () => {
           if (frame.frame.case === "delta" && ++deltas === 3) controller.abort();
         }
       })(),
-      (e: unknown) => e instanceof GengateError && e.code === Code.Canceled,
+      (e: unknown) => e instanceof GengateError && e.code === Code.Canceled && e.codeName === "CANCELLED",
     );
     await observed(fake.cancelled, "the server saw no cancel");
   });
@@ -159,6 +169,23 @@ describe("GengateClient against an in-process fake server", () => {
       await assert.rejects(client.generateObject(Person, prompt("tiny", "x")), InvalidOutputError);
     }
     fake.jsonText = '{"name":"Ada","age":36}';
+  });
+
+  it("reports a generation cut at maxTokens as truncated, before parsing", async () => {
+    fake.jsonFinish = FinishReason.LENGTH;
+    try {
+      for (const text of ['{"name":"Ad', '{"name":"Ada","age":36}']) {
+        fake.jsonText = text;
+        await assert.rejects(client.generateObject(Person, prompt("tiny", "x")), (e: unknown) => {
+          assert.ok(e instanceof TruncatedOutputError && !(e instanceof InvalidOutputError));
+          assert.equal(e.text, text);
+          return true;
+        });
+      }
+    } finally {
+      fake.jsonFinish = undefined;
+      fake.jsonText = '{"name":"Ada","age":36}';
+    }
   });
 });
 

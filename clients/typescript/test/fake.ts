@@ -41,6 +41,8 @@ export interface Fake {
   /** Resolves when the server saw a "slow" unary call end (deadline passed or caller gone); the slow call never answers on its own. */
   slowEnded: Promise<void>;
   jsonText: string;
+  /** The finish reason a json_schema request's generations end with (STOP unless set). */
+  jsonFinish?: FinishReason;
   jobs: FakeJobs;
   close(): Promise<void>;
 }
@@ -198,7 +200,12 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
     return create(GenerateResponseSchema, {
       model: req.model,
       requestId: req.requestId,
-      generations: Array.from({ length: n }, (_, index) => ({ index, text, finishReason: FinishReason.STOP })),
+      generations: Array.from({ length: n }, (_, index) => ({
+        index,
+        text,
+        outputTokens: 3,
+        finishReason: req.structuredOutput?.kind.case === "jsonSchema" ? (fake.jsonFinish ?? FinishReason.STOP) : FinishReason.STOP,
+      })),
     });
   };
   const routes = (router: ConnectRouter): void => {

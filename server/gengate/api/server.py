@@ -22,7 +22,6 @@ from gengate.api.tracing import tracing_interceptor
 from gengate.backend import ReportsHealth
 from gengate.callers.identity import CallerDirectory
 from gengate.callers.limits import Admission
-from gengate.callers.logs import install_caller_logging
 from gengate.callers.shared import RedisLimits, open_state
 from gengate.config import ServerConfig, ServerSettings
 from gengate.errors import ConfigError
@@ -153,7 +152,6 @@ async def start_server(
     # Configuration errors (a token variable not set, two callers with one token) surface
     # before models load.
     directory = CallerDirectory.from_config(config.callers, legacy_tokens_env=settings.auth_tokens_env)
-    install_caller_logging()
     drain = Drain()
     interceptors = _interceptors(CallerInterceptor(directory, drain))
     credentials = _server_credentials(settings)

@@ -59,14 +59,16 @@ class CompilerStats:
     misses: int = 0
 
 
-def constraint_key(structured: StructuredOutput) -> str:
+def constraint_key(structured: StructuredOutput, *, grammar_only: bool = False) -> str:
     """Canonical text of a structured-output request (constraint and options), for cache keys.
 
     Key order is kept (a schema's property order is the order it is generated in), and nothing is
-    copied on the way (dataclasses.asdict would deep-copy a large schema first).
+    copied on the way (dataclasses.asdict would deep-copy a large schema first). `grammar_only`
+    (compile caches): a JSON Schema's annotations (title, description, examples, ...) are left
+    out, as they never change what the grammar allows; caches of checks that read them (the
+    sandbox's metaschema verdicts) keep the whole schema.
     """
-    c = structured.constraint
-    fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+    fields = kinds.cache_fields(structured.constraint, grammar_only=grammar_only)
     payload = [fields, structured.whitespace, structured.additional_properties]
 
     def default(value: Any) -> Any:
@@ -75,6 +77,15 @@ def constraint_key(structured: StructuredOutput) -> str:
     text = json.dumps(payload, default=default, ensure_ascii=False)
     # A digest, not the text: a cache of 512 KB schemas must not hold their text a second time.
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _for_request(compiled: CompiledConstraint, structured: StructuredOutput) -> CompiledConstraint:
+    """A compile shared by schemas that differ only in annotations, carrying this request's own."""
+    return (
+        compiled
+        if compiled.structured is structured
+        else dataclasses.replace(compiled, structured=structured)
+    )
 
 
 class ConstraintCompiler:
@@ -113,11 +124,11 @@ class ConstraintCompiler:
 
     async def compile(self, structured: StructuredOutput) -> CompiledConstraint:
         """The compiled constraint, or InvalidArgument naming the field and what is wrong."""
-        key = (self.tokenizer_key, constraint_key(structured))
+        key = (self.tokenizer_key, constraint_key(structured, grammar_only=True))
         hit = self._cache.get(key)
         if hit is not None:
             self.stats.hits += 1
-            return hit
+            return _for_request(hit, structured)
         work = self._inflight.get(key)
         if work is None:
             if len(self._inflight) >= self._max_workers + self.max_queued:  # running + queued
@@ -132,7 +143,7 @@ class ConstraintCompiler:
             self._inflight[key] = work
             work.add_done_callback(lambda done: self._finished(key, done))
         try:
-            return await asyncio.wait_for(asyncio.shield(work), timeout=self.timeout_s)
+            compiled = await asyncio.wait_for(asyncio.shield(work), timeout=self.timeout_s)
         except TimeoutError:
             began = self._started.get(key)
             if began is None or time.monotonic() - began < self.timeout_s / 2:
@@ -142,6 +153,7 @@ class ConstraintCompiler:
                 f"the constraint is too complex: it did not compile within {self.timeout_s:g} s",
                 reason="CONSTRAINT_COMPILE_TIMEOUT",
             ) from None
+        return _for_request(compiled, structured)
 
     def _busy(self) -> errors.ResourceExhausted:
         return errors.ResourceExhausted(

@@ -18,6 +18,7 @@ The functions at the end are what other modules call; each asks the kind's spec.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from abc import ABC, abstractmethod
@@ -29,6 +30,7 @@ from gengate import errors
 from gengate.constraints import lowering, syntax, validation
 from gengate.constraints.lowering import LoweredConstraint
 from gengate.constraints.regex_dialect import ascii_shorthands
+from gengate.constraints.schemas import without_annotations
 from gengate.domain import (
     ChoiceConstraint,
     Constraint,
@@ -93,6 +95,11 @@ class ConstraintSpec(ABC, Generic[C]):
     def weight(self, constraint: C) -> int:
         """About the grammar-engine states the compiled constraint holds, for weighing caches."""
         return 1
+
+    def cache_fields(self, constraint: C, *, grammar_only: bool = False) -> dict[str, Any]:
+        """The constraint's fields as a cache keys them. `grammar_only`: what can change the
+        compiled grammar (for compile caches), not what a schema check reads."""
+        return {f.name: getattr(constraint, f.name) for f in dataclasses.fields(constraint)}
 
     def check_shape(self, structured: StructuredOutput, caps: ModelCapabilities) -> None:
         """Refuses a constraint malformed on its face (empty, or options it cannot take); cheap,
@@ -174,6 +181,12 @@ class JsonSchemaSpec(ConstraintSpec[JsonSchemaConstraint]):
             if found:
                 return found
         return []
+
+    def cache_fields(self, constraint: JsonSchemaConstraint, *, grammar_only: bool = False) -> dict[str, Any]:
+        fields = super().cache_fields(constraint)
+        if grammar_only:  # annotations (title, description, ...) never change the grammar
+            fields["schema"] = without_annotations(constraint.schema)
+        return fields
 
     def weight(self, constraint: JsonSchemaConstraint) -> int:
         schema = constraint.schema
@@ -522,6 +535,11 @@ def field_of(kind: ConstraintKind) -> str:
 def constraint_violations(constraint: Constraint, limits: RequestLimits) -> list[FieldViolation]:
     """Size, count, nesting and expansion limits of one constraint (gengate.checks asks)."""
     return spec_of(constraint).limit_violations(constraint, limits)
+
+
+def cache_fields(constraint: Constraint, *, grammar_only: bool = False) -> dict[str, Any]:
+    """A constraint's fields as caches key them (its spec's `cache_fields`)."""
+    return spec_of(constraint).cache_fields(constraint, grammar_only=grammar_only)
 
 
 def constraint_weight(constraint: Constraint) -> int:

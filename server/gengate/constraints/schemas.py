@@ -28,6 +28,46 @@ LIST_VALUED = ("allOf", "anyOf", "oneOf", "prefixItems")
 MAP_VALUED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
+# Annotation keywords (JSON Schema 2020-12 meta-data, plus $comment): they describe, they never
+# change what validates, so two schemas differing only in them enforce the same language.
+ANNOTATIONS = frozenset(
+    {"title", "description", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
+)
+
+
+def without_annotations(schema: Any) -> Any:
+    """The schema with annotation keywords removed from every subschema (property *names* such as
+    `description` under `properties` stay: they are data, not keywords). The schema itself when it
+    has none, or when a `$ref` points into one (then the annotation holds a schema that is used)."""
+    sites = [node for _, node in subschemas(schema) if not ANNOTATIONS.isdisjoint(node)]
+    if not sites or _refers_into_annotations(schema):
+        return schema
+
+    def strip(node: dict[str, Any]) -> dict[str, Any]:
+        if ANNOTATIONS.isdisjoint(node):
+            return node
+        return {key: value for key, value in node.items() if key not in ANNOTATIONS}
+
+    return rewrite(schema, strip)
+
+
+def _refers_into_annotations(schema: Any) -> bool:
+    """Whether some `$ref` anywhere in the schema passes through an annotation keyword."""
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and any(
+                token.replace("~1", "/").replace("~0", "~") in ANNOTATIONS for token in ref.split("/")
+            ):
+                return True
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return False
+
+
 def escape(token: str) -> str:
     """A key as a JSON Pointer reference token."""
     return token.replace("~", "~0").replace("/", "~1")

@@ -14,6 +14,7 @@ from gengate.domain import (
     Enforcement,
     GenerationRequest,
     GrammarSyntax,
+    ImagePart,
     Modality,
     ModelCapabilities,
     SamplingParams,
@@ -68,6 +69,19 @@ def special_tokens_of(tokenizer: Any) -> frozenset[str]:
         if len(ids) == 1 and ids[0] in special:
             found.add(text)
     return frozenset(found)
+
+
+def refuse_images(request: GenerationRequest, model: str) -> None:
+    """INVALID_ARGUMENT UNSUPPORTED_MODALITY naming the first image part: the text-only local
+    engines' own guard (the service refuses them first, by the model's declared modalities)."""
+    for i, message in enumerate(request.messages or ()):
+        for j, part in enumerate(message.content):
+            if isinstance(part, ImagePart):
+                raise errors.InvalidArgument.field(
+                    f"messages[{i}].content[{j}].image",
+                    f"model {model!r} takes text input only",
+                    reason="UNSUPPORTED_MODALITY",
+                )
 
 
 def seeded(sampling: SamplingParams) -> SamplingParams:

@@ -35,7 +35,6 @@ from gengate.domain import (
     GenerationRequest,
     GenerationResult,
     GrammarSyntax,
-    ImagePart,
     ModelCapabilities,
     SamplingParams,
     StoppingCriteria,
@@ -44,7 +43,7 @@ from gengate.domain import (
     TokenLogprob,
     Usage,
 )
-from gengate.engines.base import engine_capabilities, output_room, seeded, stream_start
+from gengate.engines.base import engine_capabilities, output_room, refuse_images, seeded, stream_start
 from gengate.engines.llamacpp_settings import (
     LOAD_LOG,
     ChatFormatter,
@@ -557,14 +556,7 @@ class LlamaCppBackend:
 
     def _render_chat(self, request: GenerationRequest) -> str:
         messages = request.messages or ()
-        for i, message in enumerate(messages):
-            for j, part in enumerate(message.content):
-                if isinstance(part, ImagePart):
-                    raise errors.InvalidArgument.field(
-                        f"messages[{i}].content[{j}].image",
-                        f"model {self.name!r} accepts text input only",
-                        reason="UNSUPPORTED_MODALITY",
-                    )
+        refuse_images(request, self.name)
         if self._chat_formatter is not None:
             return self._format_chat(messages)
         if self._chat_template is None:

@@ -33,6 +33,7 @@ from gengate import errors
 from gengate.backend import ServingListener
 from gengate.deadline import within_deadline
 from gengate.domain import GenerationRequest, GenerationResult, ModelCapabilities, StreamEvent
+from gengate.logs import current_format, forward_worker_line, worker_log_level
 from gengate.registry import kind_spec
 from gengate.workers.placement import DeviceProvider, DeviceRequest, Lease, PlacementError, PlacementFile
 from gengate.workers.protocol import (
@@ -129,7 +130,7 @@ class WorkerBackend:
         start_timeout_s: float = 600.0,
         restart_backoff_s: tuple[float, float] = (0.5, 30.0),
         stable_after_s: float = 30.0,
-        log_level: str = "WARNING",
+        log_level: str | None = None,
     ) -> None:
         self.name = name
         self.kind = kind
@@ -285,7 +286,16 @@ class WorkerBackend:
         reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
         worker = _Worker(process, reader, writer)
         worker.output_task = asyncio.create_task(self._pump_output(worker))
-        worker.send(WorkerSpec(self.name, self.kind, self._target, self._options, self._log_level))
+        worker.send(
+            WorkerSpec(
+                self.name,
+                self.kind,
+                self._target,
+                self._options,
+                self._log_level or worker_log_level(),
+                current_format(),
+            )
+        )
         try:
             ready = await asyncio.wait_for(self._await_ready(worker), self._start_timeout_s)
         except TimeoutError:
@@ -334,7 +344,8 @@ class WorkerBackend:
         while line := await stream.readline():
             text = line.decode(errors="replace").rstrip()
             worker.output.append(text)
-            log.debug("worker[%s] %s", self.name, text)
+            if not forward_worker_line(self.name, text):  # a JSON log line keeps its level
+                log.debug("worker[%s] %s", self.name, text)
 
     async def _exit_code(self, worker: _Worker, wait_s: float) -> int | None:
         with contextlib.suppress(TimeoutError):

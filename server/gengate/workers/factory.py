@@ -112,7 +112,7 @@ def build_backend(
         if config.backend not in CPU_THREADED:
             hint = "; vLLM's CPU build takes 'cpu_threads_bind'" if config.backend == "vllm" else ""
             raise ConfigError(
-                f"model {config.name!r}: 'cpu_threads' applies to {' and '.join(sorted(CPU_THREADED))}"
+                f"model {config.name!r}: 'cpu_threads' applies to {', '.join(sorted(CPU_THREADED))}"
                 f" workers, not to {config.backend!r}{hint}"
             )
         if isolation == "inline":

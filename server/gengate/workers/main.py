@@ -21,6 +21,7 @@ import traceback
 from typing import Any
 
 from gengate.backend import Backend, aclose_stream
+from gengate.logs import about_request, configure_logging
 from gengate.workers.protocol import (
     Abort,
     Aborted,
@@ -77,6 +78,11 @@ def load_backend(spec: WorkerSpec) -> Backend:
 
 async def run_call(backend: Backend, call: Call, outbox: Outbox) -> None:
     """Runs one call, sending its events or result; cancellation (Abort) ends it silently."""
+    with about_request(call.request.request_id, call.request.model):
+        await _run_call(backend, call, outbox)
+
+
+async def _run_call(backend: Backend, call: Call, outbox: Outbox) -> None:
     try:
         if call.stream:
             events = backend.generate_stream(call.request)
@@ -102,9 +108,7 @@ async def serve(fd: int) -> int:
     outbox = Outbox(writer)
     (spec,) = await read_frame(reader)
     assert isinstance(spec, WorkerSpec)
-    logging.basicConfig(
-        level=spec.log_level, format=f"%(levelname)s worker[{spec.name}] %(name)s: %(message)s"
-    )
+    configure_logging(spec.log_level, spec.log_format, worker=spec.name)
     try:
         backend = load_backend(spec)
         await backend.start()

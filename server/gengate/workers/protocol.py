@@ -11,7 +11,7 @@ import asyncio
 import pickle
 import struct
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from gengate import errors
 from gengate.domain import GenerationRequest, GenerationResult, ModelCapabilities, StreamEvent
@@ -32,6 +32,7 @@ class WorkerSpec:
     target: str
     options: dict[str, Any]
     log_level: str = "WARNING"
+    log_format: Literal["text", "json"] = "text"  # the server's (gengate.logs)
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,31 @@ func fromResponse(resp *gengate.Response) *outcome {
 	return out
 }
 
+// generateObject runs a structured request and decodes its first generation with the typed
+// path (DecodeGeneration): a truncated generation is CLIENT_TRUNCATED_OUTPUT, a bad one
+// CLIENT_OUTPUT_ERROR, as the other runners name their clients' errors.
+func generateObject(ctx context.Context, c *gengate.Client, raw json.RawMessage) *outcome {
+	req, err := parseRequest(raw)
+	if err != nil {
+		return fromErr(err)
+	}
+	resp, err := c.Generate(ctx, req)
+	if err != nil {
+		return fromErr(err)
+	}
+	if len(resp.GetGenerations()) > 0 {
+		schema := []byte(req.GetStructuredOutput().GetJsonSchema().GetSchemaJson())
+		if _, err := gengate.DecodeGeneration[any](schema, resp.GetGenerations()[0]); err != nil {
+			code := "CLIENT_OUTPUT_ERROR"
+			if errors.Is(err, gengate.ErrTruncatedOutput) {
+				code = "CLIENT_TRUNCATED_OUTPUT"
+			}
+			return &outcome{Err: &errorOut{Code: code, Fields: []string{}}}
+		}
+	}
+	return fromResponse(resp)
+}
+
 func generate(ctx context.Context, c *gengate.Client, raw json.RawMessage, timeoutMs int) *outcome {
 	req, err := parseRequest(raw)
 	if err != nil {
@@ -505,6 +530,10 @@ func runVector(ctx context.Context, c *gengate.Client, v vector) result {
 		if v.TimeoutMs > 0 && out.Err != nil { // client or server may end it first: code only
 			observed = map[string]any{"code": out.Err.Code}
 		}
+	case "generate_object":
+		out := generateObject(ctx, c, v.Request)
+		failures = append(failures, check(v.Expect, out, v.Request)...)
+		observed = observe(out)
 	case "stream":
 		out := stream(ctx, c, v.Request)
 		failures = append(failures, check(v.Expect, out, v.Request)...)

@@ -17,11 +17,17 @@ from gengate.domain import (
     GenerationRequest,
     GenerationResult,
     GrammarSyntax,
-    ImagePart,
     ModelCapabilities,
     StreamEvent,
 )
-from gengate.engines.base import engine_capabilities, output_room, seeded, special_tokens_of, stream_start
+from gengate.engines.base import (
+    engine_capabilities,
+    output_room,
+    refuse_images,
+    seeded,
+    special_tokens_of,
+    stream_start,
+)
 from gengate.engines.batching.request import Loaded
 from gengate.engines.options import engine_options
 
@@ -122,14 +128,7 @@ class BatchedEngine:
         """Token ids of the raw prompt, or of the messages rendered by the chat template."""
         tokenizer = loaded.tokenizer
         if request.messages is not None:
-            for i, message in enumerate(request.messages):
-                for j, part in enumerate(message.content):
-                    if isinstance(part, ImagePart):
-                        raise errors.InvalidArgument.field(
-                            f"messages[{i}].content[{j}]",
-                            f"model {self.name!r} takes text input only",
-                            reason="UNSUPPORTED_MODALITY",
-                        )
+            refuse_images(request, self.name)
             if tokenizer.chat_template is None:
                 raise errors.InvalidArgument.field(
                     "messages",
@@ -194,3 +193,17 @@ def context_length_from_folder(model: str | None) -> int:
     except (OSError, ValueError):
         return 0
     return context_length_of(config) if isinstance(config, dict) else 0
+
+
+def model_source(model: str | None, tiny: bool) -> tuple[str, bool]:
+    """Where a batched engine loads its model from: (folder or hub id, whether it is a local
+    folder). `tiny: true` builds (or reuses) the tiny test model's Hugging Face folder."""
+    if tiny:
+        from gengate.models.tiny import build_tiny_model, default_tiny_dir
+
+        return str(build_tiny_model(default_tiny_dir()).hf_dir), True
+    assert model is not None
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return str(path), True
+    return model, False

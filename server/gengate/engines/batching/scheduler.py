@@ -188,6 +188,7 @@ class BatchScheduler:
                 self._loop()
         finally:
             with self._cv:
+                self._stopping = True  # a thread that died takes no more work: submit() refuses it
                 pending = list(self._waiting) + self._active
                 self._waiting.clear()
             from gengate.errors import Unavailable

@@ -19,7 +19,12 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gengate import errors
-from gengate.engines.batching.engine import BatchedEngine, context_length_from_folder, context_length_of
+from gengate.engines.batching.engine import (
+    BatchedEngine,
+    context_length_from_folder,
+    context_length_of,
+    model_source,
+)
 from gengate.engines.batching.request import Loaded
 
 
@@ -72,15 +77,6 @@ class MlxBackend(BatchedEngine):
         self.options = options
         super().__init__(name, max_n=options.max_n, context_length=context_length_from_folder(options.model))
 
-    def _source(self) -> str:
-        if self.options.tiny:
-            from gengate.models.tiny import build_tiny_model, default_tiny_dir
-
-            return str(build_tiny_model(default_tiny_dir()).hf_dir)
-        assert self.options.model is not None
-        path = Path(self.options.model).expanduser()
-        return str(path) if path.is_dir() else self.options.model
-
     def _load(self) -> Loaded:
         import mlx.core as mx
         from mlx_lm import load
@@ -90,7 +86,7 @@ class MlxBackend(BatchedEngine):
         from gengate.engines.mlx.batch import MlxBatch
 
         options = self.options
-        source = self._source()
+        source, _ = model_source(options.model, options.tiny)
         if options.adapter_path is not None and not Path(options.adapter_path).expanduser().is_dir():
             raise errors.ConfigError(
                 f"model {self.name!r}: adapter_path {options.adapter_path!r} is not a folder"

@@ -32,7 +32,7 @@ class MlxBatch:
         self.model = model
         self.stats = SchedulerStats()
         self._make_cache: Any = lambda: make_prompt_cache(model)
-        self.batchable = all(hasattr(layer, "merge") for layer in self._make_cache())
+        self.batchable = _mergeable(self._make_cache())
         self._cache: list[Any] | None = None  # per layer (batchable)
         self._rows: list[list[Any]] = []  # per row, per layer (not batchable)
 
@@ -42,7 +42,6 @@ class MlxBatch:
 
     def reset(self) -> None:
         self._cache, self._rows = None, []
-        mx.clear_cache()
 
     def join(self, active: list[Sequence], joining: list[Sequence]) -> Logits:
         old = self._decode_rows(active) if active else None
@@ -104,6 +103,17 @@ class MlxBatch:
             ],
             axis=0,
         )
+
+
+def _mergeable(cache: list[Any]) -> bool:
+    """Whether mlx-lm can merge these per-layer caches into batch caches (a cache list whose
+    parts cannot is not, whatever its own type says): tried on the empty caches themselves."""
+    try:
+        for layer in cache:
+            type(layer).merge([layer])
+    except Exception:  # AttributeError (no merge), ValueError ("does not yet support batching")
+        return False
+    return True
 
 
 def _rows(logits: mx.array) -> Logits:

@@ -21,6 +21,7 @@ from gengate.engines.batching.engine import (
     context_length_from_folder,
     context_length_of,
     hf_eos_token_ids,
+    model_source,
 )
 from gengate.engines.batching.request import Loaded
 from gengate.engines.options import refuse_own_keys
@@ -110,7 +111,7 @@ class TransformersBackend(BatchedEngine):
         from gengate.engines.transformers.batch import TorchBatch
 
         options = self.options
-        source, local = self._source()
+        source, local = model_source(self.options.model, self.options.tiny)
         common: dict[str, Any] = {"trust_remote_code": options.trust_remote_code, "local_files_only": local}
         if options.revision is not None:
             common["revision"] = options.revision
@@ -166,18 +167,6 @@ class TransformersBackend(BatchedEngine):
                 f"model {self.name!r}: could not load {what} of {source!r}{at}{hint}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-
-    def _source(self) -> tuple[str, bool]:
-        """(path or hub id, local_files_only)."""
-        if self.options.tiny:
-            from gengate.models.tiny import build_tiny_model, default_tiny_dir
-
-            return str(build_tiny_model(default_tiny_dir()).hf_dir), True
-        assert self.options.model is not None
-        path = Path(self.options.model).expanduser()
-        if path.is_dir():
-            return str(path), True
-        return self.options.model, False
 
 
 def _local_folder(model: str | None) -> bool:

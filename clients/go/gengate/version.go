@@ -1,0 +1,5 @@
+package gengate
+
+// Version is this client's version; the repository's VERSION file holds it for every package
+// (tests/unit/test_versions.py keeps them equal).
+const Version = "0.1.0"

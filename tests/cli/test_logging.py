@@ -1,0 +1,91 @@
+"""Logs as operators read them: `--log-format json` writes one JSON object per line (server and
+workers alike), every line logged while a call is served names its request id, model and caller,
+`--log-level` sets the level, and upstream SDKs' per-call HTTP lines are DEBUG only."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from gengate_client import Client, GengateError
+from serve_process import ServerProcess
+
+SNIPPET = """
+import logging, sys
+from gengate.caller import set_caller
+from gengate.logs import about_request, configure_logging
+from gengate.redaction import register_secret
+configure_logging(sys.argv[1], sys.argv[2])
+register_secret("sk-live-CANARY-0123456789abcdef")
+log = logging.getLogger("gengate.test")
+log.info("outside any call")
+set_caller("team-a")
+with about_request("req-1", "tiny"):
+    log.info("inside %s", "the call")
+    try:
+        raise ValueError("boom with sk-live-CANARY-0123456789abcdef inside")
+    except ValueError:
+        log.exception("it failed")
+log.debug("only at debug")
+logging.getLogger("httpx").info("HTTP Request: POST https://api.example/v1/chat 200")
+"""
+
+
+def run(level: str, fmt: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", SNIPPET, level, fmt], capture_output=True, text=True, check=True
+    )
+    return out.stderr.splitlines()
+
+
+def test_json_lines_carry_the_request_and_the_caller() -> None:
+    lines = [json.loads(line) for line in run("INFO", "json") if line.startswith("{")]
+    outside, inside, failed = lines[0], lines[1], lines[2]
+    assert outside["message"] == "outside any call" and "request_id" not in outside
+    assert {k: inside[k] for k in ("level", "logger", "message", "request_id", "model", "caller")} == {
+        "level": "INFO",
+        "logger": "gengate.test",
+        "message": "inside the call",
+        "request_id": "req-1",
+        "model": "tiny",
+        "caller": "team-a",
+    }
+    assert inside["time"].endswith("+00:00")
+    assert failed["level"] == "ERROR" and "ValueError: boom with" in failed["exception"]
+    assert len(lines) == 3, "DEBUG and httpx's per-call line are not logged at INFO"
+
+
+def test_text_lines_tag_the_request_and_debug_shows_upstream_http() -> None:
+    lines = run("DEBUG", "text")
+    inside = next(line for line in lines if "inside the call" in line)
+    assert inside.endswith("[request_id=req-1 model=tiny caller=team-a]")
+    assert any("only at debug" in line for line in lines)
+    assert any("HTTP Request: POST" in line for line in lines)
+
+
+def test_serve_and_its_workers_log_json_naming_the_request() -> None:
+    config = {
+        "models": [
+            {"name": "flaky", "backend": "scripted", "isolation": "process", "fail_after_tokens": 0},
+        ]
+    }
+    server = ServerProcess(config, env={"GENGATE_LOG_FORMAT": "json", "GENGATE_LOG_LEVEL": "DEBUG"})
+    try:
+        with Client(server.address) as client, pytest.raises(GengateError):
+            client.generate("flaky", "hi", request_id="req-flaky-1")
+        deadline = time.monotonic() + 60
+        while not any("req-flaky-1" in line for line in server.log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.stop()
+    records = [json.loads(line) for line in server.log if line.startswith("{")]
+    text_shaped = re.compile(r"^\d{4}-\d\d-\d\d[ T]\S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+    plain = [line for line in server.log if text_shaped.match(line) or "worker[" in line]
+    assert not plain, f"log lines not in JSON: {plain[:3]}"
+    assert any(r["logger"] == "gengate" and "serving on" in r["message"] for r in records)
+    worker = [r for r in records if r.get("worker") == "flaky" and r.get("request_id") == "req-flaky-1"]
+    assert worker and worker[0]["model"] == "flaky", records[-10:]
