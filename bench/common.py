@@ -177,15 +177,21 @@ def gengate_server(
     timeout_s: float = 120.0,
     server: dict[str, Any] | None = None,
     data_dir: str | None = None,
+    callers: list[dict[str, Any]] | None = None,
 ) -> Iterator[str]:
     """Runs `gengate serve` on a free port in a subprocess with these model entries (and `server`
-    settings); yields HOST:PORT. Its job store lives in `data_dir` (default: a temp dir).
+    settings, `callers`); yields HOST:PORT. Its job store lives in `data_dir` (default: a temp dir).
 
     A separate process, as in production: the client's Python does not share the server's GIL.
     """
     with tempfile.TemporaryDirectory(prefix="gengate-bench-") as tmp:
         config = Path(tmp) / "config.yaml"
-        config.write_text(yaml.safe_dump({"models": models, **({"server": server} if server else {})}))
+        document: dict[str, Any] = {"models": models}
+        if server:
+            document["server"] = server
+        if callers:
+            document["callers"] = callers
+        config.write_text(yaml.safe_dump(document))
         log = open(Path(tmp) / "server.log", "w+")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "GENGATE_DATA_DIR": data_dir or tmp}
         proc = subprocess.Popen(

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gengate.callers.config import CallerConfig, parse_callers
 from gengate.errors import ConfigError
 from gengate.limits import RequestLimits
 from gengate.registry import backend_class
@@ -111,11 +112,30 @@ class ServerSettings(BaseModel):
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None
-    # Caller authentication: bearer tokens, comma-separated, read from this environment variable.
+    # Caller authentication: bearer tokens, comma-separated, read from this environment variable
+    # (one caller, "default", with no quota); the top-level `callers:` list names callers.
     auth_tokens_env: str | None = None
+    # SIGTERM: health goes NOT_SERVING, new calls are refused (UNAVAILABLE, DRAINING) and calls
+    # in flight get this long to finish (deploy/helm: terminationGracePeriodSeconds follows it).
+    drain_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    # Where callers' per-minute windows live: None = this process; redis://host:port/db = shared
+    # by every replica using it (callers/shared.py). A replica that loses Redis serves with local
+    # windows and says so (health `gengate.limits`), or refuses calls with `state_fail_closed`.
+    state: str | None = None
+    state_fail_closed: bool = False
+    # A call waiting for a model's slot gains one priority point per this many seconds waited,
+    # so a low-priority caller still progresses under a stream of higher-priority calls.
+    priority_aging_s: float = Field(default=1.0, gt=0)
     # What one request may ask for, checked before any work (gengate.limits; README "Limits").
     limits: RequestLimits = Field(default_factory=RequestLimits)
     jobs: JobSettings = Field(default_factory=JobSettings)
+
+    @field_validator("state")
+    @classmethod
+    def _state_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://host:port/db (or rediss://, unix://) URL")
+        return value
 
     @model_validator(mode="after")
     def _tls_pairs(self) -> ServerSettings:
@@ -131,6 +151,7 @@ class ServerConfig:
     models: tuple[ModelConfig, ...]
     server: ServerSettings = field(default_factory=ServerSettings)
     source: str = "<default>"
+    callers: tuple[CallerConfig, ...] = ()
 
 
 def option_keys(options_model: type[BaseModel]) -> frozenset[str]:
@@ -159,10 +180,10 @@ def parse_config(data: Any, *, source: str = "<config>") -> ServerConfig:
     """Validates a config mapping; every error names `source` and where in it."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping with a 'models' list")
-    unknown = set(data) - {"models", "server"}
+    unknown = set(data) - {"models", "server", "callers"}
     if unknown:
         raise ConfigError(
-            f"{source}: unknown top-level key(s) {sorted(unknown)}; expected 'models', 'server'"
+            f"{source}: unknown top-level key(s) {sorted(unknown)}; expected 'models', 'server', 'callers'"
         )
     entries = data.get("models")
     if not isinstance(entries, list) or not entries:
@@ -173,7 +194,15 @@ def parse_config(data: Any, *, source: str = "<config>") -> ServerConfig:
     if duplicates:
         raise ConfigError(f"{source}: duplicate model name(s) {duplicates}")
     _check_members(models, source)
-    return ServerConfig(models=models, server=_parse_server(data.get("server") or {}, source), source=source)
+    server = _parse_server(data.get("server") or {}, source)
+    callers = parse_callers(
+        data.get("callers"),
+        models=names,
+        source=source,
+        legacy_tokens=bool(server.auth_tokens_env),
+        mutual_tls=server.tls_client_ca_file is not None,
+    )
+    return ServerConfig(models=models, server=server, source=source, callers=callers)
 
 
 def _check_members(models: tuple[ModelConfig, ...], source: str) -> None:

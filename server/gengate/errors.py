@@ -25,6 +25,7 @@ class StatusCode(enum.StrEnum):
     ABORTED = "ABORTED"
     INTERNAL = "INTERNAL"
     UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,20 @@ class Unimplemented(GengateError):
 class Unavailable(GengateError):
     code = StatusCode.UNAVAILABLE
     default_reason = "UNAVAILABLE"
+
+
+class Unauthenticated(GengateError):
+    """The call carries no credentials, or ones that name no caller."""
+
+    code = StatusCode.UNAUTHENTICATED
+    default_reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(GengateError):
+    """An authenticated caller asked for something its configuration does not allow."""
+
+    code = StatusCode.PERMISSION_DENIED
+    default_reason = "PERMISSION_DENIED"
 
 
 class ResourceExhausted(GengateError):

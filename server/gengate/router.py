@@ -5,13 +5,16 @@ service for callers, composites for their members."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gengate.backend import Backend, Composite, aclose_stream
+from gengate.callers.context import current_priority
 from gengate.config import ModelConfig, ServerConfig
 from gengate.deadline import iterate_within_deadline, within_deadline
 from gengate.domain import (
@@ -30,18 +33,20 @@ log = logging.getLogger(__name__)
 
 
 class Slots:
-    """A model's concurrency slots, interactive calls first.
+    """A model's concurrency slots: interactive calls by caller priority, background after them.
 
-    A freed slot goes to a waiting interactive call before any background one (a batch job's
-    item); background callers never take a slot while an interactive call waits. While
-    interactive calls run, and for `quiet_s` after the last one, background work holds at most
-    `busy_background` slots, and `idle_background` otherwise: engines queue or batch what they
-    are given, so a long line of job items in the engine would be paid for by the next
-    interactive call. FIFO within each class.
+    A freed slot goes to the waiting interactive call of highest effective priority (its
+    caller's priority plus one point per `aging_s` seconds it has waited, so low priority still
+    progresses under a stream of higher-priority calls; arrival order among equals), and only
+    then to a background one (a batch job's item): background callers never take a slot while
+    an interactive call waits. While interactive calls run, and for `quiet_s` after the last
+    one, background work holds at most `busy_background` slots, and `idle_background`
+    otherwise: engines queue or batch what they are given, so a long line of job items in the
+    engine would be paid for by the next interactive call. Background items run FIFO.
     """
 
     __slots__ = (
-        "_background", "_free", "_interactive", "_quiet_at", "_timer",
+        "_background", "_clock", "_free", "_interactive", "_quiet_at", "_seq", "_timer", "aging_s",
         "background_active", "busy_background", "idle_background", "interactive_active", "quiet_s",
     )  # fmt: skip
 
@@ -52,11 +57,17 @@ class Slots:
         quiet_s: float = 1.0,
         busy_background: int = 1,
         idle_background: int | None = None,
+        aging_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._free = count
         self.idle_background = count if idle_background is None else idle_background
-        self._interactive: deque[asyncio.Future[None]] = deque()
+        # A heap of [key, arrival number, waiter, bounded]: the smallest key is served first.
+        self._interactive: list[list[Any]] = []
         self._background: deque[asyncio.Future[None]] = deque()
+        self._seq = 0
+        self._clock = clock
+        self.aging_s = aging_s
         self.quiet_s = quiet_s
         self.busy_background = busy_background
         self._quiet_at = 0.0
@@ -64,33 +75,77 @@ class Slots:
         self.interactive_active = 0
         self.background_active = 0
 
+    def _key(self, priority: int) -> float:
+        """A waiter's place: all waiters age at the same rate, so "priority + waited / aging_s"
+        orders them as "arrival / aging_s - priority" does, a key fixed at arrival."""
+        return self._clock() / self.aging_s - priority
+
     def _background_may_start(self) -> bool:
         if self._free <= 0 or self._interactive:
             return False
         busy = self.interactive_active > 0 or time.monotonic() < self._quiet_at
         return self.background_active < (self.busy_background if busy else self.idle_background)
 
-    async def acquire(self, *, background: bool = False) -> None:
+    async def acquire(self, *, background: bool = False, priority: int = 0, bounded: bool = True) -> None:
+        """Waits for a slot. `priority`: the caller's (interactive calls); `bounded`: the waiter
+        may be displaced by a higher-priority call when the queue is full (`displace`)."""
         if background:
             if not self._background and self._background_may_start():
                 self._free -= 1
                 self.background_active += 1
                 return
-        elif self._free > 0 and not self._interactive:
+            await self._wait_background()
+            return
+        if self._free > 0 and not self._interactive:
             self._free -= 1
             self.interactive_active += 1
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        queue = self._background if background else self._interactive
-        queue.append(waiter)
+        self._seq += 1
+        entry = [self._key(priority), self._seq, waiter, bounded]
+        heapq.heappush(self._interactive, entry)
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self.release(background=background)  # handed a slot just as the caller left
+                self.release()  # handed a slot just as the caller left
             else:
-                queue.remove(waiter)
+                self._remove(entry)
             raise
+
+    async def _wait_background(self) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._background.append(waiter)
+        self._wake_when_quiet()  # arriving in a quiet period: nothing else would wake it at its end
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(background=True)
+            else:
+                self._background.remove(waiter)
+            raise
+
+    def _remove(self, entry: list[Any]) -> None:
+        try:
+            self._interactive.remove(entry)
+        except ValueError:
+            return
+        heapq.heapify(self._interactive)
+
+    def displace(self, priority: int, error: BaseException) -> bool:
+        """Makes room in a full queue for a call of `priority`: the bounded waiter of lowest
+        effective priority, if lower than this call's, leaves the queue with `error`. False when
+        no waiter ranks below the call (it is the one refused)."""
+        key = self._key(priority)
+        lowest = max((e for e in self._interactive if e[3]), default=None, key=lambda e: (e[0], e[1]))
+        if lowest is None or lowest[0] <= key:
+            return False
+        self._remove(lowest)
+        waiter: asyncio.Future[None] = lowest[2]
+        if not waiter.done():
+            waiter.set_exception(error)
+        return True
 
     def release(self, *, background: bool = False) -> None:
         self._free += 1
@@ -112,17 +167,21 @@ class Slots:
     def _dispatch(self) -> None:
         """Hands free slots to waiters: interactive first, then background as far as allowed."""
         while self._free > 0 and self._interactive:
-            waiter = self._interactive.popleft()
+            waiter = heapq.heappop(self._interactive)[2]
             if not waiter.done():
                 self._free -= 1
                 self.interactive_active += 1
                 waiter.set_result(None)
         while self._background and self._background_may_start():
-            waiter = self._background.popleft()
-            if not waiter.done():
+            background = self._background.popleft()
+            if not background.done():
                 self._free -= 1
                 self.background_active += 1
-                waiter.set_result(None)
+                background.set_result(None)
+        self._wake_when_quiet()
+
+    def _wake_when_quiet(self) -> None:
+        """Background work waits for the quiet period's end: a timer dispatches it then."""
         if self._background and self._timer is None and time.monotonic() < self._quiet_at:
             delay = self._quiet_at - time.monotonic()
             self._timer = asyncio.get_running_loop().call_later(delay, self._quiet)
@@ -207,17 +266,27 @@ class RouteSlot:
                 route.background_waiting -= 1
             route.in_flight += 1
             return time.monotonic() - queued_at
+        slots = route.slots
+        if not isinstance(slots, Slots):  # a plain semaphore (tests, embedding code): no queue order
+            if self._bounded and route.waiting >= route.config.max_queue:
+                raise _queue_full(route)
+            route.waiting += 1
+            queued_at = time.monotonic()
+            try:
+                await slots.acquire()
+            finally:
+                route.waiting -= 1
+            route.in_flight += 1
+            return time.monotonic() - queued_at
         max_queue = route.config.max_queue
+        priority = current_priority()
         if self._bounded and route.waiting >= max_queue:
-            raise ResourceExhausted(
-                f"model {route.name!r} has {route.waiting} requests queued (max_queue {max_queue})",
-                reason="QUEUE_FULL",
-                retry_after_s=1.0,
-            )
+            if not slots.displace(priority, _queue_full(route, displaced=True)):
+                raise _queue_full(route)
         queued_at = time.monotonic()
         route.waiting += 1
         try:
-            await route.slots.acquire()
+            await slots.acquire(priority=priority, bounded=self._bounded)
         finally:
             route.waiting -= 1
         route.in_flight += 1
@@ -232,6 +301,16 @@ class RouteSlot:
             route.slots.release(background=True)
         else:
             route.slots.release()
+
+
+def _queue_full(route: Route, *, displaced: bool = False) -> ResourceExhausted:
+    max_queue = route.config.max_queue
+    why = ": a call of higher priority took this one's place" if displaced else ""
+    return ResourceExhausted(
+        f"model {route.name!r} has {route.waiting} requests queued (max_queue {max_queue}){why}",
+        reason="QUEUE_FULL",
+        retry_after_s=1.0,
+    )
 
 
 class MemberBackend:

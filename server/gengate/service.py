@@ -11,10 +11,14 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 
 from gengate.backend import aclose_stream
+from gengate.callers.context import current_policy
+from gengate.callers.identity import Caller
+from gengate.callers.limits import Admission, Admitted
 from gengate.checks import prepare
 from gengate.constraints.sandbox import ConstraintSandbox
 from gengate.conversation import MagpieWriter
@@ -34,13 +38,16 @@ from gengate.domain import (
     evolve,
 )
 from gengate.errors import (
+    ECHO_CHARS,
     Aborted,
     FieldViolation,
     GengateError,
     Internal,
     InvalidArgument,
+    PermissionDenied,
     ResourceExhausted,
     Unimplemented,
+    echo,
 )
 from gengate.limits import LIMIT_REASON, RequestLimits
 from gengate.logs import about_request
@@ -68,8 +75,11 @@ class GenerationCore:
         max_batch_items: int = 4096,
         batch_parallelism: int = 256,
         limits: RequestLimits | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.router = router
+        # Callers' quotas; a call is admitted under them when it runs for a caller (callers.context).
+        self.admission = admission if admission is not None else Admission()
         self.max_batch_items = max_batch_items
         self.batch_parallelism = batch_parallelism
         self.limits = limits or RequestLimits()
@@ -77,7 +87,25 @@ class GenerationCore:
         self.validator = OutputValidator(self.limits.validation_timeout_s)
 
     def list_models(self) -> list[ModelInfo]:
-        return self.router.models()
+        """The served models, as far as the current caller may use them."""
+        caller = current_policy()
+        models = self.router.models()
+        if caller is None or caller.models is None:
+            return models
+        return [m for m in models if caller.may_use(m.name)]
+
+    async def _admit(self, request: GenerationRequest, *, wait: bool) -> Admitted | None:
+        """The current caller's pass for this request: the model must be one it may use, and
+        its quotas must have room (RESOURCE_EXHAUSTED with RetryInfo otherwise). None: no
+        caller, or one without quotas."""
+        caller = current_policy()
+        if caller is None:
+            return None
+        if request.model and not caller.may_use(request.model):
+            raise not_allowed(caller, request.model)
+        if not caller.limited:
+            return None
+        return await self.admission.admit(caller, wait=wait)
 
     async def _prepare(self, request: GenerationRequest) -> tuple[Route, GenerationRequest]:
         """Routes and checks the request: limits and capabilities here (in a thread when the request
@@ -122,6 +150,7 @@ class GenerationCore:
     async def aclose(self) -> None:
         await self.sandbox.aclose()
         self.validator.close()
+        await self.admission.aclose()
 
     async def generate(
         self, request: GenerationRequest, *, queue_bounded: bool = True, background: bool = False
@@ -129,6 +158,19 @@ class GenerationCore:
         """One request, checked, routed and validated. `background` (batch jobs) yields the
         model's slots to interactive calls (Route.slot)."""
         arrived = time.monotonic()
+        admitted = await self._admit(request, wait=not queue_bounded)
+        if admitted is None:
+            return await self._generate(request, arrived, queue_bounded, background)
+        try:
+            result = await self._generate(request, arrived, queue_bounded, background)
+            await admitted.charge(result.usage.input_tokens + result.usage.output_tokens)
+            return result
+        finally:
+            admitted.release()
+
+    async def _generate(
+        self, request: GenerationRequest, arrived: float, queue_bounded: bool, background: bool
+    ) -> GenerationResult:
         route, request = await self._prepare(request)
         with about_request(request.request_id, route.name):
             if request.magpie is not None:
@@ -138,7 +180,28 @@ class GenerationCore:
             return await self.finish(route, request, result, arrived)
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """One request's events, checked, routed and validated; a caller's tokens are charged
+        as the stream tells them (input at the start, output at each generation's end)."""
         arrived = time.monotonic()
+        admitted = await self._admit(request, wait=False)
+        # aclosing: a stream dropped by its caller closes the inner one here, in this task, at
+        # once (not later from the event loop's finalizer, in another task).
+        async with aclosing(self._stream(request, arrived)) as events:
+            if admitted is None:
+                async for event in events:
+                    yield event
+                return
+            try:
+                async for event in events:
+                    if isinstance(event, StreamStart):
+                        await admitted.charge(event.input_tokens)
+                    elif isinstance(event, GenerationEnd):
+                        await admitted.charge(event.usage.output_tokens)
+                    yield event
+            finally:
+                admitted.release()
+
+    async def _stream(self, request: GenerationRequest, arrived: float) -> AsyncGenerator[StreamEvent, None]:
         route, request = await self._prepare(request)
         if request.magpie is not None:
             raise Unimplemented(
@@ -218,6 +281,17 @@ class GenerationCore:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def not_allowed(caller: Caller, model: str) -> PermissionDenied:
+    """PERMISSION_DENIED for a model outside the caller's `models` (whether or not it is served:
+    a caller learns nothing about the models it may not use)."""
+    allowed = ", ".join(sorted(caller.models or ())) or "none"
+    return PermissionDenied(
+        f"caller {caller.name!r} may not use model {echo(model)} (its models: {allowed})",
+        reason="MODEL_NOT_ALLOWED",
+        metadata={"model": model[:ECHO_CHARS], "caller": caller.name},
+    )
 
 
 class OutputValidator:

@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import Attributes
 
+from gengate.caller import current_caller
 from gengate.domain import GenerationEnd, GenerationRequest, GenerationResult
 from gengate.errors import GengateError
 from gengate.redaction import redact
@@ -324,6 +325,7 @@ def backend_span(
         "gen_ai.request.model": model,
         "gengate.request.id": request.request_id,
         "gen_ai.request.choice.count": request.n,
+        "gengate.caller": current_caller(),  # read here, in the core: the name, never a token
     }
     sampling = request.sampling
     for key, value in (

@@ -159,6 +159,20 @@ def test_every_option_on(renderer: Path, tmp_path: Path) -> None:
     assert c["readinessProbe"]["grpc"] == {"port": 50051, "service": "gengate.v1.GenerationService/tiny"}
 
 
+def grace_period(objs: dict[tuple[str, str], dict[str, Any]]) -> int:
+    value: int = objs[("Deployment", "gengate")]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    return value
+
+
+def test_the_grace_period_covers_pre_stop_and_the_drain(renderer: Path, tmp_path: Path) -> None:
+    assert grace_period(objects(renderer, tmp_path)) == 5 + 30 + 10  # drain_timeout_s defaults to 30
+    assert grace_period(objects(renderer, tmp_path, {"config": None})) == 5 + 30 + 10
+    models = [{"name": "e", "backend": "scripted"}]
+    longer = {"config": {"server": {"drain_timeout_s": 120.5}, "models": models}, "preStopSleepSeconds": 0}
+    assert grace_period(objects(renderer, tmp_path, longer)) == 0 + 121 + 10
+    assert parse_config(longer["config"]).server.drain_timeout_s == 120.5
+
+
 def test_keys_without_a_secret_name_fail_the_render(renderer: Path, tmp_path: Path) -> None:
     proc = render(renderer, tmp_path, {"secrets": {"keys": {"OPENAI_API_KEY": "openai"}}})
     assert proc.returncode != 0

@@ -2,77 +2,37 @@
 
 from __future__ import annotations
 
-import datetime
 import logging
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-from gengate.api.auth import BearerTokenInterceptor
+from gengate.api.auth import CallerInterceptor
+from gengate.callers.identity import CallerDirectory
 from gengate.errors import ConfigError
 from gengate_proto.v1 import generation_pb2 as g
 from gengate_proto.v1 import generation_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from observe import reason
+from pki import issue, key_pem, pem
 
 SCRIPTED = [{"name": "echo", "backend": "scripted"}]
 TOKEN = "gg-test-token-7f3a9c"
 
 
-def _issue(
-    name: str,
-    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-    *,
-    ca: bool = False,
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer[0].subject if issuer else subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if not ca:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False
-        )
-    signer = issuer[1] if issuer else key
-    return builder.sign(signer, hashes.SHA256()), key
-
-
-def _pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("pki")
-    ca = _issue("gengate test CA", None, ca=True)
-    server = _issue("localhost", ca)
-    client = _issue("client", ca)
+    ca = issue("gengate test CA", None, ca=True)
+    server = issue("localhost", ca)
+    client = issue("client", ca)
     files = {
-        "ca": _pem(ca[0]),
-        "server_cert": _pem(server[0]),
-        "server_key": _key_pem(server[1]),
-        "client_cert": _pem(client[0]),
-        "client_key": _key_pem(client[1]),
+        "ca": pem(ca[0]),
+        "server_cert": pem(server[0]),
+        "server_key": key_pem(server[1]),
+        "client_cert": pem(client[0]),
+        "client_key": key_pem(client[1]),
     }
     paths = {}
     for name, data in files.items():
@@ -289,7 +249,8 @@ async def test_interceptor_never_deserializes_a_rejected_call() -> None:
         return request
 
     handler = grpc.unary_unary_rpc_method_handler(echo, request_deserializer=parse, response_serializer=bytes)
-    server = grpc.aio.server(interceptors=[BearerTokenInterceptor(frozenset({TOKEN}))])
+    directory = CallerDirectory.from_config((), legacy_tokens_env="TOKENS", env={"TOKENS": TOKEN})
+    server = grpc.aio.server(interceptors=[CallerInterceptor(directory)])
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Echo", {"Call": handler}),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

@@ -1,130 +1,151 @@
-"""Caller authentication: bearer tokens in the `authorization` metadata.
+"""Every call to gengate's own services passes here first: refused while the server drains,
+then its caller identified (bearer token in the `authorization` metadata, or the client
+certificate's subject under mutual TLS) and made current for the call (callers.context), its
+RPC span and its log lines; then it is counted in flight until it ends.
 
 Health checks and reflection stay open so load balancers and tools work without a token (a
-single model's health needs one: api/health.py). Tokens are compared in constant time, and
-registered for redaction so they are never logged. A rejected call's body is never parsed.
+single model's health needs one: api/health.py). A refused call's body is never parsed: with
+callers configured, requests are deserialized only once the caller is known.
 """
 
 from __future__ import annotations
 
-import hmac
-import os
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from gengate.api import OPEN_SERVICES
+from gengate.api.drain import Drain
 from gengate.api.status import GRPC_CODES, to_rpc_status, trailing_metadata
-from gengate.errors import ConfigError, GengateError, StatusCode
-from gengate.redaction import register_secret
+from gengate.api.tracing import mark_caller
+from gengate.callers import context as caller_context
+from gengate.callers.identity import Caller, CallerDirectory
+from gengate.errors import GengateError, Unauthenticated
 
-OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+__all__ = ["OPEN_SERVICES", "CallerInterceptor", "Unauthenticated", "identify", "reject"]
 
-
-class Unauthenticated(GengateError):
-    code = StatusCode.UNAUTHENTICATED
-    default_reason = "UNAUTHENTICATED"
-
-
-def tokens_from_env(variable: str) -> frozenset[str]:
-    """The accepted tokens: comma-separated in `variable`; an empty or unset variable is an error.
-
-    Each token is registered for redaction, so no log line or error message can carry one."""
-    raw = os.environ.get(variable)
-    if raw is None:
-        raise ConfigError(f"server.auth_tokens_env names {variable}, which is not set")
-    tokens = frozenset(t.strip() for t in raw.split(",") if t.strip())
-    if not tokens:
-        raise ConfigError(f"server.auth_tokens_env names {variable}, which holds no token")
-    for token in tokens:
-        register_secret(token)
-    return tokens
+if TYPE_CHECKING:
+    Context = grpc.aio.ServicerContext[Any, Any]
+    Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]]
 
 
-Metadata = Sequence[tuple[str, str | bytes]]
-
-
-class TokenCheck:
-    """The one bearer-token check (constant-time), shared by the interceptor and health."""
-
-    def __init__(self, tokens: frozenset[str]) -> None:
-        self._tokens = tuple(t.encode() for t in tokens)
-
-    def verdict(self, metadata: Metadata | None) -> bool | None:
-        """True: a valid token; False: a wrong one; None: none given."""
-        for key, value in metadata or ():
-            if key.lower() == "authorization":
-                text = value.decode(errors="replace") if isinstance(value, bytes) else value
-                scheme, _, token = text.partition(" ")
-                if scheme.lower() != "bearer":
-                    return False
-                given = token.strip().encode()
-                # Every token is compared (no early exit), each in constant time.
-                return any([hmac.compare_digest(given, t) for t in self._tokens])
-        return None
-
-    def error(self, metadata: Metadata | None) -> Unauthenticated | None:
-        """None when the metadata holds a valid token, else the UNAUTHENTICATED error to answer."""
-        verdict = self.verdict(metadata)
-        if verdict:
-            return None
-        if verdict is None:
-            return Unauthenticated(
-                "missing bearer token in the authorization metadata", reason="MISSING_CREDENTIALS"
-            )
-        return Unauthenticated("invalid bearer token", reason="INVALID_CREDENTIALS")
-
-
-async def reject(context: grpc.aio.ServicerContext[Any, Any], error: GengateError) -> None:
+async def reject(context: Context, error: GengateError) -> None:
     """Ends the call with `error`: its code, message and google.rpc details."""
     context.set_trailing_metadata(trailing_metadata(to_rpc_status(error)))
     await context.abort(GRPC_CODES[error.code], error.message)
 
 
-class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects calls without a valid `authorization: Bearer <token>` with UNAUTHENTICATED."""
+def identify(directory: CallerDirectory, context: Context) -> Caller:
+    """The call's caller (Unauthenticated when it names none); the certificate is read only when
+    some caller is known by its subject."""
+    auth = context.auth_context() if directory.by_certificate else None
+    return directory.identify(tuple(context.invocation_metadata() or ()), auth)
 
-    def __init__(self, tokens: frozenset[str] | TokenCheck) -> None:
-        self.check = tokens if isinstance(tokens, TokenCheck) else TokenCheck(tokens)
+
+class CallerInterceptor(grpc.aio.ServerInterceptor):
+    """Drain, authentication and the current caller, around every non-open method handler."""
+
+    def __init__(self, directory: CallerDirectory | None, drain: Drain | None = None) -> None:
+        self.directory = directory
+        self.drain = drain if drain is not None else Drain()
+        # Wrapped handlers by method: the server hands the same handler for a method every call.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
 
     async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method = handler_call_details.method or ""
-        if method.startswith(OPEN_SERVICES):
-            return await continuation(handler_call_details)
-        error = self.check.error(tuple(handler_call_details.invocation_metadata or ()))
-        if error is None:
-            return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
-        return None if handler is None else _rejecting(handler, error)
+        method = handler_call_details.method or ""
+        if handler is None or method.startswith(OPEN_SERVICES):
+            return handler
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
+    async def _admit(self, context: Context) -> None:
+        """Refuses the call while draining or without a known caller; else makes its caller
+        current and counts it in flight (the caller of `_admit` must `drain.leave()`)."""
+        drain = self.drain
+        if drain.draining:
+            await reject(context, drain.refusal())
+        if self.directory is not None:
+            try:
+                caller = identify(self.directory, context)
+            except Unauthenticated as exc:
+                await reject(context, exc)
+                raise AssertionError("unreachable") from None  # reject() raises
+            # Set here, in the handler's own context: what an interceptor sets in its own
+            # coroutine is not promised to reach the handler (and grpc may run them apart).
+            caller_context.enter(caller)
+            mark_caller(caller.name)
+        drain.enter()
 
-def _ignore_body(data: bytes) -> None:
-    """The request deserializer of a rejected call: its bytes are never parsed (an unauthenticated
-    caller cannot make the server decode anything, nor tell a bad body from a bad token)."""
-    return None
+    def _wrap(self, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+        # With authentication on, the body is parsed only after the caller is known.
+        parse = handler.request_deserializer if self.directory is not None else None
+        wire_parse = None if self.directory is not None else handler.request_deserializer
+        serialize = handler.response_serializer
+        admit = self._admit
+        drain = self.drain
 
+        def parsed(raw: Any) -> Any:
+            return parse(raw) if parse is not None else raw
 
-def _rejecting(
-    handler: grpc.RpcMethodHandler[Any, Any], error: GengateError
-) -> grpc.RpcMethodHandler[Any, Any]:
-    """A handler of the same shape as `handler` that ends the call with `error`, body unread."""
+        if handler.unary_unary is not None:
+            unary: Any = handler.unary_unary
 
-    async def reject_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await reject(context, error)
+            async def call_unary(raw: Any, context: Context) -> Any:
+                await admit(context)
+                try:
+                    return await unary(parsed(raw), context)
+                finally:
+                    drain.leave()
 
-    async def reject_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await reject(context, error)
-        yield  # pragma: no cover - makes this an async generator, as streaming handlers are
+            return grpc.unary_unary_rpc_method_handler(call_unary, wire_parse, serialize)
+        if handler.unary_stream is not None:
+            stream: Any = handler.unary_stream
 
-    serialize = handler.response_serializer
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(reject_unary, _ignore_body, serialize)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(reject_stream, _ignore_body, serialize)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(reject_unary, _ignore_body, serialize)
-    return grpc.stream_stream_rpc_method_handler(reject_stream, _ignore_body, serialize)
+            async def call_stream(raw: Any, context: Context) -> AsyncIterator[Any]:
+                await admit(context)
+                try:
+                    # aclosing: a dropped stream closes the handler's generator here, at once.
+                    async with aclosing(stream(parsed(raw), context)) as items:
+                        async for item in items:
+                            yield item
+                finally:
+                    drain.leave()
+
+            return grpc.unary_stream_rpc_method_handler(call_stream, wire_parse, serialize)
+
+        async def each_parsed(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+            async for raw in requests:
+                yield parsed(raw)
+
+        if handler.stream_unary is not None:
+            upload: Any = handler.stream_unary
+
+            async def call_upload(requests: AsyncIterator[Any], context: Context) -> Any:
+                await admit(context)
+                try:
+                    return await upload(each_parsed(requests), context)
+                finally:
+                    drain.leave()
+
+            return grpc.stream_unary_rpc_method_handler(call_upload, wire_parse, serialize)
+        both: Any = handler.stream_stream
+
+        async def call_both(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+            await admit(context)
+            try:
+                async with aclosing(both(each_parsed(requests), context)) as items:
+                    async for item in items:
+                        yield item
+            finally:
+                drain.leave()
+
+        return grpc.stream_stream_rpc_method_handler(call_both, wire_parse, serialize)

@@ -20,6 +20,8 @@ from google.rpc import status_pb2
 
 from gengate.api import convert
 from gengate.api.status import abort, to_rpc_status
+from gengate.callers.context import current_policy
+from gengate.callers.identity import Caller
 from gengate.config import JobSettings
 from gengate.domain import GenerationRequest, GenerationResult
 from gengate.errors import Cancelled, GengateError, InvalidArgument
@@ -27,6 +29,7 @@ from gengate.jobs.model import ItemResult, Job
 from gengate.jobs.runner import JobRunner
 from gengate.jobs.store import JobStore
 from gengate.limits import LIMIT_REASON
+from gengate.service import not_allowed
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -61,13 +64,16 @@ class ItemCodec:
         return bytes(to_rpc_status(error).SerializeToString())
 
     def refused(
-        self, item: gpb.GenerateRequest | GengateError, index: int
+        self, item: gpb.GenerateRequest | GengateError, index: int, caller: Caller | None = None
     ) -> tuple[bytes | None, ItemResult | None]:
-        """What the store keeps for one item at create time: its bytes, or its error now."""
+        """What the store keeps for one item at create time: its bytes, or its error now (an
+        item for a model `caller` may not use fails as its own item, PERMISSION_DENIED)."""
         try:
             if isinstance(item, GengateError):
                 raise item
-            self.decode_request_message(item, index)
+            request = self.decode_request_message(item, index)
+            if caller is not None and request.model and not caller.may_use(request.model):
+                raise not_allowed(caller, request.model)
         except GengateError as exc:
             return None, ItemResult(index, self.encode_error(exc, index), failed=True)
         return bytes(item.SerializeToString()), None
@@ -120,8 +126,10 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
     async def _items(
         self, requests: Sequence[gpb.GenerateRequest | GengateError], start: int
     ) -> list[tuple[bytes | None, ItemResult | None]]:
+        caller = current_policy()  # items run later, for no caller: the models are checked now
+
         def convert_all() -> list[tuple[bytes | None, ItemResult | None]]:
-            return [self.codec.refused(item, start + i) for i, item in enumerate(requests)]
+            return [self.codec.refused(item, start + i, caller) for i, item in enumerate(requests)]
 
         if len(requests) <= _CONVERT_CHUNK:
             return convert_all()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -13,12 +13,16 @@ from gengate_proto.v1 import generation_pb2, jobs_pb2, jobs_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gengate.api.auth import BearerTokenInterceptor, TokenCheck, tokens_from_env
+from gengate.api.auth import CallerInterceptor
+from gengate.api.drain import Drain
 from gengate.api.health import GuardedHealthServicer
 from gengate.api.jobs import BatchJobServicer, ItemCodec
 from gengate.api.servicer import GenerationServicer, add_guarded, add_to_server
 from gengate.api.tracing import tracing_interceptor
 from gengate.backend import ReportsHealth
+from gengate.callers.identity import CallerDirectory
+from gengate.callers.limits import Admission
+from gengate.callers.shared import RedisLimits, open_state
 from gengate.config import ServerConfig, ServerSettings
 from gengate.errors import ConfigError
 from gengate.jobs.runner import JobRunner, RunnerSettings
@@ -32,6 +36,11 @@ log = logging.getLogger("gengate")
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name
 JOBS_SERVICE_NAME = jobs_pb2.DESCRIPTOR.services_by_name["BatchJobService"].full_name
+
+
+# Health of the shared quota state (server.state): NOT_SERVING while Redis is lost. Open, like
+# overall health: it tells no caller anything about models.
+LIMITS_HEALTH_NAME = "gengate.limits"
 
 
 def model_health_name(model: str) -> str:
@@ -51,13 +60,33 @@ class RunningServer:
     core: GenerationCore | None = None
     jobs: JobRunner | None = None
     job_store: JobStore | None = None
+    drain_state: Drain = field(default_factory=Drain)
+    callers: CallerDirectory | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    async def drain(self, timeout_s: float, interrupt: asyncio.Event | None = None) -> bool:
+        """Health goes NOT_SERVING (overall, the service, every model) and new calls are refused
+        (UNAVAILABLE, DRAINING) at once; then waits for the calls in flight, streams included,
+        at most `timeout_s` (or until `interrupt` is set). True when every call finished."""
+        self.drain_state.start()
+        await self.health.enter_graceful_shutdown()
+        if self.jobs is not None:  # job items in flight go back to the store for other replicas
+            jobs, self.jobs = self.jobs, None
+            await jobs.aclose()
+        log.info("draining: %d call(s) in flight", self.drain_state.in_flight)
+        finished = await self.drain_state.wait(timeout_s, interrupt)
+        if finished:
+            log.info("drained: every call finished")
+        else:
+            log.warning("drain: %d call(s) still in flight; they are cancelled", self.drain_state.in_flight)
+        return finished
+
     async def stop(self, grace: float = 5.0) -> None:
         """Stops taking calls, lets in-flight ones finish for `grace` seconds, closes backends."""
+        self.drain_state.start()
         await self.health.enter_graceful_shutdown()
         if self.jobs is not None:  # first: items in flight go back to the store unfinished
             await self.jobs.aclose()
@@ -72,21 +101,14 @@ class RunningServer:
         await self.server.wait_for_termination()
 
 
-def _token_check(settings: ServerSettings) -> TokenCheck | None:
-    """The caller-token check, or None when authentication is off."""
-    if not settings.auth_tokens_env:
-        return None
-    return TokenCheck(tokens_from_env(settings.auth_tokens_env))
-
-
-def _interceptors(tokens: TokenCheck | None) -> list[grpc.aio.ServerInterceptor]:
-    """Tracing first (so refused calls are traced too), then caller authentication."""
+def _interceptors(interceptor: CallerInterceptor) -> list[grpc.aio.ServerInterceptor]:
+    """Tracing first (so refused calls are traced too, and the caller goes on the RPC span),
+    then drain and caller authentication."""
     chain: list[grpc.aio.ServerInterceptor] = []
     tracing = tracing_interceptor()
     if tracing is not None:
         chain.append(tracing)
-    if tokens is not None:
-        chain.append(BearerTokenInterceptor(tokens))
+    chain.append(interceptor)
     return chain
 
 
@@ -127,8 +149,11 @@ async def start_server(
     settings = config.server
     host = host or settings.host
     port = settings.port if port is None else port
-    tokens = _token_check(settings)  # configuration errors surface before models load
-    interceptors = _interceptors(tokens)
+    # Configuration errors (a token variable not set, two callers with one token) surface
+    # before models load.
+    directory = CallerDirectory.from_config(config.callers, legacy_tokens_env=settings.auth_tokens_env)
+    drain = Drain()
+    interceptors = _interceptors(CallerInterceptor(directory, drain))
     credentials = _server_credentials(settings)
     from gengate.workers.factory import with_cpu_thread_shares
 
@@ -151,7 +176,10 @@ async def start_server(
             *_connection_age_options(settings),
         ],
     )
-    core = GenerationCore(router, max_batch_items=settings.max_batch_items, limits=settings.limits)
+    state = open_state(settings.state, fail_closed=settings.state_fail_closed)
+    core = GenerationCore(
+        router, max_batch_items=settings.max_batch_items, limits=settings.limits, admission=Admission(state)
+    )
     servicer = GenerationServicer(core, default_timeout_s=settings.request_timeout_s)
     add_to_server(servicer, server)
     for route in router.routes:  # job items leave room for interactive calls on every model
@@ -159,6 +187,7 @@ async def start_server(
             route.slots.idle_background = settings.jobs.per_model_concurrency
             route.slots.busy_background = settings.jobs.busy_per_model_concurrency
             route.slots.quiet_s = settings.jobs.quiet_s
+            route.slots.aging_s = settings.priority_aging_s
     codec = ItemCodec(settings.limits.max_constraint_bytes)
     jobs = settings.jobs
     runner = JobRunner(
@@ -177,7 +206,9 @@ async def start_server(
                 BatchJobServicer(job_store, runner, codec, jobs),
                 jobs_pb2.DESCRIPTOR.services_by_name["BatchJobService"].full_name)  # fmt: skip
     # Overall and service health stay open for probes; a single model's needs the caller token.
-    health_servicer = GuardedHealthServicer(tokens, open_names=("", SERVICE_NAME))
+    health_servicer = GuardedHealthServicer(
+        directory, open_names=("", SERVICE_NAME, LIMITS_HEALTH_NAME), model_prefix=model_health_name("")
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (
@@ -210,6 +241,8 @@ async def start_server(
     for route in router.routes:
         await health_servicer.set(model_health_name(route.name), serving)
         _watch_model_health(route.backend, route.name, health_servicer)
+    if isinstance(state, RedisLimits):
+        await _watch_shared_state(state, health_servicer)
     return RunningServer(
         server=server,
         router=router,
@@ -219,6 +252,8 @@ async def start_server(
         core=core,
         jobs=runner,
         job_store=job_store,
+        drain_state=drain,
+        callers=directory,
     )
 
 
@@ -239,23 +274,54 @@ def _watch_model_health(backend: object, name: str, servicer: health.aio.HealthS
     backend.add_serving_listener(changed)
 
 
+async def _watch_shared_state(state: RedisLimits, servicer: health.aio.HealthServicer) -> None:
+    """`gengate.limits` follows whether the shared quota state answers (checked at start, then
+    by every call that uses it)."""
+    loop = asyncio.get_running_loop()
+
+    def changed(shared: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if shared else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        loop.call_soon(lambda: asyncio.ensure_future(servicer.set(LIMITS_HEALTH_NAME, status)))
+
+    state.on_change = changed
+    shared = await state.ping()
+    status = health_pb2.HealthCheckResponse.SERVING if shared else health_pb2.HealthCheckResponse.NOT_SERVING
+    await servicer.set(LIMITS_HEALTH_NAME, status)
+    log.info("limits: callers' per-minute windows %s", state.status())
+
+
 def serve(config: ServerConfig, host: str | None = None, port: int | None = None) -> None:
-    """Runs the server until SIGINT/SIGTERM (the `gengate serve` command)."""
+    """Runs the server until SIGINT/SIGTERM (the `gengate serve` command), then drains: health
+    NOT_SERVING and new calls refused at once, calls in flight given server.drain_timeout_s to
+    finish (a second signal ends the wait), then workers stop and this returns (exit 0)."""
 
     async def main() -> None:
         stop = asyncio.Event()
+        again = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def signalled() -> None:
+            (again if stop.is_set() else stop).set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):  # before "serving" is printed: no gap for SIGTERM
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, signalled)
         running = await start_server(config, host=host, port=port)
         names = ", ".join(r.name for r in running.router.routes)
         log.info("gengate serving on %s (models: %s)", running.address, names)
         print(f"gengate serving on {running.address} (models: {names})", flush=True)
         await stop.wait()
-        log.info("shutting down")
-        await running.stop()
+        log.info("shutting down: draining for at most %gs", config.server.drain_timeout_s)
+        await running.drain(config.server.drain_timeout_s, again)
+        await running.stop(grace=_STOP_GRACE_S)
+        log.info("stopped")
         provider = configure_tracing()  # the one installed at start, if any: flush its spans
         if provider is not None:
             provider.shutdown()
 
     asyncio.run(main())
+
+
+# After the drain, how long grpc is given to send the last replies before it cancels what is left.
+_STOP_GRACE_S = 1.0

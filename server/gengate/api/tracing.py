@@ -11,8 +11,9 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from opentelemetry import trace
 
-from gengate.api.auth import OPEN_SERVICES
+from gengate.api import OPEN_SERVICES
 from gengate.telemetry import tracing_enabled
 
 if TYPE_CHECKING:
@@ -21,6 +22,17 @@ if TYPE_CHECKING:
     # stubs type handler behaviours for the sync server only).
     StreamBehavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]
     WritingBehavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
+
+
+CALLER_ATTRIBUTE = "gengate.caller"
+
+
+def mark_caller(name: str) -> None:
+    """Puts the caller's name on the call's RPC span (the current span inside the handler; a
+    no-op when tracing is off). Never a token: only the configured name."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute(CALLER_ATTRIBUTE, name)
 
 
 def tracing_interceptor() -> grpc.aio.ServerInterceptor | None:

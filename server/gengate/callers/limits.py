@@ -1,0 +1,220 @@
+"""Caller quotas: requests and tokens per minute (sliding windows) and calls at once.
+
+A request is admitted when its caller's last minute has room for one more request and its
+token window is not spent yet; tokens are charged when usage is known (input + output), so a
+call that is admitted may take its window past the limit, and the next one waits for the
+window to slide. Windows live in a `LimitState`: in this process by default, in Redis for
+replicas that share one quota (callers/shared.py). Calls at once are counted per replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from gengate.callers.identity import Caller
+from gengate.errors import ResourceExhausted
+
+WINDOW_S = 60
+# The window slides in steps of one second: a charge leaves it whole seconds after it was made.
+STEP_S = 1
+STEPS = WINDOW_S // STEP_S
+# A caller over its max_concurrency learns nothing better than "soon".
+CONCURRENCY_RETRY_S = 1.0
+
+
+class SlidingWindow:
+    """Amounts charged over the last WINDOW_S seconds, in STEP_S buckets."""
+
+    __slots__ = ("_buckets", "total")
+
+    def __init__(self) -> None:
+        self._buckets: deque[list[int]] = deque()  # [step, amount], oldest first
+        self.total = 0
+
+    def _expire(self, step: int) -> None:
+        buckets = self._buckets
+        while buckets and buckets[0][0] <= step - STEPS:
+            self.total -= buckets.popleft()[1]
+
+    def used(self, now: float) -> int:
+        self._expire(int(now // STEP_S))
+        return self.total
+
+    def add(self, now: float, amount: int) -> None:
+        step = int(now // STEP_S)
+        self._expire(step)
+        if self._buckets and self._buckets[-1][0] == step:
+            self._buckets[-1][1] += amount
+        else:
+            self._buckets.append([step, amount])
+        self.total += amount
+
+    def wait_s(self, now: float, limit: int, cost: int) -> float:
+        """Seconds until `cost` more fits under `limit` (0 when it fits now)."""
+        excess = self.used(now) + cost - limit
+        if excess <= 0:
+            return 0.0
+        for step, amount in self._buckets:
+            excess -= amount
+            if excess <= 0:
+                return max((step + STEPS) * STEP_S - now, 0.0)
+        return float(WINDOW_S)  # cost alone is over the limit: a full window, and it still will not fit
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a caller's request was refused, and when to come back."""
+
+    limit: str  # "requests_per_minute" | "tokens_per_minute"
+    quota: int
+    retry_after_s: float
+
+
+class LimitState(Protocol):
+    """Where the per-minute windows live: one process, or shared by replicas."""
+
+    async def admit(
+        self, caller: str, requests_per_minute: int | None, tokens_per_minute: int | None
+    ) -> Refusal | None:
+        """Charges one request to `caller` when both windows have room (tokens: not spent yet);
+        else charges nothing and says which limit refused, and for how long."""
+        ...
+
+    async def charge_tokens(self, caller: str, tokens: int) -> None:
+        """Adds `tokens` to the caller's token window (usage, once known)."""
+        ...
+
+    def status(self) -> str:
+        """One line for logs and health: where the windows are and whether that works."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class LocalLimits:
+    """The windows in this process's memory."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._requests: dict[str, SlidingWindow] = {}
+        self._tokens: dict[str, SlidingWindow] = {}
+
+    def admit_now(
+        self, caller: str, requests_per_minute: int | None, tokens_per_minute: int | None
+    ) -> Refusal | None:
+        now = self.clock()
+        if tokens_per_minute is not None:
+            window = self._tokens.get(caller)
+            if window is not None:
+                wait = window.wait_s(now, tokens_per_minute, 1)
+                if wait > 0:
+                    return Refusal("tokens_per_minute", tokens_per_minute, wait)
+        if requests_per_minute is not None:
+            window = self._requests.setdefault(caller, SlidingWindow())
+            wait = window.wait_s(now, requests_per_minute, 1)
+            if wait > 0:
+                return Refusal("requests_per_minute", requests_per_minute, wait)
+            window.add(now, 1)
+        return None
+
+    async def admit(
+        self, caller: str, requests_per_minute: int | None, tokens_per_minute: int | None
+    ) -> Refusal | None:
+        return self.admit_now(caller, requests_per_minute, tokens_per_minute)
+
+    def charge_now(self, caller: str, tokens: int) -> None:
+        self._tokens.setdefault(caller, SlidingWindow()).add(self.clock(), tokens)
+
+    async def charge_tokens(self, caller: str, tokens: int) -> None:
+        self.charge_now(caller, tokens)
+
+    def status(self) -> str:
+        return "in this process"
+
+    async def aclose(self) -> None:
+        return None
+
+
+class Admission:
+    """Admits a caller's calls under its quotas; the core asks it once per call (or batch item)."""
+
+    def __init__(self, state: LimitState | None = None) -> None:
+        self.state: LimitState = state if state is not None else LocalLimits()
+        self._running: dict[str, asyncio.Semaphore] = {}
+
+    async def admit(self, caller: Caller, *, wait: bool = False) -> Admitted:
+        """A pass for one call of `caller`, or ResourceExhausted with RetryInfo. `wait`: wait for
+        room under max_concurrency instead of refusing (batch items: a batch bounds itself)."""
+        gate = None
+        if caller.max_concurrency is not None:
+            gate = self._running.get(caller.name)
+            if gate is None:
+                gate = self._running[caller.name] = asyncio.Semaphore(caller.max_concurrency)
+            if gate.locked() and not wait:
+                raise ResourceExhausted(
+                    f"caller {caller.name!r} has {caller.max_concurrency} calls in flight "
+                    "(its max_concurrency)",
+                    reason="CALLER_CONCURRENCY_EXCEEDED",
+                    retry_after_s=CONCURRENCY_RETRY_S,
+                    metadata={
+                        "caller": caller.name,
+                        "limit": "max_concurrency",
+                        "quota": str(caller.max_concurrency),
+                    },
+                )
+            await gate.acquire()
+        if caller.requests_per_minute is not None or caller.tokens_per_minute is not None:
+            try:
+                refusal = await self.state.admit(
+                    caller.name, caller.requests_per_minute, caller.tokens_per_minute
+                )
+            except BaseException:
+                if gate is not None:
+                    gate.release()
+                raise
+            if refusal is not None:
+                if gate is not None:
+                    gate.release()
+                raise over_quota(caller, refusal)
+        return Admitted(self, caller, gate)
+
+    async def aclose(self) -> None:
+        await self.state.aclose()
+
+
+class Admitted:
+    """One admitted call: charge its tokens as they are known, release it when it ends."""
+
+    __slots__ = ("_admission", "_gate", "caller")
+
+    def __init__(self, admission: Admission, caller: Caller, gate: asyncio.Semaphore | None) -> None:
+        self._admission = admission
+        self.caller = caller
+        self._gate = gate
+
+    async def charge(self, tokens: int) -> None:
+        if tokens > 0 and self.caller.tokens_per_minute is not None:
+            await self._admission.state.charge_tokens(self.caller.name, tokens)
+
+    def release(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.release()
+
+
+def over_quota(caller: Caller, refusal: Refusal) -> ResourceExhausted:
+    """The RESOURCE_EXHAUSTED a refusal answers, with RetryInfo (and so `retry-after`)."""
+    reason = "REQUEST_RATE_EXCEEDED" if refusal.limit == "requests_per_minute" else "TOKEN_RATE_EXCEEDED"
+    spent = "requests" if refusal.limit == "requests_per_minute" else "tokens"
+    return ResourceExhausted(
+        f"caller {caller.name!r} has used its {refusal.limit} ({refusal.quota} {spent} a minute); "
+        f"retry in {max(1, round(refusal.retry_after_s))} s",
+        reason=reason,
+        retry_after_s=refusal.retry_after_s,
+        metadata={"caller": caller.name, "limit": refusal.limit, "quota": str(refusal.quota)},
+    )
