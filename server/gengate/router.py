@@ -88,7 +88,7 @@ class Slots:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.release(background=background)  # handed a slot just as the caller left
-            else:
+            elif waiter in queue:  # else _dispatch already dropped it, cancelled, from the queue
                 queue.remove(waiter)
             raise
 

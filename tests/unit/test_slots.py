@@ -74,3 +74,19 @@ async def test_while_calls_run_background_work_keeps_to_one_slot_then_widens() -
     assert not second.done() and slots.background_active == 1
     await second  # ...and widens once the model has been quiet for quiet_s
     assert slots.background_active == 2 and slots.interactive_active == 0
+
+
+async def test_a_waiter_cancelled_while_its_slot_is_freed_leaves_quietly() -> None:
+    """The holder and the waiter cancelled in one tick (a client hanging up on both): the release
+    drops the cancelled waiter from the queue before its own cancellation runs, which then must
+    not fail looking for it there (it did: ValueError, answered as INTERNAL)."""
+    slots = Slots(1)
+    await slots.acquire()
+    waiter = asyncio.create_task(slots.acquire())
+    await asyncio.sleep(0)
+    waiter.cancel()  # cancels the future it waits on, now
+    slots.release()  # _dispatch pops that cancelled future and skips it
+    results = await asyncio.gather(waiter, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    await asyncio.wait_for(slots.acquire(), 1)  # the slot is free, not lost
+    assert slots.interactive_active == 1
