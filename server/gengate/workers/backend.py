@@ -33,6 +33,7 @@ from gengate import errors
 from gengate.backend import ServingListener
 from gengate.deadline import within_deadline
 from gengate.domain import GenerationRequest, GenerationResult, ModelCapabilities, StreamEvent
+from gengate.observation import CallNotes, current_notes
 from gengate.registry import kind_spec
 from gengate.workers.placement import DeviceProvider, DeviceRequest, Lease, PlacementError, PlacementFile
 from gengate.workers.protocol import (
@@ -78,10 +79,11 @@ class GpuRequest:
 class _Call:
     """One in-flight call on the server side: its inbox of worker messages."""
 
-    def __init__(self) -> None:
+    def __init__(self, notes: CallNotes | None) -> None:
         self.inbox: asyncio.Queue[Event | Done | Failed | errors.GengateError] = asyncio.Queue()
         self.finished = False
         self.released: asyncio.Event = asyncio.Event()  # the worker has let go of the call
+        self.notes = notes  # the routed call's notes, where the worker's notes of it go
 
 
 class _Worker:
@@ -181,6 +183,11 @@ class WorkerBackend:
         """The GPUs this model holds, when it asked for any."""
         return self._lease
 
+    @property
+    def device_provider(self) -> DeviceProvider | None:
+        """What lists the node's GPUs (NVML), once this model has asked for GPUs."""
+        return self._device_provider
+
     def add_serving_listener(self, listener: ServingListener) -> None:
         """Calls `listener(serving)` on every change (from the event loop); it may return an awaitable."""
         self._listeners.append(listener)
@@ -228,6 +235,7 @@ class WorkerBackend:
                 from gengate.workers.placement import NvmlDeviceProvider
 
                 provider = NvmlDeviceProvider()
+                self._device_provider = provider  # metrics read the placed GPUs' memory through it
             gpu = self._gpu
             try:
                 self._lease = await asyncio.to_thread(
@@ -367,6 +375,8 @@ class WorkerBackend:
                 return
             if not isinstance(message, Event):
                 call.released.set()
+                if message.notes is not None and call.notes is not None:
+                    call.notes.merge(message.notes)
             call.inbox.put_nowait(message)
         elif isinstance(message, Pong):
             future = self._pongs.get(message.ping_id)
@@ -494,7 +504,7 @@ class WorkerBackend:
     async def _call(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[_Call]:
         worker = self._require_worker()
         call_id = next(self._ids)
-        call = _Call()
+        call = _Call(current_notes())
         self._calls[call_id] = call
         try:
             worker.send(Call(call_id, request, stream))

@@ -21,6 +21,7 @@ import traceback
 from typing import Any
 
 from gengate.backend import Backend, aclose_stream
+from gengate.observation import CallNotes, set_notes
 from gengate.workers.protocol import (
     Abort,
     Aborted,
@@ -76,7 +77,10 @@ def load_backend(spec: WorkerSpec) -> Backend:
 
 
 async def run_call(backend: Backend, call: Call, outbox: Outbox) -> None:
-    """Runs one call, sending its events or result; cancellation (Abort) ends it silently."""
+    """Runs one call, sending its events or result; cancellation (Abort) ends it silently.
+    What the engine notes of the call (gengate.observation) goes back with its end."""
+    notes = CallNotes()
+    set_notes(notes)  # this task's own context: the call's, until the task ends
     try:
         if call.stream:
             events = backend.generate_stream(call.request)
@@ -85,14 +89,20 @@ async def run_call(backend: Backend, call: Call, outbox: Outbox) -> None:
                     outbox.send(Event(call.call_id, event))
             finally:
                 await aclose_stream(events)
-            outbox.send(Done(call.call_id))
+            outbox.send(Done(call.call_id, notes=_sent(notes)))
         else:
-            outbox.send(Done(call.call_id, await backend.generate(call.request)))
+            result = await backend.generate(call.request)
+            outbox.send(Done(call.call_id, result, _sent(notes)))
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         log.debug("call %d failed", call.call_id, exc_info=True)
-        outbox.send(Failed(call.call_id, ErrorPayload.from_exception(exc)))
+        outbox.send(Failed(call.call_id, ErrorPayload.from_exception(exc), _sent(notes)))
+
+
+def _sent(notes: CallNotes) -> CallNotes | None:
+    """Notes worth sending: none when nothing was noted (most calls)."""
+    return None if notes.empty() else notes
 
 
 async def serve(fd: int) -> int:
