@@ -15,16 +15,17 @@ from collections.abc import Mapping
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.metrics import MetricWrapperBase
 
 from gengate.config import MetricsSettings
 from gengate.jobs.runner import JobRunner
 from gengate.metrics.families import Metrics
 from gengate.metrics.otlp import OtlpMetricsBridge, otlp_bridge
-from gengate.metrics.scrape import ServerCollector
+from gengate.metrics.scrape import SCRAPED, ServerCollector
 from gengate.router import Router
 from gengate.service import GenerationCore
 
-__all__ = ["Metrics", "ServerMetrics", "start_metrics"]
+__all__ = ["Metrics", "ServerMetrics", "catalogue", "start_metrics"]
 
 log = logging.getLogger("gengate")
 
@@ -94,3 +95,28 @@ def start_metrics(
             raise OSError(f"cannot serve metrics on {host}:{settings.port}: {exc.strerror or exc}") from exc
         log.info("metrics: Prometheus text on http://%s/metrics", metrics.address)
     return metrics
+
+
+# The process collector's families a dashboard uses (prometheus_client's own, unlabelled).
+PROCESS_FAMILIES = {
+    "process_cpu_seconds": "counter",
+    "process_resident_memory_bytes": "gauge",
+    "process_open_fds": "gauge",
+    "process_start_time_seconds": "gauge",
+}
+
+
+def catalogue() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Every family a server exports: name (counters without `_total`) -> (type, label names).
+    What the README, the dashboard and the alerts are checked against."""
+    metrics = Metrics(CollectorRegistry())
+    found: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for family in vars(metrics).values():
+        if isinstance(family, MetricWrapperBase):
+            # prometheus_client keeps these on the family object; it has no public accessor
+            found[family._name] = (str(family._type), tuple(family._labelnames))
+    for spec in SCRAPED:
+        found[spec.name] = (spec.kind, spec.labels)
+    for name, kind in PROCESS_FAMILIES.items():
+        found[name] = (kind, ())
+    return found

@@ -32,6 +32,86 @@ class ServerParts:
     runner: JobRunner | None = None
 
 
+@dataclass(frozen=True)
+class Family:
+    """A family read at scrape time: name (counters without `_total`), type, help, labels."""
+
+    name: str
+    kind: str  # counter | gauge
+    help: str
+    labels: tuple[str, ...] = ()
+
+    def new(self) -> CounterMetricFamily | GaugeMetricFamily:
+        if self.kind == "counter":
+            return CounterMetricFamily(self.name, self.help, labels=self.labels)
+        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+
+
+MODEL_INFO = Family("gengate_model_info", "gauge", "Served models (value 1).", ("model", "backend"))
+MAX_CONCURRENCY = Family(
+    "gengate_model_max_concurrency", "gauge", "Calls a model runs at once (max_concurrency).", ("model",)
+)
+IN_FLIGHT = Family(
+    "gengate_in_flight_requests",
+    "gauge",
+    "Calls holding a model's concurrency slot now: interactive calls, and background ones (batch-job items).",
+    ("model", "priority"),
+)
+QUEUED = Family(
+    "gengate_queued_requests",
+    "gauge",
+    "Calls waiting for a model's concurrency slot now (interactive ones are bounded by max_queue).",
+    ("model", "priority"),
+)
+SERVING = Family(
+    "gengate_model_serving", "gauge", "1 while a model serves, 0 while its worker is down.", ("model",)
+)
+RESTARTS = Family(
+    "gengate_worker_restarts",
+    "counter",
+    "Engine worker processes restarted after they died (crash, kill -9, OOM).",
+    ("model",),
+)
+GPU_USED = Family(
+    "gengate_gpu_memory_used_bytes",
+    "gauge",
+    "Memory in use on each GPU placed for a model (NVML; the whole device, every process).",
+    ("model", "gpu"),
+)
+GPU_TOTAL = Family(
+    "gengate_gpu_memory_total_bytes",
+    "gauge",
+    "Memory of each GPU placed for a model (NVML).",
+    ("model", "gpu"),
+)
+CHECKS = Family(
+    "gengate_constraint_checks",
+    "counter",
+    "Constraint checks of the server's sandbox (syntax, lowering, trial compile): checked in a sandbox "
+    "process, or answered by a remembered verdict (cached).",
+    ("result",),
+)
+CHECKER_KILLS = Family(
+    "gengate_constraint_checker_kills",
+    "counter",
+    "Sandbox processes ended by a check (over its time budget, out of memory, crashed).",
+)
+JOB_ITEMS = Family(
+    "gengate_batch_job_items", "counter", "Batch-job item results this server stored, by state.", ("state",)
+)
+JOB_ITEMS_NOW = Family(
+    "gengate_batch_job_items_current",
+    "gauge",
+    "Batch-job items now: running on this server, and unfinished in the store's queued and running jobs "
+    "(every replica's, as of the runner's last read).",
+    ("state",),
+)
+SCRAPED = (
+    MODEL_INFO, MAX_CONCURRENCY, IN_FLIGHT, QUEUED, SERVING, RESTARTS, GPU_USED, GPU_TOTAL, CHECKS,
+    CHECKER_KILLS, JOB_ITEMS, JOB_ITEMS_NOW,
+)  # fmt: skip
+
+
 class ServerCollector:
     """A prometheus_client collector over a server's parts (registered in its registry)."""
 
@@ -47,75 +127,34 @@ class ServerCollector:
             yield from self._routes(parts.router)
         if parts.core is not None:
             sandbox = parts.core.sandbox
-            checks = CounterMetricFamily(
-                "gengate_constraint_checks",
-                "Constraint checks of the server's sandbox (syntax, lowering, trial compile): "
-                "checked in a sandbox process, or answered by a remembered verdict (cached).",
-                labels=["result"],
-            )
+            checks = CHECKS.new()
             checks.add_metric(["checked"], sandbox.checks_run)
             checks.add_metric(["cached"], sandbox.cache_hits)
-            yield checks
-            yield CounterMetricFamily(
-                "gengate_constraint_checker_kills",
-                "Sandbox processes ended by a check (over its time budget, out of memory, crashed).",
-                value=sandbox.killed,
-            )
+            kills = CHECKER_KILLS.new()
+            kills.add_metric([], sandbox.killed)
+            yield from (checks, kills)
         if parts.runner is not None:
             runner = parts.runner
-            stored = CounterMetricFamily(
-                "gengate_batch_job_items",
-                "Batch-job item results this server stored, by state.",
-                labels=["state"],
-            )
+            stored = JOB_ITEMS.new()
             stored.add_metric(["succeeded"], runner.finished_items - runner.failed_items)
             stored.add_metric(["failed"], runner.failed_items)
-            yield stored
-            now = GaugeMetricFamily(
-                "gengate_batch_job_items_current",
-                "Batch-job items now: running on this server, and unfinished in the store's queued "
-                "and running jobs (every replica's, as of the runner's last read).",
-                labels=["state"],
-            )
+            now = JOB_ITEMS_NOW.new()
             now.add_metric(["running"], runner.in_flight)
             now.add_metric(["unfinished"], runner.unfinished_items)
-            yield now
+            yield from (stored, now)
 
     def _routes(self, router: Router) -> Iterator[Metric]:
-        info = GaugeMetricFamily(
-            "gengate_model_info", "Served models (value 1).", labels=["model", "backend"]
+        info, limit, in_flight, queued = (
+            MODEL_INFO.new(),
+            MAX_CONCURRENCY.new(),
+            IN_FLIGHT.new(),
+            QUEUED.new(),
         )
-        limit = GaugeMetricFamily(
-            "gengate_model_max_concurrency", "Calls a model runs at once (max_concurrency).", labels=["model"]
-        )
-        in_flight = GaugeMetricFamily(
-            "gengate_in_flight_requests",
-            "Calls holding a model's concurrency slot now: interactive calls, and background ones "
-            "(batch-job items).",
-            labels=["model", "priority"],
-        )
-        queued = GaugeMetricFamily(
-            "gengate_queued_requests",
-            "Calls waiting for a model's concurrency slot now (interactive ones are bounded by max_queue).",
-            labels=["model", "priority"],
-        )
-        serving = GaugeMetricFamily(
-            "gengate_model_serving", "1 while a model serves, 0 while its worker is down.", labels=["model"]
-        )
-        restarts = CounterMetricFamily(
-            "gengate_worker_restarts",
-            "Engine worker processes restarted after they died (crash, kill -9, OOM).",
-            labels=["model"],
-        )
-        gpu_used = GaugeMetricFamily(
-            "gengate_gpu_memory_used_bytes",
-            "Memory in use on each GPU placed for a model (NVML; the whole device, every process).",
-            labels=["model", "gpu"],
-        )
-        gpu_total = GaugeMetricFamily(
-            "gengate_gpu_memory_total_bytes",
-            "Memory of each GPU placed for a model (NVML).",
-            labels=["model", "gpu"],
+        serving, restarts, gpu_used, gpu_total = (
+            SERVING.new(),
+            RESTARTS.new(),
+            GPU_USED.new(),
+            GPU_TOTAL.new(),
         )
         for route in router.routes:
             name = route.name
