@@ -130,7 +130,7 @@ async def noted(stream: AsyncIterator[T], notes: CallNotes) -> AsyncIterator[T]:
         yield item
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per request, and frozen init costs 3x
 class RequestOutcome:
     """One caller request as it ended."""
 

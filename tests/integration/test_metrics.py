@@ -284,3 +284,28 @@ def test_every_family_has_help_and_a_known_type() -> None:
         if line.startswith("# TYPE"):
             assert line.split()[3] in ("counter", "gauge", "histogram"), line
     assert text.count("# HELP gen_ai_") == 4
+
+
+async def test_the_catalogue_is_what_a_server_exports(make_server: ServerFactory) -> None:
+    """gengate.metrics.catalogue(), which the README, dashboard and alerts are checked against,
+    lists exactly the gengate families a live server writes (types and labels included)."""
+    from gengate.metrics import catalogue
+
+    server = await make_server(
+        with_metrics({"name": "m", "backend": "scripted", "isolation": "process", "text": "a"})
+    )
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        await Stub(channel).Generate(g.GenerateRequest(model="m", prompt="p"))
+    m = await scrape(server)
+    ours = {name: kind for name, kind in m.types.items() if not name.startswith("process_")}
+    listed = catalogue()
+    assert ours == {name: kind for name, (kind, _) in listed.items() if not name.startswith("process_")}
+    assert {name for name in listed if name.startswith("process_")} <= set(m.types)
+    suffixes = ("", "_total", "_bucket", "_sum", "_count")
+    for sample in m.samples:
+        family = next((n for n in listed for x in suffixes if sample.name == n + x), None)
+        if family is None:
+            assert sample.name.startswith("process_"), sample.name  # the process collector's others
+            continue
+        labels = set(listed[family][1]) | ({"le"} if sample.name.endswith("_bucket") else set())
+        assert set(sample.labels) == labels, sample.name

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
-from prometheus_client.metrics import MetricWrapperBase
 
 from gengate.config import MetricsSettings
 from gengate.jobs.runner import JobRunner
@@ -109,12 +108,7 @@ PROCESS_FAMILIES = {
 def catalogue() -> dict[str, tuple[str, tuple[str, ...]]]:
     """Every family a server exports: name (counters without `_total`) -> (type, label names).
     What the README, the dashboard and the alerts are checked against."""
-    metrics = Metrics(CollectorRegistry())
-    found: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for family in vars(metrics).values():
-        if isinstance(family, MetricWrapperBase):
-            # prometheus_client keeps these on the family object; it has no public accessor
-            found[family._name] = (str(family._type), tuple(family._labelnames))
+    found: dict[str, tuple[str, tuple[str, ...]]] = {f.name: (f.kind, f.labels) for f in Metrics().families}
     for spec in SCRAPED:
         found[spec.name] = (spec.kind, spec.labels)
     for name, kind in PROCESS_FAMILIES.items():

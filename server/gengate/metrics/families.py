@@ -5,22 +5,22 @@ core tells it how each request ended, the router what the layers below noted of 
 call. Families named after the OpenTelemetry GenAI semantic conventions (as Prometheus writes
 them) sit beside gengate's own. Nothing here knows about gRPC or the backends: only outcomes.
 
-Each request touches a handful of series; the label children are looked up once per label
-combination and kept (prometheus_client's `labels()` costs a lock and a dict lookup per call).
+Recording is on the event loop and costs a dict lookup and a few integer additions per series
+(prometheus_client's own Counter and Histogram take a lock per increment: two per histogram
+observation, ~3 µs each); the families are built from those numbers when a scrape (or the OTLP
+bridge) collects the registry. A series is written by the event loop only; a scrape copies it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TypeVar, cast
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from gengate.domain import GenerationRequest
 from gengate.observation import CallNotes, RequestOutcome
-
-M = TypeVar("M", bound=MetricWrapperBase)
 
 # Bucket boundaries the GenAI semantic conventions advise for each histogram.
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
@@ -51,124 +51,205 @@ SEMCONV_LABELS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+class CounterSeries:
+    """One labelled series of a counter."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class HistogramSeries:
+    """One labelled series of a histogram: a count per bucket (the last one +Inf) and the sum."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # the first bucket with value <= le
+        self.total += value
+
+
+class Family:
+    """A counter or histogram family: its name (a counter's without `_total`), help, label names
+    and series by label values."""
+
+    def __init__(
+        self, name: str, help: str, labels: Sequence[str], buckets: Sequence[float] | None = None
+    ) -> None:
+        self.name = name
+        self.help = help
+        self.labels = tuple(labels)
+        self.buckets = tuple(buckets) if buckets is not None else None
+        self.kind = "counter" if buckets is None else "histogram"
+        self._series: dict[tuple[str, ...], CounterSeries | HistogramSeries] = {}
+
+    def counter(self, *values: str) -> CounterSeries:
+        series = self._series.get(values)
+        if series is None:
+            series = self._series[values] = CounterSeries()
+        assert isinstance(series, CounterSeries)
+        return series
+
+    def histogram(self, *values: str) -> HistogramSeries:
+        series = self._series.get(values)
+        if series is None:
+            assert self.buckets is not None
+            series = self._series[values] = HistogramSeries(self.buckets)
+        assert isinstance(series, HistogramSeries)
+        return series
+
+    def collect(self) -> Metric:
+        """The family as prometheus_client writes it, from a copy of every series."""
+        series = list(self._series.items())  # one step under the GIL: the loop may add series
+        if self.buckets is None:
+            counter = CounterMetricFamily(self.name, self.help, labels=self.labels)
+            for values, one in series:
+                assert isinstance(one, CounterSeries)
+                counter.add_metric(values, one.value)
+            return counter
+        histogram = HistogramMetricFamily(self.name, self.help, labels=self.labels)
+        bounds = [*(_le(b) for b in self.buckets), "+Inf"]
+        for values, one in series:
+            assert isinstance(one, HistogramSeries)
+            counts, total = list(one.counts), one.total
+            cumulative, running = [], 0
+            for bound, count in zip(bounds, counts, strict=True):
+                running += count
+                cumulative.append((bound, float(running)))
+            histogram.add_metric(values, cumulative, total)
+        return histogram
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
 class _RequestSeries:
-    """The series of one (model, operation, caller)."""
+    """The series one (model, operation, caller) touches, looked up together."""
 
-    ttft: Histogram
-    tpot: Histogram
-    input_usage: Histogram
-    output_usage: Histogram
+    __slots__ = ("input_usage", "output_usage", "tpot", "ttft")
+
+    def __init__(self, metrics: Metrics, key: tuple[str, str, str]) -> None:
+        self.ttft = metrics.time_to_first_token.histogram(*key)
+        self.tpot = metrics.time_per_output_token.histogram(*key)
+        self.input_usage = metrics.token_usage.histogram(*key, "input")
+        self.output_usage = metrics.token_usage.histogram(*key, "output")
 
 
-@dataclass(frozen=True, slots=True)
 class _CallerSeries:
     """The token counters of one (model, caller)."""
 
-    input: Counter
-    output: Counter
-    cached: Counter
+    __slots__ = ("cached", "input", "output")
+
+    def __init__(self, metrics: Metrics, model: str, caller: str) -> None:
+        self.input = metrics.tokens.counter(model, caller, "input")
+        self.output = metrics.tokens.counter(model, caller, "output")
+        self.cached = metrics.tokens.counter(model, caller, "cached")
 
 
 class Metrics:
-    """One server's metric families and the observer that records into them."""
+    """One server's recorded families and the observer that records into them (a collector of
+    its registry)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        self.request_duration = Histogram(
+        self.request_duration = Family(
             "gen_ai_server_request_duration_seconds",
             "Time from a request's arrival to its end (GenAI semconv gen_ai.server.request.duration); "
             "error_type is the gRPC code of a request that failed, empty when it succeeded.",
             [*GENAI, "error_type"],
-            buckets=DURATION_BUCKETS,
-            registry=r,
+            DURATION_BUCKETS,
         )
-        self.time_to_first_token = Histogram(
+        self.time_to_first_token = Family(
             "gen_ai_server_time_to_first_token_seconds",
             "Streams: time from the request's arrival to its first generated text.",
             GENAI,
-            buckets=TTFT_BUCKETS,
-            registry=r,
+            TTFT_BUCKETS,
         )
-        self.time_per_output_token = Histogram(
+        self.time_per_output_token = Family(
             "gen_ai_server_time_per_output_token_seconds",
             "Time per output token after the first, per generation of a successful request.",
             GENAI,
-            buckets=TPOT_BUCKETS,
-            registry=r,
+            TPOT_BUCKETS,
         )
-        self.token_usage = Histogram(
+        self.token_usage = Family(
             "gen_ai_client_token_usage_tokens",
             "Tokens per successful request, by gen_ai_token_type (input, output).",
             [*GENAI, TOKEN_TYPE],
-            buckets=TOKEN_BUCKETS,
-            registry=r,
+            TOKEN_BUCKETS,
         )
-        self.requests = Counter(
+        self.requests = Family(
             "gengate_requests",
             "Requests by the gRPC code they ended with (model empty: a name that is not served).",
             ["model", "caller", "code"],
-            registry=r,
         )
-        self.tokens = Counter(
+        self.tokens = Family(
             "gengate_tokens",
             "Tokens of successful requests: input, output, and cached (input tokens served from a "
             "prompt cache, also counted as input).",
             ["model", "caller", "type"],
-            registry=r,
         )
-        self.structured = Counter(
+        self.structured = Family(
             "gengate_structured_requests",
             "Requests for structured output, by constraint kind and the enforcement that served it.",
             ["model", "kind", "enforcement"],
-            registry=r,
         )
-        self.validation_failures = Counter(
+        self.validation_failures = Family(
             "gengate_validation_failures",
             "Requests refused because a structured output did not validate (ABORTED "
             "VALIDATION_FAILED, INTERNAL CONSTRAINT_VIOLATED).",
             ["model", "kind", "enforcement"],
-            registry=r,
         )
-        self.validation_retries = Counter(
+        self.validation_retries = Family(
             "gengate_validation_retries",
             "Generations tried again because they did not validate: re-sampled by a local engine "
             "(method resample) or re-asked of a provider with the error (method reask).",
             ["model", "kind", "method"],
-            registry=r,
         )
-        self.compile_cache = Counter(
+        self.compile_cache = Family(
             "gengate_constraint_compile_cache",
             "Constraint compiles of the engines' compile caches: hit (cached or being compiled for "
             "another call) or miss (compiled for this call).",
             ["model", "result"],
-            registry=r,
         )
-        self.compile_time = Histogram(
+        self.compile_time = Family(
             "gengate_constraint_compile_duration_seconds",
             "How long an engine took to lower and compile a constraint it did not have cached.",
             ["model"],
-            buckets=COMPILE_BUCKETS,
-            registry=r,
+            COMPILE_BUCKETS,
         )
-        self.provider_retries = Counter(
+        self.provider_retries = Family(
             "gengate_provider_retries",
             "Provider calls retried, by the reason of the error that was retried.",
             ["model", "reason"],
-            registry=r,
         )
-        self.upstream = Counter(
+        self.upstream = Family(
             "gengate_upstream_responses",
             "Provider attempts by their answer: ok, the HTTP status of an error, or timeout, "
             "unreachable, bad_response when there was none.",
             ["model", "status"],
-            registry=r,
         )
+        self.families = [f for f in vars(self).values() if isinstance(f, Family)]
         self._requests: dict[tuple[str, str, str], _RequestSeries] = {}
-        self._durations: dict[tuple[str, str, str, str], Histogram] = {}
+        self._durations: dict[tuple[str, str, str, str], HistogramSeries] = {}
         self._callers: dict[tuple[str, str], _CallerSeries] = {}
-        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
+        if registry is not None:
+            registry.register(self)
+
+    def describe(self) -> list[Metric]:
+        return []  # the registry need not check these names against its other collectors
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.families:
+            yield family.collect()
 
     # --- RequestObserver ------------------------------------------------------------------
 
@@ -178,27 +259,20 @@ class Metrics:
         key = (model, outcome.operation, caller)
         duration = self._durations.get((*key, code))
         if duration is None:
-            duration = self.request_duration.labels(*key, "" if ok else code)
+            duration = self.request_duration.histogram(*key, "" if ok else code)
             self._durations[(*key, code)] = duration
         duration.observe(outcome.duration_s)
-        self._child(self.requests, (model, caller, code)).inc()
+        self.requests.counter(model, caller, code).inc()
         if outcome.constraint_kind is not None:
-            enforcement = outcome.enforcement or "none"
-            labels = (model, outcome.constraint_kind, enforcement)
-            self._child(self.structured, labels).inc()
+            labels = (model, outcome.constraint_kind, outcome.enforcement or "none")
+            self.structured.counter(*labels).inc()
             if outcome.validation_failed:
-                self._child(self.validation_failures, labels).inc()
+                self.validation_failures.counter(*labels).inc()
         if outcome.time_to_first_token_s is None and not outcome.time_per_output_token_s and not ok:
             return
         series = self._requests.get(key)
         if series is None:
-            series = _RequestSeries(
-                ttft=self.time_to_first_token.labels(*key),
-                tpot=self.time_per_output_token.labels(*key),
-                input_usage=self.token_usage.labels(*key, "input"),
-                output_usage=self.token_usage.labels(*key, "output"),
-            )
-            self._requests[key] = series
+            series = self._requests[key] = _RequestSeries(self, key)
         if outcome.time_to_first_token_s is not None:
             series.ttft.observe(outcome.time_to_first_token_s)
         for seconds in outcome.time_per_output_token_s:
@@ -209,12 +283,7 @@ class Metrics:
         series.output_usage.observe(outcome.output_tokens)
         counters = self._callers.get((model, caller))
         if counters is None:
-            counters = _CallerSeries(
-                input=self.tokens.labels(model, caller, "input"),
-                output=self.tokens.labels(model, caller, "output"),
-                cached=self.tokens.labels(model, caller, "cached"),
-            )
-            self._callers[(model, caller)] = counters
+            counters = self._callers[(model, caller)] = _CallerSeries(self, model, caller)
         counters.input.inc(outcome.input_tokens)
         counters.output.inc(outcome.output_tokens)
         if outcome.cached_input_tokens:
@@ -228,23 +297,14 @@ class Metrics:
         structured = request.structured_output
         kind = structured.constraint.kind.value if structured is not None else "none"
         for method, count in notes.validation_retries.items():
-            self._child(self.validation_retries, (model, kind, method)).inc(count)
+            self.validation_retries.counter(model, kind, method).inc(count)
         if notes.compile_hits:
-            self._child(self.compile_cache, (model, "hit")).inc(notes.compile_hits)
+            self.compile_cache.counter(model, "hit").inc(notes.compile_hits)
         if notes.compile_misses:
-            self._child(self.compile_cache, (model, "miss")).inc(notes.compile_misses)
+            self.compile_cache.counter(model, "miss").inc(notes.compile_misses)
         for seconds in notes.compile_s:
-            self._child(self.compile_time, (model,)).observe(seconds)
+            self.compile_time.histogram(model).observe(seconds)
         for reason, count in notes.provider_retries.items():
-            self._child(self.provider_retries, (model, reason)).inc(count)
+            self.provider_retries.counter(model, reason).inc(count)
         for status, count in notes.upstream.items():
-            self._child(self.upstream, (model, status)).inc(count)
-
-    def _child(self, family: M, labels: tuple[str, ...]) -> M:
-        """`family.labels(*labels)`, looked up once."""
-        key = (family, labels)
-        child = self._children.get(key)
-        if child is None:
-            child = family.labels(*labels)
-            self._children[key] = child
-        return cast(M, child)
+            self.upstream.counter(model, status).inc(count)
