@@ -8,10 +8,11 @@ original constraint before it is returned: an invalid result is never a success.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from gengate.backend import aclose_stream
@@ -164,18 +165,23 @@ class GenerationCore:
         result = await route.generate(request, bounded=queue_bounded, background=background)
         return await self.finish(route, request, result, arrived)
 
-    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        """One request's stream, checked, routed, each generation validated at its end."""
+    def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """One request's stream, checked, routed, each generation validated at its end (observed
+        when there is an observer; without one, no generator more than before)."""
         if self.observer is None:
-            async for event in self._generate_stream(request, None):
-                yield event
-            return
+            return self._generate_stream(request, None)
+        return self._observed_stream(request)
+
+    async def _observed_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         watch = StreamWatch(time.monotonic())
         caller = current_caller()
         error: BaseException | None = None
         try:
-            async for event in self._generate_stream(request, watch):
-                yield event
+            # aclosing: a consumer that closes this stream closes the one below now (its finally
+            # aborts the engine request), not whenever the garbage collector gets to it.
+            async with contextlib.aclosing(self._generate_stream(request, watch)) as events:
+                async for event in events:
+                    yield event
         except BaseException as exc:
             error = exc
             raise
@@ -184,7 +190,7 @@ class GenerationCore:
 
     async def _generate_stream(
         self, request: GenerationRequest, watch: StreamWatch | None
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         arrived = time.monotonic()
         route, request = await self._prepare(request)
         if request.magpie is not None:

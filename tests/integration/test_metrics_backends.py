@@ -226,3 +226,36 @@ async def test_gpu_memory_of_placed_devices_and_none_without_a_gpu(tmp_path: Pat
     finally:
         await placed.aclose()
         await cpu.aclose()
+
+
+async def test_an_observed_stream_closed_by_its_consumer_aborts_the_model_at_once() -> None:
+    """Observing a stream adds a generator around it; closing that one closes the model's
+    stream now (the engine request is aborted), not when the garbage collector runs."""
+    import gc
+
+    from gengate.engines.scripted import ScriptedBackend
+
+    config = parse_config(
+        {"models": [{"name": "slow", "backend": "scripted", "text": "a b c d e f", "tokens_per_s": 20}]}
+    )
+    metrics = ServerMetrics()
+    router = Router.from_config(config, observer=metrics.metrics)
+    await router.start_all()
+    core = GenerationCore(router, observer=metrics.metrics)
+    backend = router.route("slow").backend
+    assert isinstance(backend, ScriptedBackend)
+    gc.disable()
+    try:
+        stream = core.generate_stream(GenerationRequest(model="slow", prompt="x"))
+        await anext(stream)  # the start
+        await anext(stream)  # the first token
+        await stream.aclose()  # type: ignore[attr-defined]
+        assert backend.cancelled == 1
+    finally:
+        gc.enable()
+        await core.aclose()
+        await router.close_all()
+    m = parse(generate_latest(metrics.registry).decode())
+    assert m.value("gengate_requests_total", model="slow", code="CANCELLED") == 1
+    genai = {"gen_ai_request_model": "slow", "gen_ai_operation_name": "generate_stream"}
+    assert m.value("gen_ai_server_time_to_first_token_seconds_count", **genai) == 1
