@@ -171,6 +171,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"gengate: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.metrics_port is not None:  # the chart sets it, config or not: server.metrics.port
+        try:
+            config = _with_metrics_port(config, args.metrics_port)
+        except ConfigError as exc:
+            print(f"gengate: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     from gengate.api.server import serve
 
     try:
@@ -183,6 +189,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"gengate: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     return 0
+
+
+def _with_metrics_port(config: Any, port: int) -> Any:
+    """`config` with server.metrics.port set, checked as the config file's would be."""
+    import dataclasses
+
+    from pydantic import ValidationError
+
+    from gengate.config import ServerSettings
+    from gengate.errors import ConfigError
+
+    data = config.server.model_dump()
+    data["metrics"]["port"] = port
+    try:
+        server = ServerSettings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"--metrics-port {port}: {problems}") from None
+    return dataclasses.replace(config, server=server)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -377,6 +402,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="YAML config file (default: the embedded tiny model)")
     serve.add_argument("--host", help="bind address (default from config: 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default from config: 50051; 0 picks a free one)")
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this HTTP port (overrides server.metrics.port; 0 picks one)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     gen = sub.add_parser("generate", help="ask a served model for text or structured output")

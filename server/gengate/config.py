@@ -93,6 +93,17 @@ class JobSettings(BaseModel):
     offline_poll_s: float = Field(default=30.0, gt=0)
 
 
+class MetricsSettings(BaseModel):
+    """`server.metrics`: Prometheus text exposition on an HTTP port of its own (README "Metrics")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # None: no metrics endpoint (OTLP export may still run, when configured); 0 picks a free port.
+    port: int | None = Field(default=None, ge=0, le=65535)
+    # None: the gRPC server's host.
+    host: str | None = None
+
+
 class ServerSettings(BaseModel):
     """The `server:` section: where to listen, limits, TLS and caller authentication."""
 
@@ -129,6 +140,7 @@ class ServerSettings(BaseModel):
     # What one request may ask for, checked before any work (gengate.limits; README "Limits").
     limits: RequestLimits = Field(default_factory=RequestLimits)
     jobs: JobSettings = Field(default_factory=JobSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @field_validator("state")
     @classmethod
@@ -138,11 +150,13 @@ class ServerSettings(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _tls_pairs(self) -> ServerSettings:
+    def _pairs(self) -> ServerSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+        if self.metrics.port and self.metrics.port == self.port and self.metrics.host in (None, self.host):
+            raise ValueError(f"metrics.port {self.metrics.port} is the gRPC port: give metrics its own")
         return self
 
 

@@ -27,6 +27,7 @@ from gengate.domain import (
     evolve,
 )
 from gengate.errors import ECHO_CHARS, ConfigError, InvalidArgument, NotFound, ResourceExhausted, echo
+from gengate.observation import CallNotes, RouteObserver, noted, reset_notes, set_notes
 from gengate.telemetry import backend_span
 
 log = logging.getLogger(__name__)
@@ -200,6 +201,8 @@ class Route:
     served: int = 0
     started: bool = False
     start_error: str | None = field(default=None)
+    # Sees each routed call as it ends, with what the layers below noted (metrics); None: no one.
+    observer: RouteObserver | None = None
 
     @property
     def name(self) -> str:
@@ -221,26 +224,44 @@ class Route:
     ) -> GenerationResult:
         """One routed call: a concurrency slot, a backend span and the request's deadline; the
         time spent queueing for the slot is in the result's timings."""
-        with backend_span(self.name, self.config.backend, request) as span:
-            async with self.slot(bounded=bounded, background=background) as queued_s:
-                result = await within_deadline(self.backend.generate(request), request)
-            span.record_result(result)
+        observer = self.observer
+        notes = None if observer is None else CallNotes()
+        token = set_notes(notes) if notes is not None else None
+        try:
+            with backend_span(self.name, self.config.backend, request) as span:
+                async with self.slot(bounded=bounded, background=background) as queued_s:
+                    result = await within_deadline(self.backend.generate(request), request)
+                span.record_result(result)
+        finally:
+            if token is not None:
+                reset_notes(token)
+            if observer is not None and notes is not None:
+                observer.routed(self.name, request, notes)
         return evolve(result, timings=result.timings.later(queued_s, queued=True))
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         """One routed stream: as `generate`, each event awaited under the deadline, each end's
         timings counting the time queued."""
-        with backend_span(self.name, self.config.backend, request, current=False) as span:
-            async with self.slot() as queued_s:
-                stream = self.backend.generate_stream(request)
-                try:
-                    async for event in iterate_within_deadline(span.events(stream), request):
-                        if isinstance(event, GenerationEnd):
-                            span.record_end(event)
-                            event = evolve(event, timings=event.timings.later(queued_s, queued=True))
-                        yield event
-                finally:
-                    await aclose_stream(stream)
+        observer = self.observer
+        notes = None if observer is None else CallNotes()
+        try:
+            with backend_span(self.name, self.config.backend, request, current=False) as span:
+                async with self.slot() as queued_s:
+                    stream = self.backend.generate_stream(request)
+                    events = stream if notes is None else noted(stream, notes)
+                    try:
+                        async for event in iterate_within_deadline(span.events(events), request):
+                            if isinstance(event, GenerationEnd):
+                                span.record_end(event)
+                                event = evolve(event, timings=event.timings.later(queued_s, queued=True))
+                            yield event
+                    finally:
+                        await aclose_stream(events)
+                        if events is not stream:
+                            await aclose_stream(stream)
+        finally:
+            if observer is not None and notes is not None:
+                observer.routed(self.name, request, notes)
 
 
 class RouteSlot:
@@ -365,8 +386,17 @@ class Router:
         self._composites = self._bind_composites()
 
     @classmethod
-    def from_config(cls, config: ServerConfig, factory: BackendFactory = build_backend) -> Router:
-        return cls([Route(m, factory(m), Slots(m.max_concurrency)) for m in config.models])
+    def from_config(
+        cls,
+        config: ServerConfig,
+        factory: BackendFactory = build_backend,
+        *,
+        observer: RouteObserver | None = None,
+    ) -> Router:
+        return cls([Route(m, factory(m), Slots(m.max_concurrency), observer=observer) for m in config.models])
+
+    def serves(self, model: str) -> bool:
+        return model in self._routes
 
     @property
     def routes(self) -> list[Route]:

@@ -8,6 +8,7 @@ original constraint before it is returned: an invalid result is never a success.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -16,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 
 from gengate.backend import aclose_stream
+from gengate.caller import current_caller
 from gengate.callers.context import current_policy
 from gengate.callers.identity import Caller
 from gengate.callers.limits import Admission, Admitted
@@ -51,6 +53,7 @@ from gengate.errors import (
 )
 from gengate.limits import LIMIT_REASON, RequestLimits
 from gengate.logs import about_request
+from gengate.observation import RequestObserver, RequestOutcome
 from gengate.router import Route, Router
 
 log = logging.getLogger(__name__)
@@ -63,10 +66,15 @@ _JSON_KINDS = frozenset({ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT}
 
 # Outcome of one batch item: the result, or the error that ended it.
 BatchItem = tuple[int, GenerationResult | GengateError]
+# The reasons of a refusal because an output did not validate (OutputValidator, constraints.retries).
+_VALIDATION_REASONS = frozenset({"VALIDATION_FAILED", "CONSTRAINT_VIOLATED", "VALIDATION_TIMEOUT"})
 
 
 class GenerationCore:
-    """What the gRPC servicer calls; owns the router, the request limits and the constraint sandbox."""
+    """What the gRPC servicer calls; owns the router, the request limits and the constraint sandbox.
+
+    `observer` (metrics) sees every request once as it ends (gengate.observation); None: no one.
+    """
 
     def __init__(
         self,
@@ -76,10 +84,12 @@ class GenerationCore:
         batch_parallelism: int = 256,
         limits: RequestLimits | None = None,
         admission: Admission | None = None,
+        observer: RequestObserver | None = None,
     ) -> None:
         self.router = router
         # Callers' quotas; a call is admitted under them when it runs for a caller (callers.context).
         self.admission = admission if admission is not None else Admission()
+        self.observer = observer
         self.max_batch_items = max_batch_items
         self.batch_parallelism = batch_parallelism
         self.limits = limits or RequestLimits()
@@ -153,10 +163,31 @@ class GenerationCore:
         await self.admission.aclose()
 
     async def generate(
-        self, request: GenerationRequest, *, queue_bounded: bool = True, background: bool = False
+        self,
+        request: GenerationRequest,
+        *,
+        queue_bounded: bool = True,
+        background: bool = False,
+        operation: str = "generate",
     ) -> GenerationResult:
         """One request, checked, routed and validated. `background` (batch jobs) yields the
-        model's slots to interactive calls (Route.slot)."""
+        model's slots to interactive calls (Route.slot). `operation` names it to the observer."""
+        if self.observer is None:
+            return await self._admitted(request, queue_bounded, background)
+        arrived = time.monotonic()
+        caller = current_caller()
+        try:
+            result = await self._admitted(request, queue_bounded, background)
+        except BaseException as exc:
+            self._observe(operation, request, caller, arrived, error=exc)
+            raise
+        self._observe(operation, request, caller, arrived, result=result)
+        return result
+
+    async def _admitted(
+        self, request: GenerationRequest, queue_bounded: bool, background: bool
+    ) -> GenerationResult:
+        """The request under the current caller's quotas (its tokens charged once known)."""
         arrived = time.monotonic()
         admitted = await self._admit(request, wait=not queue_bounded)
         if admitted is None:
@@ -179,14 +210,39 @@ class GenerationCore:
             result = await route.generate(request, bounded=queue_bounded, background=background)
             return await self.finish(route, request, result, arrived)
 
-    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        """One request's events, checked, routed and validated; a caller's tokens are charged
-        as the stream tells them (input at the start, output at each generation's end)."""
+    def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """One request's stream, checked, routed, each generation validated at its end (observed
+        when there is an observer; without one, no generator more than before)."""
+        if self.observer is None:
+            return self._admitted_stream(request, None)
+        return self._observed_stream(request)
+
+    async def _observed_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        watch = StreamWatch(time.monotonic())
+        caller = current_caller()
+        error: BaseException | None = None
+        try:
+            # aclosing: a consumer that closes this stream closes the one below now (its finally
+            # aborts the engine request), not whenever the garbage collector gets to it.
+            async with contextlib.aclosing(self._admitted_stream(request, watch)) as events:
+                async for event in events:
+                    yield event
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._observe("generate_stream", request, caller, watch.arrived, error=error, stream=watch)
+
+    async def _admitted_stream(
+        self, request: GenerationRequest, watch: StreamWatch | None
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """The stream under the current caller's quotas: its tokens are charged as the stream
+        tells them (input at the start, output at each generation's end)."""
         arrived = time.monotonic()
         admitted = await self._admit(request, wait=False)
         # aclosing: a stream dropped by its caller closes the inner one here, in this task, at
         # once (not later from the event loop's finalizer, in another task).
-        async with aclosing(self._stream(request, arrived)) as events:
+        async with aclosing(self._stream(request, arrived, watch)) as events:
             if admitted is None:
                 async for event in events:
                     yield event
@@ -201,7 +257,9 @@ class GenerationCore:
             finally:
                 admitted.release()
 
-    async def _stream(self, request: GenerationRequest, arrived: float) -> AsyncGenerator[StreamEvent, None]:
+    async def _stream(
+        self, request: GenerationRequest, arrived: float, watch: StreamWatch | None
+    ) -> AsyncGenerator[StreamEvent, None]:
         route, request = await self._prepare(request)
         if request.magpie is not None:
             raise Unimplemented(
@@ -229,9 +287,80 @@ class GenerationCore:
                         await self.validator.check(request.structured_output, generation, enforcement)
                         timings = evolve(event.timings, total_s=time.monotonic() - arrived)
                         event = evolve(event, timings=timings)
+                    if watch is not None:
+                        watch.saw(event)
                     yield event
         finally:
             await aclose_stream(stream)
+
+    def refused(self, operation: str, model: str, error: GengateError, duration_s: float) -> None:
+        """A request refused before it reached the core (it could not be converted)."""
+        if self.observer is None:
+            return
+        self.observer.request_done(
+            RequestOutcome(
+                operation=operation,
+                model=model if self.router.serves(model) else "",
+                caller=current_caller(),
+                code=error.code.value,
+                duration_s=duration_s,
+            )
+        )
+
+    def _observe(
+        self,
+        operation: str,
+        request: GenerationRequest,
+        caller: str,
+        arrived: float,
+        *,
+        result: GenerationResult | None = None,
+        error: BaseException | None = None,
+        stream: StreamWatch | None = None,
+    ) -> None:
+        """Tells the observer how the request ended."""
+        assert self.observer is not None
+        served = self.router.serves(request.model)
+        structured = request.structured_output
+        kind = structured.constraint.kind if structured is not None else None
+        enforcement: str | None = None
+        tokens = (0, 0, 0)  # input, output, cached
+        tpot: tuple[float, ...] = ()
+        ttft = None
+        if result is not None:
+            enforcement = result.enforcement.value
+            usage, timings = result.usage, result.timings
+            tokens = (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
+            first = timings.time_to_first_token_s
+            if request.n == 1 and first is not None and timings.total_s is not None and tokens[1] > 1:
+                tpot = ((timings.total_s - first) / (tokens[1] - 1),)
+        elif stream is not None:
+            enforcement = stream.enforcement
+            tokens = (stream.input_tokens, stream.output_tokens, stream.cached_tokens)
+            ttft = stream.first_token_s
+            tpot = tuple(stream.per_token_s)
+        if isinstance(error, GengateError) and kind is not None and enforcement is None:
+            enforcement = error.metadata.get("enforcement")
+        if kind is not None and enforcement is None and served:
+            declared = self.router.route(request.model).backend.capabilities.constraints.get(kind)
+            enforcement = declared.value if declared is not None else Enforcement.NONE.value
+        self.observer.request_done(
+            RequestOutcome(
+                operation=operation,
+                model=request.model if served else "",
+                caller=caller,
+                code=_code_of(error),
+                duration_s=time.monotonic() - arrived,
+                input_tokens=tokens[0],
+                output_tokens=tokens[1],
+                cached_input_tokens=tokens[2],
+                time_to_first_token_s=ttft,
+                time_per_output_token_s=tpot,
+                constraint_kind=kind.value if kind is not None else None,
+                enforcement=enforcement,
+                validation_failed=isinstance(error, GengateError) and error.reason in _VALIDATION_REASONS,
+            )
+        )
 
     def check_batch_size(self, count: int) -> None:
         """Refuses a batch over max_batch_items, before any item is converted or checked."""
@@ -262,7 +391,7 @@ class GenerationCore:
             async with per_model[request.model], gate:  # a saturated model holds no batch-wide slot
                 try:
                     outcome: GenerationResult | GengateError = await self.generate(
-                        request, queue_bounded=False
+                        request, queue_bounded=False, operation="batch_generate"
                     )
                 except GengateError as exc:
                     outcome = exc
@@ -292,6 +421,54 @@ def not_allowed(caller: Caller, model: str) -> PermissionDenied:
         reason="MODEL_NOT_ALLOWED",
         metadata={"model": model[:ECHO_CHARS], "caller": caller.name},
     )
+
+
+def _code_of(error: BaseException | None) -> str:
+    """The gRPC code's name a request ends with (as api/servicer.py answers it)."""
+    if error is None:
+        return "OK"
+    if isinstance(error, GengateError):
+        return error.code.value
+    if isinstance(error, asyncio.CancelledError | GeneratorExit):
+        return "CANCELLED"
+    return "INTERNAL"  # the servicer answers anything else INTERNAL UNEXPECTED
+
+
+class StreamWatch:
+    """What an observed stream showed on its way through: tokens, enforcement, when text came."""
+
+    __slots__ = (
+        "_first_at", "arrived", "cached_tokens", "enforcement", "first_token_s", "input_tokens",
+        "output_tokens", "per_token_s",
+    )  # fmt: skip
+
+    def __init__(self, arrived: float) -> None:
+        self.arrived = arrived
+        self.enforcement: str | None = None
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.cached_tokens = 0
+        self.first_token_s: float | None = None
+        self.per_token_s: list[float] = []
+        self._first_at: dict[int, float] = {}  # generation index -> when its first text came
+
+    def saw(self, event: StreamEvent) -> None:
+        if isinstance(event, GenerationDelta):
+            if event.index not in self._first_at:
+                now = time.monotonic()
+                self._first_at[event.index] = now
+                if self.first_token_s is None:
+                    self.first_token_s = now - self.arrived
+        elif isinstance(event, GenerationEnd):
+            tokens = event.usage.output_tokens
+            self.output_tokens += tokens
+            self.cached_tokens = max(self.cached_tokens, event.usage.cached_input_tokens)
+            first = self._first_at.get(event.index)
+            if first is not None and tokens > 1:
+                self.per_token_s.append((time.monotonic() - first) / (tokens - 1))
+        elif isinstance(event, StreamStart):
+            self.input_tokens = event.input_tokens
+            self.enforcement = event.enforcement.value
 
 
 class OutputValidator:

@@ -133,3 +133,53 @@ def test_a_good_config_still_serves(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_metrics_port_in_use_is_one_error_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = error_line(serve(tmp_path, {"port": 0}, "--metrics-port", str(port)))
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in line
+
+
+def test_a_bad_metrics_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    line = error_line(serve(tmp_path, {"port": 0}, "--metrics-port", "70000"))
+    assert "--metrics-port 70000" in line and "metrics.port" in line
+
+
+def test_metrics_port_flag_serves_prometheus_text(tmp_path: Path) -> None:
+    import re
+    import urllib.request
+
+    config = tmp_path / "gengate.yaml"
+    config.write_text(yaml.safe_dump({"models": SCRIPTED, "server": {"host": "127.0.0.1"}}))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gengate",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        assert "gengate serving on 127.0.0.1:" in proc.stdout.readline()
+        match = re.search(r"gengate metrics on (http://127\.0\.0\.1:\d+/metrics)", proc.stdout.readline())
+        assert match is not None
+        with urllib.request.urlopen(match.group(1), timeout=10) as response:
+            text = response.read().decode()
+        assert 'gengate_model_info{backend="scripted",model="echo"} 1.0' in text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -148,7 +148,7 @@ def test_provider_keys_come_only_from_an_existing_secret() -> None:
 
 def test_config_is_mounted_where_the_entrypoint_args_point() -> None:
     deployment = template_texts()["deployment.yaml"]
-    assert 'args: ["--config", "/etc/gengate/gengate.yaml"]' in deployment
+    assert '$args = concat $args (list "--config" "/etc/gengate/gengate.yaml")' in deployment
     assert "mountPath: /etc/gengate" in deployment
     configmap = template_texts()["configmap.yaml"]
     assert "gengate.yaml: |" in configmap and "toYaml .Values.config" in configmap
@@ -174,3 +174,21 @@ def test_security_context_is_locked_down() -> None:
 def test_non_template_yaml_parses() -> None:
     for path in (CHART / "Chart.yaml", CHART / "values.yaml"):
         assert yaml.safe_load(path.read_text())
+
+
+def test_metrics_port_is_wired_from_flag_to_container_service_and_monitor() -> None:
+    """One value, metrics.port, is the flag gengate serves on, the container's and the Service's
+    port named `metrics`, which the ServiceMonitor scrapes by name."""
+    texts = template_texts()
+    assert values()["metrics"]["enabled"] is True and values()["metrics"]["port"] == 9464
+    assert '(list "--metrics-port" (toString .Values.metrics.port))' in texts["deployment.yaml"]
+    assert (
+        "- name: metrics\n              containerPort: {{ .Values.metrics.port }}" in texts["deployment.yaml"]
+    )
+    assert (
+        "- name: metrics\n      port: {{ .Values.metrics.port }}\n      targetPort: metrics"
+        in texts["service.yaml"]
+    )
+    assert "- port: metrics\n      path: /metrics" in texts["servicemonitor.yaml"]
+    for name in ("servicemonitor.yaml", "prometheusrule.yaml"):
+        assert texts[name].startswith("{{- if and .Values.metrics.enabled"), name

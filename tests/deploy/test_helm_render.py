@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from gengate.config import parse_config
+from promql import problems
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gengate"
@@ -77,16 +78,32 @@ def test_default_render(renderer: Path, tmp_path: Path) -> None:
     for kind, name in (("Service", "gengate"), ("Service", "gengate-headless")):
         spec = objs[(kind, name)]["spec"]
         assert spec["selector"] == labels
-        assert spec["ports"] == [
-            {"name": "grpc", "port": 50051, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
-        ]
+    grpc_port = {
+        "name": "grpc",
+        "port": 50051,
+        "targetPort": "grpc",
+        "protocol": "TCP",
+        "appProtocol": "grpc",
+    }
+    metrics_port = {
+        "name": "metrics",
+        "port": 9464,
+        "targetPort": "metrics",
+        "protocol": "TCP",
+        "appProtocol": "http",
+    }
+    assert objs[("Service", "gengate")]["spec"]["ports"] == [grpc_port, metrics_port]
+    assert objs[("Service", "gengate-headless")]["spec"]["ports"] == [grpc_port]  # for gRPC clients only
     assert objs[("Service", "gengate-headless")]["spec"]["clusterIP"] == "None"
     assert objs[("PodDisruptionBudget", "gengate")]["spec"]["selector"]["matchLabels"] == labels
 
     c = container(objs)
     assert c["image"] == "gengate:0.1.0"
-    assert c["args"] == ["--config", "/etc/gengate/gengate.yaml"]
-    assert c["ports"] == [{"name": "grpc", "containerPort": 50051, "protocol": "TCP"}]
+    assert c["args"] == ["--config", "/etc/gengate/gengate.yaml", "--metrics-port", "9464"]
+    assert c["ports"] == [
+        {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9464, "protocol": "TCP"},
+    ]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"] == {"port": 50051, "service": ""}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
@@ -145,7 +162,7 @@ def test_every_option_on(renderer: Path, tmp_path: Path) -> None:
     pod = deployment["spec"]["template"]["spec"]
     c = container(objs)
     assert c["image"] == "registry.example.com/gengate-vllm:1.2.3"
-    assert "args" not in c, "no config: the embedded default"
+    assert c["args"] == ["--metrics-port", "9464"], "no config: the embedded default, metrics on"
     assert [m["mountPath"] for m in c["volumeMounts"]] == ["/tmp"]
     env = {e["name"]: e for e in c["env"]}
     for var, key in (("OPENAI_API_KEY", "openai"), ("ANTHROPIC_API_KEY", "anthropic")):
@@ -202,7 +219,8 @@ ALL_ON: dict[str, Any] = {
     "extraVolumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}],
     "extraVolumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
     "imagePullSecrets": [{"name": "registry"}],
-    "autoscaling": {"enabled": True},
+    "autoscaling": {"enabled": True, "inFlightRequests": {"enabled": True}},
+    "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
     "gpu": {"enabled": True, "runtimeClassName": "nvidia", "nodeSelector": {"gpu": "true"}},
     "affinity": {"nodeAffinity": {}},
     "serviceAccount": {"annotations": {"a": "b"}},
@@ -224,7 +242,84 @@ def test_objects_match_the_kubernetes_schema(
     objs = objects(renderer, tmp_path, overrides)
     assert len(objs) >= 6
     for (kind, name), obj in objs.items():
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # the Prometheus operator's CRDs: test_monitoring_objects checks them
         try:
             kv.validate(obj, target, strict=True)
         except kv.ValidationError as exc:
             pytest.fail(f"{kind}/{name} on Kubernetes {target}: {exc.message} at {list(exc.path)}")
+
+
+MONITORED: dict[str, Any] = {
+    "metrics": {
+        "port": 9500,
+        "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kps"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "kps"}, "errorRatio": 0.1},
+    },
+    "autoscaling": {"enabled": True, "inFlightRequests": {"enabled": True, "averageValue": "12"}},
+}
+
+
+def test_monitoring_objects(renderer: Path, tmp_path: Path) -> None:
+    """ServiceMonitor, PrometheusRule and the in-flight HPA metric, rendered: the monitor scrapes
+    the Service's `metrics` port, every alert queries series the server exports (test_monitoring's
+    checker) with this release's selector, the HPA asks for the adapter's metric."""
+    objs = objects(renderer, tmp_path, MONITORED)
+    service = objs[("Service", "gengate")]
+    (metrics_port,) = [p for p in service["spec"]["ports"] if p["name"] == "metrics"]
+    assert metrics_port["port"] == 9500 and container(objs)["args"][-2:] == ["--metrics-port", "9500"]
+
+    monitor = objs[("ServiceMonitor", "gengate")]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["gengate"]}
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
+
+    rule = objs[("PrometheusRule", "gengate")]
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    (group,) = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    assert len(alerts) == 8 and all(a.startswith("Gengate") for a in alerts)
+    for name, alert in alerts.items():
+        assert problems(alert["expr"]) == [], name
+        assert 'namespace="gengate", service="gengate"' in alert["expr"], name
+        assert alert["labels"]["severity"] in ("warning", "critical"), name
+        assert "{{ $labels." in alert["annotations"]["summary"], name  # Prometheus' template, not Helm's
+    assert "> 0.1" in alerts["GengateServerErrors"]["expr"]  # the threshold from values
+    assert "> 30" in alerts["GengateSlowRequests"]["expr"]
+
+    hpa = objs[("HorizontalPodAutoscaler", "gengate")]["spec"]["metrics"]
+    assert hpa[1] == {
+        "type": "Pods",
+        "pods": {
+            "metric": {"name": "gengate_in_flight_requests"},
+            "target": {"type": "AverageValue", "averageValue": "12"},
+        },
+    }
+    assert hpa[0]["resource"]["name"] == "cpu"
+
+
+def test_metrics_off_renders_no_port_flag_or_monitor(renderer: Path, tmp_path: Path) -> None:
+    objs = objects(renderer, tmp_path, {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}})
+    assert ("ServiceMonitor", "gengate") not in objs
+    c = container(objs)
+    assert c["args"] == ["--config", "/etc/gengate/gengate.yaml"]
+    assert [p["name"] for p in c["ports"]] == ["grpc"]
+    assert [p["name"] for p in objs[("Service", "gengate")]["spec"]["ports"]] == ["grpc"]
+
+
+def test_in_flight_autoscaling_without_metrics_fails_the_render(renderer: Path, tmp_path: Path) -> None:
+    proc = render(
+        renderer,
+        tmp_path,
+        {
+            "metrics": {"enabled": False},
+            "autoscaling": {"enabled": True, "inFlightRequests": {"enabled": True}},
+        },
+    )
+    assert proc.returncode != 0
+    assert "autoscaling.inFlightRequests needs metrics.enabled" in proc.stderr

@@ -16,15 +16,21 @@ UPWARDS = [
     (prefix, above)
     for prefixes, aboves in [
         (
-            ("gengate.domain", "gengate.errors", "gengate.limits", "gengate.redaction", "gengate.lru"),
+            ("gengate.domain", "gengate.errors", "gengate.limits", "gengate.redaction", "gengate.lru",
+             "gengate.observation", "gengate.caller"),
             ("gengate.backend", "gengate.router", "gengate.service", "gengate.api", "gengate.engines",
-             "gengate.providers", "gengate.composites", "gengate.workers", "gengate.cli"),
+             "gengate.providers", "gengate.composites", "gengate.workers", "gengate.cli", "gengate.metrics"),
         ),
         (
             ("gengate.engines", "gengate.providers", "gengate.constraints"),
-            ("gengate.router", "gengate.service", "gengate.api", "gengate.composites", "gengate.cli"),
+            ("gengate.router", "gengate.service", "gengate.api", "gengate.composites", "gengate.cli",
+             "gengate.metrics"),
         ),
-        (("gengate.router", "gengate.service", "gengate.composites"), ("gengate.api", "gengate.cli")),
+        (
+            ("gengate.router", "gengate.service", "gengate.composites", "gengate.workers", "gengate.jobs"),
+            ("gengate.api", "gengate.cli", "gengate.metrics"),
+        ),
+        (("gengate.metrics",), ("gengate.api", "gengate.cli")),
     ]
     for prefix in prefixes
     for above in aboves
@@ -154,3 +160,22 @@ def test_the_server_imports_no_private_client_module() -> None:
                 if not is_cli or any(part.startswith("_") for part in parts):
                     offenders.append(f"{module} -> {name}")
     assert offenders == []
+
+
+def test_only_the_metrics_package_imports_prometheus_client() -> None:
+    """Domain code sees the observer interfaces of gengate.observation, never prometheus_client."""
+    offenders = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            if any(n.split(".")[0] == "prometheus_client" for n in names) and not (
+                module == "gengate.metrics" or module.startswith("gengate.metrics.")
+            ):
+                offenders.append(module)
+    assert offenders == []
+    assert "gengate.metrics.families" in MODULES

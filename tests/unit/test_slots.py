@@ -179,3 +179,19 @@ async def test_background_work_arriving_in_a_quiet_period_starts_when_it_ends() 
     assert not item.done()
     await item  # woken by the quiet period's end, not by another call (none comes)
     assert slots.background_active == 1
+
+
+async def test_a_waiter_cancelled_while_its_slot_is_freed_leaves_quietly() -> None:
+    """The holder and the waiter cancelled in one tick (a client hanging up on both): the release
+    drops the cancelled waiter from the queue before its own cancellation runs, which then must
+    not fail looking for it there (it did: ValueError, answered as INTERNAL)."""
+    slots = Slots(1)
+    await slots.acquire()
+    waiter = asyncio.create_task(slots.acquire())
+    await asyncio.sleep(0)
+    waiter.cancel()  # cancels the future it waits on, now
+    slots.release()  # _dispatch pops that cancelled future and skips it
+    results = await asyncio.gather(waiter, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    await asyncio.wait_for(slots.acquire(), 1)  # the slot is free, not lost
+    assert slots.interactive_active == 1

@@ -1,4 +1,4 @@
-"""Builds and runs the grpc.aio server: GenerationService, health, reflection, tracing."""
+"""Builds and runs the grpc.aio server: GenerationService, health, reflection, tracing, metrics."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from gengate.config import ServerConfig, ServerSettings
 from gengate.errors import ConfigError
 from gengate.jobs.runner import JobRunner, RunnerSettings
 from gengate.jobs.store import JobStore, open_store
+from gengate.metrics import ServerMetrics, start_metrics
 from gengate.redaction import install_log_redaction
 from gengate.router import Router, Slots
 from gengate.service import GenerationCore
@@ -62,6 +63,7 @@ class RunningServer:
     job_store: JobStore | None = None
     drain_state: Drain = field(default_factory=Drain)
     callers: CallerDirectory | None = None
+    metrics: ServerMetrics | None = None
 
     @property
     def address(self) -> str:
@@ -84,6 +86,11 @@ class RunningServer:
             log.warning("drain: %d call(s) still in flight; they are cancelled", self.drain_state.in_flight)
         return finished
 
+    @property
+    def metrics_address(self) -> str | None:
+        """HOST:PORT of the Prometheus endpoint (`server.metrics.port`), or None when off."""
+        return None if self.metrics is None else self.metrics.address
+
     async def stop(self, grace: float = 5.0) -> None:
         """Stops taking calls, lets in-flight ones finish for `grace` seconds, closes backends."""
         self.drain_state.start()
@@ -96,6 +103,8 @@ class RunningServer:
         await self.router.close_all()
         if self.core is not None:
             await self.core.aclose()
+        if self.metrics is not None:  # last: OTLP sends the final counts
+            await asyncio.to_thread(self.metrics.close)
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()
@@ -155,11 +164,32 @@ async def start_server(
     drain = Drain()
     interceptors = _interceptors(CallerInterceptor(directory, drain))
     credentials = _server_credentials(settings)
+    metrics = start_metrics(settings.metrics, host)  # a metrics port in use fails before models load
+    try:
+        return await _start(config, host, port, interceptors, credentials, directory, drain, metrics)
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
+
+
+async def _start(
+    config: ServerConfig,
+    host: str,
+    port: int,
+    interceptors: list[grpc.aio.ServerInterceptor],
+    credentials: grpc.ServerCredentials | None,
+    directory: CallerDirectory | None,
+    drain: Drain,
+    metrics: ServerMetrics | None,
+) -> RunningServer:
     from gengate.workers.factory import with_cpu_thread_shares
 
+    settings = config.server
     job_store = open_store(settings.jobs.store, Path(settings.jobs.data_dir).expanduser())
     await job_store.open()  # a store that cannot be opened stops the start, in one line
-    router = Router.from_config(with_cpu_thread_shares(config))
+    observer = None if metrics is None else metrics.metrics
+    router = Router.from_config(with_cpu_thread_shares(config), observer=observer)
     try:
         await router.start_all()
     except BaseException:
@@ -178,7 +208,11 @@ async def start_server(
     )
     state = open_state(settings.state, fail_closed=settings.state_fail_closed)
     core = GenerationCore(
-        router, max_batch_items=settings.max_batch_items, limits=settings.limits, admission=Admission(state)
+        router,
+        max_batch_items=settings.max_batch_items,
+        limits=settings.limits,
+        admission=Admission(state),
+        observer=observer,
     )
     servicer = GenerationServicer(core, default_timeout_s=settings.request_timeout_s)
     add_to_server(servicer, server)
@@ -192,7 +226,7 @@ async def start_server(
     jobs = settings.jobs
     runner = JobRunner(
         job_store,
-        lambda request: core.generate(request, queue_bounded=False, background=True),
+        lambda request: core.generate(request, queue_bounded=False, background=True, operation="batch_job"),
         codec,
         RunnerSettings(
             concurrency=jobs.concurrency,
@@ -235,6 +269,8 @@ async def start_server(
         raise OSError(f"cannot bind {host}:{port}")
     await server.start()
     await runner.start()
+    if metrics is not None:
+        metrics.attach(router, core, runner)
     serving = health_pb2.HealthCheckResponse.SERVING
     await health_servicer.set("", serving)
     await health_servicer.set(SERVICE_NAME, serving)
@@ -254,6 +290,7 @@ async def start_server(
         job_store=job_store,
         drain_state=drain,
         callers=directory,
+        metrics=metrics,
     )
 
 
@@ -311,6 +348,8 @@ def serve(config: ServerConfig, host: str | None = None, port: int | None = None
         names = ", ".join(r.name for r in running.router.routes)
         log.info("gengate serving on %s (models: %s)", running.address, names)
         print(f"gengate serving on {running.address} (models: {names})", flush=True)
+        if running.metrics_address is not None:  # after the line scripts wait for
+            print(f"gengate metrics on http://{running.metrics_address}/metrics", flush=True)
         await stop.wait()
         log.info("shutting down: draining for at most %gs", config.server.drain_timeout_s)
         await running.drain(config.server.drain_timeout_s, again)

@@ -65,9 +65,22 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             wire_bytes=size,
         )
 
+    async def _converted(
+        self, operation: str, message: gpb.GenerateRequest, deadline: float | None, prefix: str = ""
+    ) -> GenerationRequest:
+        """`_to_domain`, a request that cannot be converted told to the core's observer."""
+        began = time.monotonic()
+        try:
+            return await self._to_domain(message, deadline, prefix)
+        except GengateError as exc:
+            self.core.refused(operation, message.model, exc, time.monotonic() - began)
+            raise
+
     async def Generate(self, request: gpb.GenerateRequest, context: Context) -> gpb.GenerateResponse:
         try:
-            domain_request = await self._to_domain(request, _deadline(context, self.default_timeout_s))
+            domain_request = await self._converted(
+                "generate", request, _deadline(context, self.default_timeout_s)
+            )
             result = await self.core.generate(domain_request)
             return convert.result_to_pb(result)
         except GengateError as exc:
@@ -80,8 +93,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         self, request: gpb.GenerateStreamRequest, context: Context
     ) -> AsyncIterator[gpb.GenerateStreamResponse]:
         try:
-            domain_request = await self._to_domain(
-                request.request, _deadline(context, self.default_timeout_s), "request."
+            domain_request = await self._converted(
+                "generate_stream", request.request, _deadline(context, self.default_timeout_s), "request."
             )
             try:
                 async for event in self.core.generate_stream(domain_request):
@@ -104,6 +117,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             else:
                 items, failed = await asyncio.to_thread(self._batch_items, request, deadline, small=False)
             for i, item_error in failed:
+                self.core.refused("batch_generate", request.requests[i].model, item_error, 0.0)
                 yield gpb.BatchGenerateResponse(index=i, error=to_rpc_status(item_error))
             if not items:
                 if not failed:

@@ -20,6 +20,7 @@ from gengate.constraints.matcher import ConstraintMatcher
 from gengate.constraints.validation import quiet_limits
 from gengate.domain import Enforcement, StructuredOutput
 from gengate.lru import LruCache
+from gengate.observation import note_compile
 
 # What the compiled-constraint cache may hold, in constraint_weight units (~330 MB of grammar
 # engine state at the worst, measured: ten `a{99999}` regexes), besides its entry count.
@@ -34,6 +35,7 @@ class CompiledConstraint:
     lowered: LoweredConstraint
     _template: LLMatcher = field(repr=False)
     _vocab_size: int = field(repr=False)
+    compile_s: float = field(default=0.0, compare=False)  # how long lowering and compiling took
 
     @property
     def grammar(self) -> str:
@@ -128,8 +130,10 @@ class ConstraintCompiler:
         hit = self._cache.get(key)
         if hit is not None:
             self.stats.hits += 1
+            note_compile(hit=True)
             return _for_request(hit, structured)
         work = self._inflight.get(key)
+        compiling = work is None  # else the same constraint is being compiled for another call
         if work is None:
             if len(self._inflight) >= self._max_workers + self.max_queued:  # running + queued
                 raise self._busy()
@@ -153,6 +157,7 @@ class ConstraintCompiler:
                 f"the constraint is too complex: it did not compile within {self.timeout_s:g} s",
                 reason="CONSTRAINT_COMPILE_TIMEOUT",
             ) from None
+        note_compile(hit=not compiling, seconds=compiled.compile_s if compiling else None)
         return _for_request(compiled, structured)
 
     def _busy(self) -> errors.ResourceExhausted:
@@ -176,8 +181,9 @@ class ConstraintCompiler:
         the library raised on the caller's constraint."""
         self.stats.lowerings += 1
         field_name = kinds.field_of(structured.constraint.kind)
+        began = time.monotonic()
         try:
-            return self._compile(structured, field_name)
+            compiled = self._compile(structured, field_name)
         except errors.GengateError:
             raise
         except RecursionError:
@@ -190,6 +196,7 @@ class ConstraintCompiler:
             raise errors.InvalidArgument.field(
                 field_name, f"cannot be compiled: {errors.brief(str(exc))}", reason="INVALID_CONSTRAINT"
             ) from None
+        return dataclasses.replace(compiled, compile_s=time.monotonic() - began)
 
     def _compile(self, structured: StructuredOutput, field_name: str) -> CompiledConstraint:
         lowered = kinds.lower(structured)

@@ -1,12 +1,14 @@
 """One rule for a structured output that fails validation, on every backend: it is tried again
 VALIDATION_RETRIES more times (local engines re-sample it with another seed, providers re-ask
 with the error), then refused with ABORTED VALIDATION_FAILED. Every backend's retry loop counts
-its tries with `Attempts`, so they stop at the same count with the same error."""
+its tries with `Attempts`, so they stop at the same count with the same error (and each try made
+again is noted for the metrics of the call: gengate.observation)."""
 
 from __future__ import annotations
 
 from gengate import errors
 from gengate.domain import ConstraintKind
+from gengate.observation import REASK, RESAMPLE, current_notes, note_validation_retry
 
 VALIDATION_RETRIES = 2
 VALIDATION_FAILED = "VALIDATION_FAILED"
@@ -42,12 +44,17 @@ class Attempts:
         # generation index -> (why its last try failed, the text it produced)
         self.failing: dict[int, tuple[str, str]] = {}
         self._used: dict[int, int] = {}
+        # Taken now, in the call's context: engines may run the tries from a scheduler's task.
+        self._notes = current_notes()
 
     def failed(self, index: int, problem: str, text: str = "") -> bool:
         """Records that a try of generation `index` did not validate; True when it may be tried again."""
         self._used[index] = self._used.get(index, 0) + 1
         self.failing[index] = (problem, text)
-        return self._used[index] < self.tries
+        again = self._used[index] < self.tries
+        if again:
+            note_validation_retry(self._notes, REASK if self.source else RESAMPLE)
+        return again
 
     def passed(self, index: int) -> None:
         """Records that generation `index` validated."""

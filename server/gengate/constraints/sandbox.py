@@ -114,7 +114,8 @@ class ConstraintSandbox:
         # Verdicts with the time.monotonic() they expire (inf: a definite answer).
         self._verdicts: LruCache[str, tuple[Verdict, float]] = LruCache(cache_size)
         self._inflight: dict[str, asyncio.Future[Verdict]] = {}
-        self.checks_run = 0
+        self.checks_run = 0  # checks a checker process ran
+        self.cache_hits = 0  # checks answered by a remembered verdict
         self.killed = 0
 
     @property
@@ -143,6 +144,7 @@ class ConstraintSandbox:
         )
         cached = self._verdicts.get(key)
         if cached is not None and cached[1] > time.monotonic():
+            self.cache_hits += 1
             cached[0].raise_if_refused()
             return
         work = self._inflight.get(key)

@@ -85,11 +85,18 @@ class JobRunner:
         self._finished: list[tuple[str, ItemResult, asyncio.Future[bool]]] = []
         self._flush_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self.finished_items = 0  # results this runner stored (for tests and logs)
+        self.finished_items = 0  # results this runner stored (for tests, logs and metrics)
+        self.failed_items = 0  # ... of which errors
 
     @property
     def in_flight(self) -> int:
         return sum(len(r.tasks) for r in self._running.values())
+
+    @property
+    def unfinished_items(self) -> int:
+        """Items without a result in the store's queued and running jobs, as of the runner's last
+        read of them (every poll_s while it runs): every replica's, not only this one's."""
+        return sum(max(0, job.total - job.done) for job in self._jobs)  # done counts failed ones too
 
     async def start(self) -> None:
         released = await self.store.release_dead_local()
@@ -200,6 +207,7 @@ class JobRunner:
             self._flush_wake.set()
             if await stored:
                 self.finished_items += 1
+                self.failed_items += int(result.failed)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -2,6 +2,8 @@
 errors, honouring Retry-After and never sleeping past the caller's deadline.
 
 SDKs are configured with their own retries off (max_retries=0) so only this policy applies.
+Each attempt's answer, and each retry with its reason, is noted for the call's metrics
+(gengate.observation).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TypeVar
 
 from gengate import errors
 from gengate.backend import aclose_stream
+from gengate.observation import note_upstream
 from gengate.providers.errors import is_retryable, normalize_exception
 
 T = TypeVar("T")
@@ -65,8 +68,9 @@ async def call_with_retries(
             raise _deadline_error(provider)
         try:
             async with asyncio.timeout(left):
-                return await attempt_fn()
+                answer = await attempt_fn()
         except TimeoutError as exc:
+            note_upstream("timeout")
             if remaining(deadline) is not None and remaining(deadline) <= 0:  # type: ignore[operator]
                 raise _deadline_error(provider) from exc
             raise to_error(exc) from exc
@@ -75,10 +79,27 @@ async def call_with_retries(
         except Exception as exc:
             error = to_error(exc)
             delay = _next_delay(error, attempt, policy, deadline, provider)
+            note_upstream(upstream_answer(error), None if delay is None else error.reason)
             if delay is None:
                 raise error from exc
+        else:
+            note_upstream("ok")
+            return answer
         attempt += 1
         await asyncio.sleep(delay)
+
+
+def upstream_answer(error: errors.GengateError) -> str:
+    """What an upstream attempt that failed answered, as a metrics label: its HTTP status, or
+    what went wrong when there was none (a timeout, no connection, an unreadable answer)."""
+    status = error.metadata.get("upstream_status")
+    if status is not None and status.isdigit():
+        return status
+    if isinstance(error, errors.DeadlineExceeded):
+        return "timeout"
+    if error.reason == "UPSTREAM_UNAVAILABLE":
+        return "unreachable"
+    return "bad_response" if error.reason.startswith("UPSTREAM_") else "error"
 
 
 def _next_delay(
@@ -132,7 +153,11 @@ async def stream_with_retries(
                     async with asyncio.timeout(left):
                         item = await anext(stream)
                 except StopAsyncIteration:
+                    if not yielded:
+                        note_upstream("ok")
                     return
+                if not yielded:
+                    note_upstream("ok")
                 yielded = True
                 yield item
         except asyncio.CancelledError:
@@ -140,6 +165,8 @@ async def stream_with_retries(
         except GeneratorExit:
             raise
         except TimeoutError as exc:
+            if not yielded:
+                note_upstream("timeout")
             left = remaining(deadline)
             if left is not None and left <= 0:
                 raise _deadline_error(provider) from exc
@@ -147,6 +174,8 @@ async def stream_with_retries(
         except Exception as exc:
             error = to_error(exc)
             delay = None if yielded else _next_delay(error, attempt, policy, deadline, provider)
+            if not yielded:  # a stream that broke after it answered was an "ok" answer
+                note_upstream(upstream_answer(error), None if delay is None else error.reason)
             if delay is None:
                 raise error from exc
         finally:

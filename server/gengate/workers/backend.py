@@ -34,6 +34,7 @@ from gengate.backend import ServingListener
 from gengate.deadline import within_deadline
 from gengate.domain import GenerationRequest, GenerationResult, ModelCapabilities, StreamEvent
 from gengate.logs import current_format, forward_worker_line, worker_log_level
+from gengate.observation import CallNotes, current_notes
 from gengate.registry import kind_spec
 from gengate.workers.placement import DeviceProvider, DeviceRequest, Lease, PlacementError, PlacementFile
 from gengate.workers.protocol import (
@@ -79,10 +80,11 @@ class GpuRequest:
 class _Call:
     """One in-flight call on the server side: its inbox of worker messages."""
 
-    def __init__(self) -> None:
+    def __init__(self, notes: CallNotes | None) -> None:
         self.inbox: asyncio.Queue[Event | Done | Failed | errors.GengateError] = asyncio.Queue()
         self.finished = False
         self.released: asyncio.Event = asyncio.Event()  # the worker has let go of the call
+        self.notes = notes  # the routed call's notes, where the worker's notes of it go
 
 
 class _Worker:
@@ -182,6 +184,11 @@ class WorkerBackend:
         """The GPUs this model holds, when it asked for any."""
         return self._lease
 
+    @property
+    def device_provider(self) -> DeviceProvider | None:
+        """What lists the node's GPUs (NVML), once this model has asked for GPUs."""
+        return self._device_provider
+
     def add_serving_listener(self, listener: ServingListener) -> None:
         """Calls `listener(serving)` on every change (from the event loop); it may return an awaitable."""
         self._listeners.append(listener)
@@ -229,6 +236,7 @@ class WorkerBackend:
                 from gengate.workers.placement import NvmlDeviceProvider
 
                 provider = NvmlDeviceProvider()
+                self._device_provider = provider  # metrics read the placed GPUs' memory through it
             gpu = self._gpu
             try:
                 self._lease = await asyncio.to_thread(
@@ -378,6 +386,8 @@ class WorkerBackend:
                 return
             if not isinstance(message, Event):
                 call.released.set()
+                if message.notes is not None and call.notes is not None:
+                    call.notes.merge(message.notes)
             call.inbox.put_nowait(message)
         elif isinstance(message, Pong):
             future = self._pongs.get(message.ping_id)
@@ -505,7 +515,7 @@ class WorkerBackend:
     async def _call(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[_Call]:
         worker = self._require_worker()
         call_id = next(self._ids)
-        call = _Call()
+        call = _Call(current_notes())
         self._calls[call_id] = call
         try:
             worker.send(Call(call_id, request, stream))

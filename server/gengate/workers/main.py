@@ -22,6 +22,7 @@ from typing import Any
 
 from gengate.backend import Backend, aclose_stream
 from gengate.logs import about_request, configure_logging
+from gengate.observation import CallNotes, set_notes
 from gengate.workers.protocol import (
     Abort,
     Aborted,
@@ -77,12 +78,15 @@ def load_backend(spec: WorkerSpec) -> Backend:
 
 
 async def run_call(backend: Backend, call: Call, outbox: Outbox) -> None:
-    """Runs one call, sending its events or result; cancellation (Abort) ends it silently."""
+    """Runs one call, sending its events or result; cancellation (Abort) ends it silently.
+    What the engine notes of the call (gengate.observation) goes back with its end."""
     with about_request(call.request.request_id, call.request.model):
         await _run_call(backend, call, outbox)
 
 
 async def _run_call(backend: Backend, call: Call, outbox: Outbox) -> None:
+    notes = CallNotes()
+    set_notes(notes)  # this task's own context: the call's, until the task ends
     try:
         if call.stream:
             events = backend.generate_stream(call.request)
@@ -91,14 +95,20 @@ async def _run_call(backend: Backend, call: Call, outbox: Outbox) -> None:
                     outbox.send(Event(call.call_id, event))
             finally:
                 await aclose_stream(events)
-            outbox.send(Done(call.call_id))
+            outbox.send(Done(call.call_id, notes=_sent(notes)))
         else:
-            outbox.send(Done(call.call_id, await backend.generate(call.request)))
+            result = await backend.generate(call.request)
+            outbox.send(Done(call.call_id, result, _sent(notes)))
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         log.debug("call %d failed", call.call_id, exc_info=True)
-        outbox.send(Failed(call.call_id, ErrorPayload.from_exception(exc)))
+        outbox.send(Failed(call.call_id, ErrorPayload.from_exception(exc), _sent(notes)))
+
+
+def _sent(notes: CallNotes) -> CallNotes | None:
+    """Notes worth sending: none when nothing was noted (most calls)."""
+    return None if notes.empty() else notes
 
 
 async def serve(fd: int) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeAlias
 
 from gengate import errors
 from gengate.domain import GenerationRequest, GenerationResult, ModelCapabilities, StreamEvent
+from gengate.observation import CallNotes
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 512 << 20
@@ -90,10 +91,12 @@ class Event:
 
 @dataclass(frozen=True)
 class Done:
-    """Call finished; `result` is set for unary calls."""
+    """Call finished; `result` is set for unary calls. `notes`: what the engine noted of the call
+    for its metrics (compile cache, re-samples), when anything."""
 
     call_id: int
     result: GenerationResult | None = None
+    notes: CallNotes | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class ErrorPayload:
 class Failed:
     call_id: int
     error: ErrorPayload
+    notes: CallNotes | None = None
 
 
 @dataclass(frozen=True)
