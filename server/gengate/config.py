@@ -93,10 +93,36 @@ class JobSettings(BaseModel):
     offline_poll_s: float = Field(default=30.0, gt=0)
 
 
+class ModelPrice(BaseModel):
+    """What a model's tokens cost, per million (any currency: the metric is in whatever it is)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_per_million: float = Field(ge=0)
+    output_per_million: float = Field(ge=0)
+    # Input tokens a prompt cache served, where the provider prices them lower; None: as input.
+    cached_input_per_million: float | None = Field(default=None, ge=0)
+
+    def cost(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float:
+        """The cost of one request's tokens (cached input tokens are part of `input_tokens`)."""
+        cached = min(cached_input_tokens, input_tokens)
+        cached_price = self.cached_input_per_million
+        if cached_price is None:
+            cached_price = self.input_per_million
+        return (
+            (input_tokens - cached) * self.input_per_million
+            + cached * cached_price
+            + output_tokens * self.output_per_million
+        ) / 1_000_000
+
+
 class MetricsSettings(BaseModel):
     """`server.metrics`: Prometheus text exposition on an HTTP port of its own (README "Metrics")."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # model name -> its price: the metrics then count gengate_cost_total{model,caller}.
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
     # None: no metrics endpoint (OTLP export may still run, when configured); 0 picks a free port.
     port: int | None = Field(default=None, ge=0, le=65535)
@@ -209,6 +235,9 @@ def parse_config(data: Any, *, source: str = "<config>") -> ServerConfig:
         raise ConfigError(f"{source}: duplicate model name(s) {duplicates}")
     _check_members(models, source)
     server = _parse_server(data.get("server") or {}, source)
+    unpriced = sorted(set(server.metrics.prices) - set(names))
+    if unpriced:
+        raise ConfigError(f"{source}: server.metrics.prices names model(s) not configured: {unpriced}")
     callers = parse_callers(
         data.get("callers"),
         models=names,

@@ -309,3 +309,51 @@ async def test_the_catalogue_is_what_a_server_exports(make_server: ServerFactory
             continue
         labels = set(listed[family][1]) | ({"le"} if sample.name.endswith("_bucket") else set())
         assert set(sample.labels) == labels, sample.name
+
+
+async def test_a_price_table_counts_what_each_caller_spent_per_model(make_server: ServerFactory) -> None:
+    prices = {"priced": {"input_per_million": 2.0, "output_per_million": 10.0}}
+    server = await make_server(
+        with_metrics(
+            {"name": "priced", "backend": "scripted", "text": "one two three"},
+            {"name": "free", "backend": "scripted", "text": "one two"},
+            metrics={"port": 0, "prices": prices},
+        )
+    )
+    spent = 0.0
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = Stub(channel)
+        for prompt in ("a b", "c d e f"):
+            usage = (await stub.Generate(g.GenerateRequest(model="priced", prompt=prompt))).usage
+            spent += (usage.input_tokens * 2.0 + usage.output_tokens * 10.0) / 1_000_000
+        await stub.Generate(g.GenerateRequest(model="free", prompt="x"))
+        with pytest.raises(grpc.aio.AioRpcError):  # a refused request costs nothing
+            await stub.Generate(g.GenerateRequest(model="priced", prompt="x", n=99))
+    m = await scrape(server)
+    assert m.value("gengate_cost_total", model="priced", caller=ANON) == pytest.approx(spent)
+    assert spent > 0
+    assert 'gengate_cost_total{caller="anonymous",model="free"}' not in m.text
+
+
+def test_prices_are_checked() -> None:
+    from gengate.config import ModelPrice, parse_config
+
+    models = [{"name": "m", "backend": "scripted"}]
+    with pytest.raises(ConfigError, match=r"not configured: \['gpt'\]"):
+        parse_config(
+            {
+                "models": models,
+                "server": {"metrics": {"prices": {"gpt": {"input_per_million": 1, "output_per_million": 1}}}},
+            }
+        )
+    with pytest.raises(ConfigError, match="input_per_million"):
+        parse_config(
+            {
+                "models": models,
+                "server": {"metrics": {"prices": {"m": {"input_per_million": -1, "output_per_million": 1}}}},
+            }
+        )
+    cached = ModelPrice(input_per_million=4.0, output_per_million=0.0, cached_input_per_million=1.0)
+    assert cached.cost(input_tokens=1_000_000, output_tokens=0, cached_input_tokens=500_000) == pytest.approx(
+        2.5
+    )

@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 
-from gengate.config import MetricsSettings
+from gengate.config import MetricsSettings, ModelPrice
 from gengate.jobs.runner import JobRunner
 from gengate.metrics.families import Metrics
 from gengate.metrics.otlp import OtlpMetricsBridge, otlp_bridge
@@ -32,9 +32,9 @@ log = logging.getLogger("gengate")
 class ServerMetrics:
     """One server's metrics and where they go: the endpoint (if a port is set), OTLP (if set up)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prices: Mapping[str, ModelPrice] | None = None) -> None:
         self.registry = CollectorRegistry()
-        self.metrics = Metrics(self.registry)
+        self.metrics = Metrics(self.registry, prices)
         self.collector = ServerCollector()
         self.registry.register(self.collector)
         ProcessCollector(registry=self.registry)
@@ -81,7 +81,7 @@ def start_metrics(
     """The server's metrics when any is asked for: `server.metrics.port` (the endpoint, bound now,
     so a port in use fails the start before any model loads) and/or OTLP export
     (OTEL_EXPORTER_OTLP_ENDPOINT with the `otel` extra installed). None: metrics are off."""
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(settings.prices)
     metrics.otlp = otlp_bridge(metrics.registry, env)
     if settings.port is None and metrics.otlp is None:
         return None

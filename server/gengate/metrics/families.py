@@ -14,11 +14,12 @@ bridge) collects the registry. A series is written by the event loop only; a scr
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
+from gengate.config import ModelPrice
 from gengate.domain import GenerationRequest
 from gengate.observation import CallNotes, RequestOutcome
 
@@ -160,7 +161,10 @@ class Metrics:
     """One server's recorded families and the observer that records into them (a collector of
     its registry)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, prices: Mapping[str, ModelPrice] | None = None
+    ) -> None:
+        self.prices = dict(prices or {})
         self.request_duration = Family(
             "gen_ai_server_request_duration_seconds",
             "Time from a request's arrival to its end (GenAI semconv gen_ai.server.request.duration); "
@@ -196,6 +200,12 @@ class Metrics:
             "Tokens of successful requests: input, output, and cached (input tokens served from a "
             "prompt cache, also counted as input).",
             ["model", "caller", "type"],
+        )
+        self.cost = Family(
+            "gengate_cost",
+            "What successful requests cost by server.metrics.prices (per million input, cached "
+            "input and output tokens; in the prices' currency): models with a price only.",
+            ["model", "caller"],
         )
         self.structured = Family(
             "gengate_structured_requests",
@@ -288,6 +298,10 @@ class Metrics:
         counters.output.inc(outcome.output_tokens)
         if outcome.cached_input_tokens:
             counters.cached.inc(outcome.cached_input_tokens)
+        price = self.prices.get(model)
+        if price is not None:
+            cost = price.cost(outcome.input_tokens, outcome.output_tokens, outcome.cached_input_tokens)
+            self.cost.counter(model, caller).inc(cost)
 
     # --- RouteObserver --------------------------------------------------------------------
 
