@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from gengate.config import parse_config
 from gengate.metrics import catalogue
@@ -38,5 +39,6 @@ def test_every_family_is_in_the_table_with_its_type_and_labels() -> None:
 
 def test_the_config_example_is_valid() -> None:
     example = section().split("```yaml", 1)[1].split("```", 1)[0]
-    config = parse_config({"models": [{"name": "m", "backend": "scripted"}], **yaml.safe_load(example)})
+    config = parse_config({"models": [{"name": "tiny", "backend": "scripted"}], **yaml.safe_load(example)})
     assert (config.server.metrics.port, config.server.metrics.host) == (9464, "0.0.0.0")
+    assert config.server.metrics.prices["tiny"].cost(1_000_000, 1_000_000) == pytest.approx(0.75)
