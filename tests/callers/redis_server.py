@@ -5,13 +5,14 @@ as tests/jobs/postgres.py does for PostgreSQL."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from debian_package import apt_install
 
 _START_TIMEOUT_S = 30
 
@@ -29,23 +30,7 @@ def find_binary() -> str | None:
 
 def install_server() -> str:
     """Installs the Debian `redis-server` package; returns why it could not ('' when it did)."""
-    if shutil.which("apt-get") is None:
-        return "apt-get is not available"
-    if os.geteuid() != 0:
-        return "installing with apt-get needs root"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "redis-server"]
-    tail = "no output"
-    for attempt in (install, ["apt-get", "update"], install):  # a stale package list: update once
-        try:
-            done = subprocess.run(attempt, capture_output=True, text=True, env=env, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{' '.join(attempt)} failed: {exc}"
-        if attempt is install and done.returncode == 0:
-            return ""
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        tail = lines[-1] if lines else tail
-    return f"apt-get install -y redis-server failed: {tail}"
+    return apt_install("redis-server")
 
 
 def free_port() -> int:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from debian_package import apt_install
+
 PG_USER = "postgres"  # the database superuser name, and the system user under root
 _START_TIMEOUT_S = 60
 
@@ -60,23 +62,7 @@ def find_bindir() -> Path | None:
 
 def install_server() -> str:
     """Installs the Debian `postgresql` package; returns why it could not ('' when it did)."""
-    if shutil.which("apt-get") is None:
-        return "apt-get is not available"
-    if os.geteuid() != 0:
-        return "installing with apt-get needs root"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"]
-    tail = "no output"
-    for attempt in (install, ["apt-get", "update"], install):  # a stale package list: update once
-        try:
-            done = subprocess.run(attempt, capture_output=True, text=True, env=env, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{' '.join(attempt)} failed: {exc}"
-        if attempt is install and done.returncode == 0:
-            return ""
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        tail = lines[-1] if lines else tail
-    return f"apt-get install -y postgresql failed: {tail}"
+    return apt_install("postgresql")
 
 
 def _system_user() -> pwd.struct_passwd | None:
