@@ -101,17 +101,31 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is when a record comes (a test's capture, then the real one),
+    never to a stream that was closed since configure_logging ran."""
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def configure_logging(level: str = "INFO", fmt: LogFormat = "text", *, worker: str | None = None) -> None:
-    """Replaces the root logger's handlers with one on stderr in `fmt`; records carry their
-    request. Workers are configured the same way, with the server's level and format."""
+    """One handler on stderr in `fmt` on the root logger (replacing the one an earlier call
+    installed, leaving others alone: an embedding application's or a test runner's); records
+    carry their request. Workers are configured the same way, with the server's level and format."""
     global _format
     _format = fmt
-    handler = logging.StreamHandler(sys.stderr)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
+        root.removeHandler(old)
+    handler = _StderrHandler()
     handler.setFormatter(JsonFormatter(worker) if fmt == "json" else TextFormatter(worker))
     handler.addFilter(RequestContext())
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
     http_level = logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING

@@ -89,3 +89,35 @@ def test_serve_and_its_workers_log_json_naming_the_request() -> None:
     assert any(r["logger"] == "gengate" and "serving on" in r["message"] for r in records)
     worker = [r for r in records if r.get("worker") == "flaky" and r.get("request_id") == "req-flaky-1"]
     assert worker and worker[0]["model"] == "flaky", records[-10:]
+
+
+def test_configuring_in_process_keeps_other_handlers_and_never_writes_to_a_closed_stream(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`gengate serve` run in-process (an embedding application, a test) configures logging next to
+    the handlers already there, and writes to stderr as it is at each record: a capture that was
+    closed since does not turn every later line into "I/O operation on closed file"."""
+    import io
+    import logging
+
+    from gengate.logs import configure_logging
+
+    root = logging.getLogger()
+    level = root.level
+    captured = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", captured)
+    try:
+        configure_logging("INFO", "text")
+        configure_logging("INFO", "json")  # replaces its own handler, not others
+        ours = [h for h in root.handlers if type(h).__name__ == "_StderrHandler"]
+        assert len(ours) == 1 and caplog.handler in root.handlers
+        logging.getLogger("gengate.test").warning("first")
+        assert json.loads(captured.getvalue().splitlines()[-1])["message"] == "first"
+        captured.close()
+        monkeypatch.setattr(sys, "stderr", io.StringIO())
+        logging.getLogger("gengate.test").warning("second")  # no logging error
+        assert "second" in caplog.text
+    finally:
+        for handler in [h for h in root.handlers if type(h).__name__ == "_StderrHandler"]:
+            root.removeHandler(handler)
+        root.setLevel(level)
