@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import math
 
-from gengate.api.status import MAX_MESSAGE_BYTES, MAX_STATUS_BYTES, retry_metadata, to_rpc_status
+from gengate.api.status import (
+    MAX_MESSAGE_BYTES,
+    MAX_PUSHBACK_S,
+    MAX_STATUS_BYTES,
+    retry_metadata,
+    to_rpc_status,
+)
 from gengate.errors import FieldViolation, InvalidArgument, ResourceExhausted
 from gengate.redaction import register_secret
 from google.rpc import error_details_pb2
@@ -54,4 +60,15 @@ def test_infinite_or_negative_retry_delays_are_bounded() -> None:
         assert infos[0].retry_delay.ToTimedelta().total_seconds() == expected
         if not math.isnan(delay):
             headers = dict(retry_metadata(delay))
-            assert int(headers["grpc-retry-pushback-ms"]) == round(expected * 1000)
+            pushback = round(expected * 1000) if expected <= MAX_PUSHBACK_S else -1
+            assert int(headers["grpc-retry-pushback-ms"]) == pushback
+
+
+def test_pushback_stops_a_clients_retry_it_could_not_wait_for() -> None:
+    """A client's gRPC retry waits the pushback: past the cap, or past the caller's own deadline,
+    the server says -1 (gRFC A6: do not retry) so the caller gets RetryInfo at once."""
+    assert dict(retry_metadata(0.25))["grpc-retry-pushback-ms"] == "250"
+    assert dict(retry_metadata(0.25, time_remaining_s=5.0))["grpc-retry-pushback-ms"] == "250"
+    assert dict(retry_metadata(2.0, time_remaining_s=1.5))["grpc-retry-pushback-ms"] == "-1"
+    assert dict(retry_metadata(MAX_PUSHBACK_S + 1))["grpc-retry-pushback-ms"] == "-1"
+    assert dict(retry_metadata(MAX_PUSHBACK_S + 1))["retry-after"] == str(int(MAX_PUSHBACK_S) + 1)

@@ -36,6 +36,10 @@ MAX_DESCRIPTION_BYTES = 300
 MAX_METADATA_ENTRIES = 8
 MAX_METADATA_BYTES = 200
 MAX_RETRY_AFTER_S = 3600.0
+# The longest wait a client's own gRPC retry is told to take (gRFC A6 pushback): a longer RetryInfo
+# delay, or one the caller's deadline would not outlast, is pushback -1 ("do not retry"), so the
+# caller gets the error and its RetryInfo at once instead of a silent wait or a DEADLINE_EXCEEDED.
+MAX_PUSHBACK_S = 10.0
 
 
 def _cut(text: str, limit: int) -> str:
@@ -117,13 +121,16 @@ def trailing_metadata(status: status_pb2.Status) -> tuple[tuple[str, bytes], ...
     return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
-def retry_metadata(retry_after_s: float) -> tuple[tuple[str, str], ...]:
+def retry_metadata(retry_after_s: float, time_remaining_s: float | None = None) -> tuple[tuple[str, str], ...]:
     """RetryInfo's delay where proxies and gRPC's own retries read it: `retry-after` (whole
-    seconds, Envoy's rate-limited back-off) and `grpc-retry-pushback-ms` (gRFC A6)."""
+    seconds, Envoy's rate-limited back-off) and `grpc-retry-pushback-ms` (gRFC A6) — `-1`, which
+    stops a client's automatic retry, when the delay is past MAX_PUSHBACK_S or would outlast the
+    caller's remaining deadline (`time_remaining_s`)."""
     delay = _bounded_delay(retry_after_s)
+    too_long = delay > MAX_PUSHBACK_S or (time_remaining_s is not None and delay >= time_remaining_s)
     return (
         ("retry-after", str(max(1, math.ceil(delay)))),
-        ("grpc-retry-pushback-ms", str(max(0, round(delay * 1000)))),
+        ("grpc-retry-pushback-ms", "-1" if too_long else str(max(0, round(delay * 1000)))),
     )
 
 
@@ -140,6 +147,6 @@ async def abort(context: grpc.aio.ServicerContext[object, object], error: Gengat
         log.warning("%s: %s (%s)", error.code.value, status.message, error.reason)
     metadata: tuple[tuple[str, str | bytes], ...] = trailing_metadata(status)
     if error.retry_after_s is not None:
-        metadata += retry_metadata(error.retry_after_s)
+        metadata += retry_metadata(error.retry_after_s, context.time_remaining())
     context.set_trailing_metadata(metadata)
     await context.abort(GRPC_CODES[error.code], status.message)

@@ -30,7 +30,7 @@ from gengate.domain import (
     Timings,
     Usage,
 )
-from gengate.errors import Unavailable
+from gengate.errors import ResourceExhausted, Unavailable
 
 _TOKEN = re.compile(r"\s*\S+|\s+")
 
@@ -57,6 +57,22 @@ class ScriptedOptions(BaseModel):
         description=(
             "What fail_after_tokens raises: UNAVAILABLE, or an exception gengate does not know (as a "
             "bug in a backend would), which the server must answer as INTERNAL UNEXPECTED."
+        ),
+    )
+    rate_limit_every: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Refuse the first of every N calls (calls 1, N+1, 2N+1, ...; 1: every call) with RESOURCE_EXHAUSTED and "
+            "RetryInfo `rate_limit_retry_after_s`, serving the others: a fault for testing clients' retries."
+        ),
+    )
+    rate_limit_retry_after_s: float = Field(default=0.05, ge=0, description="RetryInfo of rate_limit_every.")
+    answer_calls_of: str | None = Field(
+        default=None,
+        description=(
+            "Answer the number of calls the named scripted model (same server) has received, refused "
+            "ones included: a probe through which clients in any language can count their attempts."
         ),
     )
     answer_cancellations_of: str | None = Field(
@@ -101,6 +117,8 @@ class ScriptedBackend:
         # Generations abandoned before their end (caller cancelled, deadline passed): what an
         # engine's abort would free, counted so tests can see the server did abort.
         self.cancelled = 0
+        # Calls received, refused ones too (rate_limit_every; read through answer_calls_of).
+        self.calls = 0
         _LIVE[name] = self
 
     async def start(self) -> None:
@@ -113,14 +131,14 @@ class ScriptedBackend:
         return await collect_stream(self.generate_stream(request))
 
     def _answer(self, request: GenerationRequest) -> str:
-        if self.options.answer_cancellations_of is not None:
-            watched = _LIVE.get(self.options.answer_cancellations_of)
+        watched_name = self.options.answer_cancellations_of or self.options.answer_calls_of
+        if watched_name is not None:
+            watched = _LIVE.get(watched_name)
             if watched is None:
                 raise Unavailable(
-                    f"no scripted model {self.options.answer_cancellations_of!r} in this process",
-                    reason="SCRIPTED_PROBE_TARGET_MISSING",
+                    f"no scripted model {watched_name!r} in this process", reason="SCRIPTED_PROBE_TARGET_MISSING"
                 )
-            return str(watched.cancelled)
+            return str(watched.cancelled if self.options.answer_cancellations_of else watched.calls)
         if self.options.text is not None:
             return self.options.text
         if request.prompt is not None:
@@ -147,6 +165,14 @@ class ScriptedBackend:
 
     async def _events(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         arrived = time.monotonic()
+        self.calls += 1
+        every = self.options.rate_limit_every
+        if every is not None and (self.calls - 1) % every == 0:
+            raise ResourceExhausted(
+                f"scripted rate limit: call {self.calls} is the first of every {every}",
+                reason="SCRIPTED_RATE_LIMIT",
+                retry_after_s=self.options.rate_limit_retry_after_s,
+            )
         input_tokens = self._prompt_tokens(request)
         yield StreamStart(
             request_id=request.request_id or uuid.uuid4().hex,
