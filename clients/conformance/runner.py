@@ -72,7 +72,8 @@ def _error(exc: GengateError) -> Outcome:
             "code": exc.code_name,
             "reason": exc.reason or "",
             "fields": sorted(v.field for v in exc.field_violations),
-        }
+        },
+        "retry_after_s": exc.retry_after,
     }
 
 
@@ -168,6 +169,8 @@ def check(expect: dict[str, Any], out: Outcome, request: dict[str, Any] | None) 
             failures.append(f"reason {err['reason']!r} != {expect['reason']!r}")
         if "field_violation" in expect and expect["field_violation"] not in err["fields"]:
             failures.append(f"no field violation {expect['field_violation']} in {err['fields']}")
+        if "retry_after_s" in expect and out.get("retry_after_s") != expect["retry_after_s"]:
+            failures.append(f"RetryInfo delay {out.get('retry_after_s')} s != {expect['retry_after_s']} s")
         return failures
     if err:
         return [f"unexpected error {err}"]
@@ -225,11 +228,11 @@ def check(expect: dict[str, Any], out: Outcome, request: dict[str, Any] | None) 
 CHECKED_KEYS = frozenset({
     "code", "reason", "field_violation", "generations", "max_output_tokens", "finish_reasons",
     "seed_echoed", "enforcement", "valid_json_schema", "full_match", "one_of", "json_object",
-    "key_order", "frames_ordered", "cancelled",
+    "key_order", "frames_ordered", "cancelled", "retry_after_s",
 })  # fmt: skip
 VECTOR_KEYS = CHECKED_KEYS | {
     "model_listed", "constraint_kinds", "backend_options", "same_text_on_repeat",
-    "stream_equals_unary", "items", "server_aborted",
+    "stream_equals_unary", "items", "server_aborted", "server_attempts",
 }  # fmt: skip
 ITEM_KEYS = CHECKED_KEYS | {"ok"}
 
@@ -239,7 +242,7 @@ def unknown_keys(expect: dict[str, Any], known: frozenset[str], where: str = "")
 
 
 def abandoned(client: Client, probe: str) -> int:
-    """How many generations the server has abandoned, as the probe model answers."""
+    """The count a probe model answers: generations the server abandoned, or calls a model received."""
     text = client.generate(probe, "count").generations[0].text
     return int(text.strip())
 
@@ -263,6 +266,8 @@ def run_vector(client: Client, v: dict[str, Any]) -> dict[str, Any]:
     observed: dict[str, Any] = {}
     probe = expect.get("server_aborted")
     before = abandoned(client, probe) if probe else 0
+    attempts = expect.get("server_attempts")
+    calls_before = abandoned(client, attempts["probe"]) if attempts else 0
     if call == "list_models":
         models = client.list_models()
         names = sorted(m.name for m in models)
@@ -331,11 +336,19 @@ def run_vector(client: Client, v: dict[str, Any]) -> dict[str, Any]:
         not_aborted = await_abort(client, probe, before)
         failures += not_aborted
         observed["server_aborted"] = not not_aborted
+    if attempts:
+        made = abandoned(client, attempts["probe"]) - calls_before
+        observed["server_attempts"] = made
+        if made != attempts["count"]:
+            failures.append(f"the server saw {made} attempts, expected {attempts['count']}")
     return {"name": v["name"], "ok": not failures, "failures": failures, "observed": observed}
 
 
 def _guarded(client: Client, v: dict[str, Any]) -> dict[str, Any]:
     try:
+        if "client" in v:  # this vector's own client options (e.g. max_retries)
+            with Client(client.address, timeout=60, **v["client"]) as own:
+                return run_vector(own, v)
         return run_vector(client, v)
     except Exception as exc:  # a runner crash is this vector's failure, not the suite's end
         return {"name": v["name"], "ok": False, "failures": [f"{type(exc).__name__}: {exc}"], "observed": {}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import sys
@@ -158,6 +159,32 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(json_format.MessageToJson(generation_pb2.ListModelsResponse(models=[m.raw for m in models])))
     else:
         print(_format_models_table(models))
+    return 0
+
+
+def cmd_config_schema(args: argparse.Namespace) -> int:
+    from gengate.config_schema import config_schema
+
+    print(json.dumps(config_schema(), indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    from gengate.config import load_config
+    from gengate.errors import ConfigError
+
+    from gengate.workers.factory import check_model
+
+    try:
+        config = load_config(args.file)
+        for model in config.models:
+            check_model(model)
+    except ConfigError as exc:
+        print(f"gengate: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    kinds = ", ".join(sorted({m.backend for m in config.models}))
+    callers = f", {len(config.callers)} caller(s)" if config.callers else ""
+    print(f"{args.file}: ok: {len(config.models)} model(s) ({kinds}){callers}")
     return 0
 
 
@@ -435,6 +462,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="start the server on the tiny model in-process and show each feature")
     demo.set_defaults(func=cmd_demo)
+
+    config = sub.add_parser("config", help="the config file: its JSON Schema, or check one without serving")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    schema = config_sub.add_parser("schema", help="print the JSON Schema of the whole config file")
+    schema.set_defaults(func=cmd_config_schema)
+    check = config_sub.add_parser(
+        "check", help="validate a config file (with the GENGATE_SERVER_* overrides) without starting anything"
+    )
+    check.add_argument("file", help="the YAML config file")
+    check.set_defaults(func=cmd_config_check)
 
     from gengate.cli_batch import add_batch_commands
 

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -25,20 +25,54 @@ from gengate.errors import ConfigError
 from gengate.limits import RequestLimits
 from gengate.registry import backend_class
 
-# Keys every model entry may have, whatever its backend.
-COMMON_MODEL_KEYS = frozenset(
-    {
-        "name",
-        "backend",
-        "max_concurrency",
-        "max_queue",
-        "isolation",
-        "devices",
-        "num_gpus",
-        "share_devices",
-        "cpu_threads",
-    }
-)
+PositiveInt = Annotated[int, Field(strict=True, gt=0)]
+
+
+class CommonModelKeys(BaseModel):
+    """Keys every model entry may have, whatever its backend (the rest are the backend's options)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str = Field(min_length=1, description="The model name callers ask for.")
+    backend: str = Field(min_length=1, description="The backend kind (llamacpp, openai, scripted, ...).")
+    max_concurrency: PositiveInt = Field(default=64, description="Requests in flight at once.")
+    max_queue: PositiveInt = Field(default=1024, description="Requests waiting for a slot before QUEUE_FULL.")
+    isolation: Literal["process", "inline"] | None = Field(
+        default=None, description="Local engines: own worker process (default) or in the server process."
+    )
+    devices: Literal["auto", "cpu"] | list[Annotated[int, Field(strict=True, ge=0)]] | None = Field(
+        default=None, description="GPUs: auto, cpu (none), or a list of distinct NVML indices."
+    )
+    num_gpus: PositiveInt | None = Field(default=None, description="How many GPUs the worker gets.")
+    share_devices: bool = Field(default=False, strict=True, description="Let other workers use the same GPUs.")
+    cpu_threads: PositiveInt | None = Field(default=None, description="Threads a CPU engine worker computes with.")
+
+    @model_validator(mode="after")
+    def _placement(self) -> CommonModelKeys:
+        if isinstance(self.devices, list) and (not self.devices or len(set(self.devices)) != len(self.devices)):
+            raise ValueError("'devices' must be 'auto', 'cpu' or a list of distinct GPU indices")
+        if self.num_gpus is not None:
+            if self.devices == "cpu":
+                raise ValueError("'num_gpus' does not go with 'devices: cpu'")
+            if isinstance(self.devices, list) and len(self.devices) != self.num_gpus:
+                raise ValueError(f"'num_gpus' is {self.num_gpus} but 'devices' lists {len(self.devices)}")
+        return self
+
+
+COMMON_MODEL_KEYS = frozenset(CommonModelKeys.model_fields)
+
+# What a wrong common key is told it must be.
+_COMMON_KEY_EXPECTS = {
+    "name": "a non-empty string",
+    "backend": "a non-empty string",
+    "max_concurrency": "a positive integer",
+    "max_queue": "a positive integer",
+    "isolation": "'process' or 'inline'",
+    "devices": "'auto', 'cpu' or a list of distinct GPU indices",
+    "num_gpus": "a positive integer",
+    "share_devices": "true or false",
+    "cpu_threads": "a positive integer",
+}
 
 
 @dataclass(frozen=True)
@@ -200,10 +234,62 @@ def option_keys(options_model: type[BaseModel]) -> frozenset[str]:
     return frozenset(field.alias or name for name, field in options_model.model_fields.items())
 
 
-def load_config(path: str | Path | None) -> ServerConfig:
-    """Reads a YAML config file, or returns the embedded default when `path` is None."""
+ENV_PREFIX = "GENGATE_SERVER_"
+
+
+def server_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """`GENGATE_SERVER_<KEY>` variables as `server:` keys (`__` descends: GENGATE_SERVER_METRICS__PORT
+    is server.metrics.port); each value is read as a YAML scalar, so 30, true and null are typed."""
+    overrides: dict[str, Any] = {}
+    for variable, text in sorted(env.items()):
+        if not variable.startswith(ENV_PREFIX) or variable == ENV_PREFIX:
+            continue
+        path = variable[len(ENV_PREFIX) :].lower().split("__")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{variable}: not a valid YAML value: {exc}") from exc
+        target = overrides
+        for key in path[:-1]:
+            target = target.setdefault(key, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"{variable}: {'.'.join(path[:-1])} is set as a value by another variable")
+        target[path[-1]] = value
+    return overrides
+
+
+def _merged(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        below = merged.get(key)
+        merged[key] = _merged(below, value) if isinstance(value, dict) and isinstance(below, Mapping) else value
+    return merged
+
+
+def parse_with_environment(data: Any, env: Mapping[str, str], source: str) -> ServerConfig:
+    """`parse_config` of `data` with the `GENGATE_SERVER_*` overrides of `env` merged into its
+    `server:` section; an error in that section names the variables that took part."""
+    overrides = server_overrides(env)
+    if overrides and isinstance(data, Mapping):
+        server = data.get("server") or {}
+        if not isinstance(server, Mapping):
+            raise ConfigError(f"{source}: 'server' must be a mapping")
+        data = {**data, "server": _merged(server, overrides)}
+    try:
+        return parse_config(data, source=source)
+    except ConfigError as exc:
+        if overrides and f"{source}: server" in str(exc):
+            names = ", ".join(sorted(k for k in env if k.startswith(ENV_PREFIX)))
+            raise ConfigError(f"{exc} (server keys set from the environment: {names})") from exc
+        raise
+
+
+def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> ServerConfig:
+    """Reads a YAML config file, or returns the embedded default when `path` is None; the
+    `GENGATE_SERVER_*` variables of `env` (default: the process's) override its `server:` keys."""
+    env = os.environ if env is None else env
     if path is None:
-        return default_config()
+        return default_config(env)
     source = str(path)
     try:
         text = Path(path).expanduser().read_text()
@@ -213,7 +299,7 @@ def load_config(path: str | Path | None) -> ServerConfig:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
-    return parse_config(data, source=source)
+    return parse_with_environment(data, env, source)
 
 
 def parse_config(data: Any, *, source: str = "<config>") -> ServerConfig:
@@ -289,6 +375,7 @@ def _parse_model(raw: Any, index: int, source: str) -> ModelConfig:
     where = f"{where} ({name})"
     if not isinstance(kind, str) or not kind:
         raise ConfigError(f"{where}: 'backend' is required")
+    common = _common_keys(raw, where)
     cls = backend_class(kind)
     options_model: type[BaseModel] = cls.Options
     backend_keys = {k: v for k, v in raw.items() if k not in COMMON_MODEL_KEYS}
@@ -303,53 +390,34 @@ def _parse_model(raw: Any, index: int, source: str) -> ModelConfig:
             f"{'.'.join(str(p) for p in err['loc']) or '<entry>'}: {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"{where}: {problems}") from exc
-    limits: dict[str, Any] = {}
-    for key in ("max_concurrency", "max_queue"):
-        if key in raw:
-            value = raw[key]
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{where}: {key!r} must be a positive integer")
-            limits[key] = value
-    return ModelConfig(name=name, backend=kind, options=options, **limits, **_parse_placement(raw, where))
+    devices = common.devices
+    return ModelConfig(
+        name=name,
+        backend=kind,
+        options=options,
+        max_concurrency=common.max_concurrency,
+        max_queue=common.max_queue,
+        isolation=common.isolation,
+        devices=tuple(devices) if isinstance(devices, list) else devices,
+        num_gpus=common.num_gpus,
+        share_devices=common.share_devices,
+        cpu_threads=common.cpu_threads,
+    )
 
 
-def _parse_placement(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The isolation, GPU and CPU-thread keys of a model entry, checked."""
-    out: dict[str, Any] = {}
-    isolation = raw.get("isolation")
-    if isolation is not None:
-        if isolation not in ("process", "inline"):
-            raise ConfigError(f"{where}: 'isolation' must be 'process' or 'inline'")
-        out["isolation"] = isolation
-    devices = raw.get("devices")
-    if devices is not None:
-        valid_list = isinstance(devices, list) and all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices
-        )
-        if devices not in ("auto", "cpu") and not (
-            valid_list and devices and len(set(devices)) == len(devices)
-        ):
-            raise ConfigError(f"{where}: 'devices' must be 'auto', 'cpu' or a list of distinct GPU indices")
-        out["devices"] = devices if devices in ("auto", "cpu") else tuple(devices)
-    num_gpus = raw.get("num_gpus")
-    if num_gpus is not None:
-        if out.get("devices") == "cpu":
-            raise ConfigError(f"{where}: 'num_gpus' does not go with 'devices: cpu'")
-        if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus <= 0:
-            raise ConfigError(f"{where}: 'num_gpus' must be a positive integer")
-        if isinstance(out.get("devices"), tuple) and len(out["devices"]) != num_gpus:
-            raise ConfigError(f"{where}: 'num_gpus' is {num_gpus} but 'devices' lists {len(out['devices'])}")
-        out["num_gpus"] = num_gpus
-    share = raw.get("share_devices", False)
-    if not isinstance(share, bool):
-        raise ConfigError(f"{where}: 'share_devices' must be true or false")
-    out["share_devices"] = share
-    threads = raw.get("cpu_threads")
-    if threads is not None:
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0:
-            raise ConfigError(f"{where}: 'cpu_threads' must be a positive integer")
-        out["cpu_threads"] = threads
-    return out
+def _common_keys(raw: Mapping[str, Any], where: str) -> CommonModelKeys:
+    """The entry's common keys, validated; each problem says what the key must be."""
+    try:
+        return CommonModelKeys.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = str(err["loc"][0]) if err["loc"] else ""
+            if key in _COMMON_KEY_EXPECTS:
+                problems.append(f"{key!r} must be {_COMMON_KEY_EXPECTS[key]}")
+            else:  # a check across keys (_placement): its own sentence
+                problems.append(str(err.get("ctx", {}).get("error", err["msg"])))
+        raise ConfigError(f"{where}: {'; '.join(dict.fromkeys(problems))}") from exc
 
 
 def default_config(env: Mapping[str, str] | None = None) -> ServerConfig:
@@ -363,4 +431,4 @@ def default_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         pass
     else:
         entries.extend(default_provider_entries(env))
-    return parse_config({"models": entries}, source="<default>")
+    return parse_with_environment({"models": entries}, env, "<default>")

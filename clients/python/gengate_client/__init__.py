@@ -28,6 +28,7 @@ from gengate_client.errors import (
     UnavailableError,
     UnimplementedError,
 )
+from gengate_client._retry import DEFAULT_RETRY, RetryPolicy
 from gengate_client.jobs import AsyncBatchJobs, BatchJob, BatchJobs, JobUsage
 from gengate_client.output_types import Choice, Grammar, JsonObject, JsonSchema, Regex
 from gengate_client.types import (
@@ -62,6 +63,7 @@ from gengate_client.types import (
 __version__ = _package_version("gengate-client")
 
 __all__ = [
+    "DEFAULT_RETRY",
     "AbortedError",
     "AsyncBatchJobs",
     "AsyncClient",
@@ -100,6 +102,7 @@ __all__ = [
     "Regex",
     "Request",
     "ResourceExhaustedError",
+    "RetryPolicy",
     "Response",
     "StreamAccumulator",
     "StreamDelta",

@@ -13,6 +13,7 @@ from gengate_client import _convert as convert
 from gengate_client._channel import LoopChannel
 from gengate_client._convert import BaseOptions, CallSettings, GenerateOptions, MetadataLike
 from gengate_client._progress import BatchProgress
+from gengate_client._retry import RetryPolicy, channel_options, retry_policy
 from gengate_client.errors import error_from_rpc
 from gengate_client.jobs import AsyncBatchJobs
 from gengate_client.types import ItemResult, ModelInfo, Request, Response, StreamFrame
@@ -21,7 +22,7 @@ T = TypeVar("T")
 
 
 class AsyncClient:
-    """A grpc.aio gengate client; use `async with AsyncClient(...) as client:`."""
+    """A grpc.aio gengate client; use `async with AsyncClient(...) as client:`. Options as `Client`'s."""
 
     def __init__(
         self,
@@ -31,8 +32,12 @@ class AsyncClient:
         metadata: MetadataLike | None = None,
         timeout: float | None = None,
         options: Sequence[tuple[str, Any]] | None = None,
+        max_retries: int | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.address = address
+        self.retry = retry_policy(retry, max_retries)
+        options = channel_options(options, self.retry)
 
         def make() -> grpc.aio.Channel:
             if credentials is not None:

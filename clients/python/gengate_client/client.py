@@ -11,6 +11,7 @@ from gengate_proto.v1 import generation_pb2, generation_pb2_grpc
 from gengate_client import _convert as convert
 from gengate_client._convert import BaseOptions, CallSettings, GenerateOptions, MetadataLike
 from gengate_client._progress import BatchProgress
+from gengate_client._retry import RetryPolicy, channel_options, retry_policy
 from gengate_client.errors import error_from_rpc
 from gengate_client.jobs import BatchJobs
 from gengate_client.types import ItemResult, ModelInfo, Request, Response, StreamFrame
@@ -22,7 +23,9 @@ class Client:
     """A blocking gengate client over one gRPC channel.
 
     `credentials` (grpc.ChannelCredentials) switches to TLS; `metadata` is sent with every call
-    (e.g. an authorization header) and `timeout` is the default deadline in seconds.
+    (e.g. an authorization header) and `timeout` is the default deadline in seconds. A call the
+    server refuses for now (UNAVAILABLE, RESOURCE_EXHAUSTED) is retried up to `max_retries` times
+    (default 2; 0: never) as `retry` (a RetryPolicy) says, honouring the server's RetryInfo.
     """
 
     def __init__(
@@ -33,8 +36,12 @@ class Client:
         metadata: MetadataLike | None = None,
         timeout: float | None = None,
         options: Sequence[tuple[str, Any]] | None = None,
+        max_retries: int | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.address = address
+        self.retry = retry_policy(retry, max_retries)
+        options = channel_options(options, self.retry)
         if credentials is not None:
             self._channel = grpc.secure_channel(address, credentials, options=options)
         else:

@@ -100,6 +100,25 @@ def build_backend(
     device_provider: DeviceProvider | None = None,
 ) -> Backend:
     """The backend serving `config`; loading happens later, in `start()`."""
+    check_model(config)
+    gpu = gpu_request(config)
+    if isolation_of(config) == "inline":
+        backend: Backend = backend_class(config.backend)(config.name, config.options)
+        return backend
+    return WorkerBackend(
+        config.name,
+        config.backend,
+        config.options,
+        gpu=gpu,
+        placement=placement or (shared_placement() if gpu is not None else None),
+        device_provider=device_provider,
+        env=thread_environment(config.cpu_threads),
+    )
+
+
+def check_model(config: ModelConfig) -> None:
+    """The checks of a model entry that need its kind's facts (isolation, GPUs, threads, the
+    extra installed): a ConfigError at start-up or from `gengate config check`, never a worker crash."""
     isolation = isolation_of(config)
     gpu = gpu_request(config)
     if config.backend not in LOCAL_ENGINES:
@@ -120,21 +139,9 @@ def build_backend(
                 f"model {config.name!r}: 'cpu_threads' needs 'isolation: process' "
                 "(thread pools are set per worker process before the engine starts)"
             )
-    if isolation == "inline":
-        if gpu is not None:
-            raise ConfigError(
-                f"model {config.name!r}: GPU placement needs 'isolation: process' "
-                "(CUDA_VISIBLE_DEVICES is set per worker process before CUDA starts)"
-            )
-        backend: Backend = backend_class(config.backend)(config.name, config.options)
-        return backend
+    if isolation == "inline" and gpu is not None:
+        raise ConfigError(
+            f"model {config.name!r}: GPU placement needs 'isolation: process' "
+            "(CUDA_VISIBLE_DEVICES is set per worker process before CUDA starts)"
+        )
     backend_class(config.backend)  # a missing extra is a config error now, not a worker crash later
-    return WorkerBackend(
-        config.name,
-        config.backend,
-        config.options,
-        gpu=gpu,
-        placement=placement or (shared_placement() if gpu is not None else None),
-        device_provider=device_provider,
-        env=thread_environment(config.cpu_threads),
-    )
