@@ -17,10 +17,9 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from common import gengate_server, print_ratios, print_table, run_interleaved
+from common import gengate_server, print_ratios, print_table, run_interleaved, unary_calls
 
 MODELS: list[dict[str, Any]] = [{"name": "echo", "backend": "scripted"}]
 TOKEN_VARIABLE = "GENGATE_BENCH_TOKEN"
@@ -39,14 +38,6 @@ LIMITED = [
 ]
 
 
-def unary(client: Any) -> Callable[[int], Awaitable[int]]:
-    async def call(i: int) -> int:
-        await client.generate("echo", "hello world", max_tokens=8)
-        return 0
-
-    return call
-
-
 async def run(requests: int, rounds: int) -> None:
     from gengate_client import AsyncClient
 
@@ -62,9 +53,9 @@ async def run(requests: int, rounds: int) -> None:
             AsyncClient(limited, metadata=auth) as c_limited,
         ):
             variants = [
-                ("no callers", unary(c_none)),
-                ("callers, no quotas", unary(c_plain)),
-                ("callers + quotas", unary(c_limited)),
+                ("no callers", unary_calls(c_none, "echo", "hello world", 8)),
+                ("callers, no quotas", unary_calls(c_plain, "echo", "hello world", 8)),
+                ("callers + quotas", unary_calls(c_limited, "echo", "hello world", 8)),
             ]
             rows = []
             pairs = []

@@ -241,3 +241,13 @@ def _wait_serving(proc: subprocess.Popen[str], log: Any, timeout_s: float) -> st
 
 Call = Callable[[int], Awaitable[int]]  # one request numbered i; returns its output tokens
 Pair = tuple[RunStats, RunStats]  # (measured, its peer)
+
+
+def unary_calls(client: Any, model: str, prompt: str, max_tokens: int) -> Call:
+    """One unary generate per request on `model` (the overhead benches: its output is not counted)."""
+
+    async def call(i: int) -> int:
+        await client.generate(model, prompt, max_tokens=max_tokens)
+        return 0
+
+    return call

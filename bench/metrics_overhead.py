@@ -24,19 +24,11 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from common import RunStats, gengate_server, print_ratios, print_table, run_interleaved
+from common import RunStats, gengate_server, print_ratios, print_table, run_interleaved, unary_calls
 
 MAX_TOKENS = 8
 PROMPT = "hello metrics world"
 MODELS: list[dict[str, Any]] = [{"name": "echo", "backend": "scripted"}]
-
-
-def unary(client: Any) -> Callable[[int], Awaitable[int]]:
-    async def call(i: int) -> int:
-        await client.generate("echo", PROMPT, max_tokens=MAX_TOKENS)
-        return 0
-
-    return call
 
 
 def stream(client: Any) -> Callable[[int], Awaitable[int]]:
@@ -73,7 +65,10 @@ async def run(requests: int, rounds: int) -> None:
                 rows: list[RunStats] = []
                 pairs: list[tuple[RunStats, RunStats]] = []
                 for conc in (1, 8):
-                    variants = [("metrics off unary", unary(off)), ("metrics on unary", unary(on))]
+                    variants = [
+                        ("metrics off unary", unary_calls(off, "echo", PROMPT, MAX_TOKENS)),
+                        ("metrics on unary", unary_calls(on, "echo", PROMPT, MAX_TOKENS)),
+                    ]
                     base, measured = await run_interleaved(variants, requests, conc, rounds)
                     rows += [base, measured]
                     pairs.append((measured, base))

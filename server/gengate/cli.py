@@ -172,7 +172,6 @@ def cmd_config_schema(args: argparse.Namespace) -> int:
 def cmd_config_check(args: argparse.Namespace) -> int:
     from gengate.config import load_config
     from gengate.errors import ConfigError
-
     from gengate.workers.factory import check_model
 
     try:

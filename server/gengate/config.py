@@ -12,6 +12,7 @@ Unknown keys are an error at start-up, naming the file, the entry and the key.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,12 +45,18 @@ class CommonModelKeys(BaseModel):
         default=None, description="GPUs: auto, cpu (none), or a list of distinct NVML indices."
     )
     num_gpus: PositiveInt | None = Field(default=None, description="How many GPUs the worker gets.")
-    share_devices: bool = Field(default=False, strict=True, description="Let other workers use the same GPUs.")
-    cpu_threads: PositiveInt | None = Field(default=None, description="Threads a CPU engine worker computes with.")
+    share_devices: bool = Field(
+        default=False, strict=True, description="Let other workers use the same GPUs."
+    )
+    cpu_threads: PositiveInt | None = Field(
+        default=None, description="Threads a CPU engine worker computes with."
+    )
 
     @model_validator(mode="after")
     def _placement(self) -> CommonModelKeys:
-        if isinstance(self.devices, list) and (not self.devices or len(set(self.devices)) != len(self.devices)):
+        if isinstance(self.devices, list) and (
+            not self.devices or len(set(self.devices)) != len(self.devices)
+        ):
             raise ValueError("'devices' must be 'auto', 'cpu' or a list of distinct GPU indices")
         if self.num_gpus is not None:
             if self.devices == "cpu":
@@ -246,7 +253,7 @@ def server_overrides(env: Mapping[str, str]) -> dict[str, Any]:
             continue
         path = variable[len(ENV_PREFIX) :].lower().split("__")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = read_yaml(text) if text.strip() else None
         except yaml.YAMLError as exc:
             raise ConfigError(f"{variable}: not a valid YAML value: {exc}") from exc
         target = overrides
@@ -262,7 +269,9 @@ def _merged(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, 
     merged = dict(base)
     for key, value in overrides.items():
         below = merged.get(key)
-        merged[key] = _merged(below, value) if isinstance(value, dict) and isinstance(below, Mapping) else value
+        merged[key] = (
+            _merged(below, value) if isinstance(value, dict) and isinstance(below, Mapping) else value
+        )
     return merged
 
 
@@ -284,6 +293,25 @@ def parse_with_environment(data: Any, env: Mapping[str, str], source: str) -> Se
         raise
 
 
+class ConfigLoader(yaml.SafeLoader):
+    """YAML with YAML 1.2's booleans: only true/false. PyYAML's 1.1 rules read `on`, `off`, `yes`,
+    `no` as booleans, so a fallback's `on: [UNAVAILABLE]` would become the key True."""
+
+
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def read_yaml(text: str) -> Any:
+    """A config document (or an override's value) as gengate reads YAML: YAML 1.2 booleans."""
+    return yaml.load(text, Loader=ConfigLoader)
+
+
 def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> ServerConfig:
     """Reads a YAML config file, or returns the embedded default when `path` is None; the
     `GENGATE_SERVER_*` variables of `env` (default: the process's) override its `server:` keys."""
@@ -296,7 +324,7 @@ def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read config: {exc.strerror}") from exc
     try:
-        data = yaml.safe_load(text) or {}
+        data = read_yaml(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
     return parse_with_environment(data, env, source)

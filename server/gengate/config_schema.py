@@ -9,7 +9,7 @@ model keys and the `callers:` list. A check the models make across keys (e.g. `n
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
@@ -37,13 +37,17 @@ def _options_models() -> tuple[dict[str, type[BaseModel]], dict[str, str]]:
 def config_schema() -> dict[str, Any]:
     """The JSON Schema (2020-12) a config file must match."""
     options, missing = _options_models()
-    models = [CommonModelKeys, ServerSettings, CallerConfig, *options.values()]
-    refs, top = models_json_schema([(m, "validation") for m in models], ref_template="#/$defs/{model}")
+    models: list[type[BaseModel]] = [CommonModelKeys, ServerSettings, CallerConfig, *options.values()]
+    inputs: list[tuple[type[BaseModel], Literal["validation"]]] = [(m, "validation") for m in models]
+    refs, top = models_json_schema(inputs, ref_template="#/$defs/{model}")
     defs: dict[str, Any] = top.get("$defs", {})
 
+    def name_of(model: type[BaseModel]) -> str:
+        ref: str = refs[(model, "validation")]["$ref"]
+        return ref.rsplit("/", 1)[-1]
+
     def definition(model: type[BaseModel]) -> dict[str, Any]:
-        name = refs[(model, "validation")]["$ref"].rsplit("/", 1)[-1]
-        found: dict[str, Any] = defs[name]
+        found: dict[str, Any] = defs[name_of(model)]
         return found
 
     common = definition(CommonModelKeys)
@@ -63,8 +67,9 @@ def config_schema() -> dict[str, Any]:
             branch["description"] = missing[kind]
         branch["properties"] = props
         branches.append(branch)
-    for model in (CommonModelKeys, *options.values()):
-        defs.pop(refs[(model, "validation")]["$ref"].rsplit("/", 1)[-1], None)
+    for model in models:  # the common keys and options are inlined in the branches above
+        if model not in (ServerSettings, CallerConfig):
+            defs.pop(name_of(model), None)
     return {
         "$schema": SCHEMA_DIALECT,
         "title": "gengate server config",

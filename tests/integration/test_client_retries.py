@@ -115,7 +115,9 @@ async def test_a_batch_item_refused_is_that_items_error_not_a_retry(server: Runn
     nothing is retried and the other items are untouched."""
     async with AsyncClient(server.address) as client:
         before = await _calls(client, "limited")
-        items = await client.batch_generate([{"model": "limited", "prompt": "a"}, {"model": "flaky-probe", "prompt": "b"}])
+        items = await client.batch_generate(
+            [{"model": "limited", "prompt": "a"}, {"model": "flaky-probe", "prompt": "b"}]
+        )
         assert isinstance(items[0].error, ResourceExhaustedError)
         assert items[1].error is None
         assert await _calls(client, "limited") - before == 1

@@ -7,6 +7,7 @@ with Client("localhost:50051") as client:
 
 from importlib.metadata import version as _package_version
 
+from gengate_client._retry import DEFAULT_RETRY, RetryPolicy
 from gengate_client.aio import AsyncClient
 from gengate_client.client import Client
 from gengate_client.errors import (
@@ -28,7 +29,6 @@ from gengate_client.errors import (
     UnavailableError,
     UnimplementedError,
 )
-from gengate_client._retry import DEFAULT_RETRY, RetryPolicy
 from gengate_client.jobs import AsyncBatchJobs, BatchJob, BatchJobs, JobUsage
 from gengate_client.output_types import Choice, Grammar, JsonObject, JsonSchema, Regex
 from gengate_client.types import (
@@ -102,8 +102,8 @@ __all__ = [
     "Regex",
     "Request",
     "ResourceExhaustedError",
-    "RetryPolicy",
     "Response",
+    "RetryPolicy",
     "StreamAccumulator",
     "StreamDelta",
     "StreamEnd",

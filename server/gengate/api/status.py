@@ -121,7 +121,9 @@ def trailing_metadata(status: status_pb2.Status) -> tuple[tuple[str, bytes], ...
     return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
-def retry_metadata(retry_after_s: float, time_remaining_s: float | None = None) -> tuple[tuple[str, str], ...]:
+def retry_metadata(
+    retry_after_s: float, time_remaining_s: float | None = None
+) -> tuple[tuple[str, str], ...]:
     """RetryInfo's delay where proxies and gRPC's own retries read it: `retry-after` (whole
     seconds, Envoy's rate-limited back-off) and `grpc-retry-pushback-ms` (gRFC A6) — `-1`, which
     stops a client's automatic retry, when the delay is past MAX_PUSHBACK_S or would outlast the

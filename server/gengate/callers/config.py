@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -26,6 +26,7 @@ from pydantic import (
     Field,
     StrictInt,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -51,7 +52,13 @@ class CallerConfig(BaseModel):
     # several allow rotation), or their SHA-256 (hex) so no plaintext token is stored, and/or the
     # subject of its client certificate under mutual TLS (RFC 4514: "CN=team-b,O=Acme").
     token_env: str | None = None
-    token_sha256: tuple[str, ...] | None = None
+    # One digest or a list of them (the schema says so; validation makes a tuple of either).
+    token_sha256: Annotated[
+        tuple[str, ...] | None,
+        WithJsonSchema(
+            {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
+        ),
+    ] = None
     subject: str | None = None
     models: tuple[str, ...] | None = None
     requests_per_minute: StrictInt | None = Field(default=None, gt=0)

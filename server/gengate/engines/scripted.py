@@ -63,8 +63,9 @@ class ScriptedOptions(BaseModel):
         default=None,
         ge=1,
         description=(
-            "Refuse the first of every N calls (calls 1, N+1, 2N+1, ...; 1: every call) with RESOURCE_EXHAUSTED and "
-            "RetryInfo `rate_limit_retry_after_s`, serving the others: a fault for testing clients' retries."
+            "Refuse the first of every N calls (calls 1, N+1, 2N+1, ...; 1: every call) with "
+            "RESOURCE_EXHAUSTED and RetryInfo `rate_limit_retry_after_s`, serving the others: a fault "
+            "for testing clients' retries."
         ),
     )
     rate_limit_retry_after_s: float = Field(default=0.05, ge=0, description="RetryInfo of rate_limit_every.")
@@ -136,7 +137,8 @@ class ScriptedBackend:
             watched = _LIVE.get(watched_name)
             if watched is None:
                 raise Unavailable(
-                    f"no scripted model {watched_name!r} in this process", reason="SCRIPTED_PROBE_TARGET_MISSING"
+                    f"no scripted model {watched_name!r} in this process",
+                    reason="SCRIPTED_PROBE_TARGET_MISSING",
                 )
             return str(watched.cancelled if self.options.answer_cancellations_of else watched.calls)
         if self.options.text is not None:

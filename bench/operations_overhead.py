@@ -1,0 +1,109 @@
+"""What operating gengate for many callers costs per call, all of it at once: the same unary calls
+on the model-free `scripted` echo through three `gengate serve` processes, taken in turns —
+bare (no callers, no metrics); callers with every quota (requests and tokens per minute,
+max_concurrency, priority; set high enough never to refuse) plus metrics on their own port,
+scraped every second; and the same with the quotas' state in a real Redis (`server.state`), as a
+fleet of replicas runs them.
+
+Ratios are req/s of each ÷ bare (1.00 = free). The scripted model does no work, so this is the
+whole per-call cost over the server's fixed per-call cost (~1 ms); on a real model it is a
+fraction of that. Redis is the Debian `redis-server` (started in a temp dir, as the tests do).
+
+    .venv/bin/python bench/operations_overhead.py [--quick] [--requests 1000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from callers import LIMITED, MODELS, TOKEN, TOKEN_VARIABLE
+from common import RunStats, gengate_server, print_ratios, print_table, run_interleaved, unary_calls
+from metrics_overhead import free_port, scraper
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+
+
+@contextlib.contextmanager
+def redis_url() -> Any:
+    """A real redis-server for the run (tests/callers/redis_server.py), stopped after."""
+    sys.path[:0] = [str(TESTS), str(TESTS / "callers")]
+    from redis_server import RedisServer
+
+    server = RedisServer()
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+async def run(requests: int, rounds: int) -> None:
+    from gengate_client import AsyncClient
+
+    os.environ[TOKEN_VARIABLE] = TOKEN
+    auth = (("authorization", f"Bearer {TOKEN}"),)
+    ports = free_port(), free_port()
+    stop = threading.Event()
+    with contextlib.ExitStack() as stack:
+        state = stack.enter_context(redis_url())
+        bare = stack.enter_context(gengate_server(MODELS))
+        local = stack.enter_context(
+            gengate_server(
+                MODELS, callers=LIMITED, server={"metrics": {"port": ports[0], "host": "127.0.0.1"}}
+            )
+        )
+        shared = stack.enter_context(
+            gengate_server(
+                MODELS,
+                callers=LIMITED,
+                server={"metrics": {"port": ports[1], "host": "127.0.0.1"}, "state": state},
+            )
+        )
+        threads = [scraper(f"http://127.0.0.1:{port}/metrics", stop) for port in ports]
+        try:
+            async with (
+                AsyncClient(bare) as c_bare,
+                AsyncClient(local, metadata=auth) as c_local,
+                AsyncClient(shared, metadata=auth) as c_shared,
+            ):
+                variants = [
+                    ("bare", unary_calls(c_bare, "echo", "hello world", 8)),
+                    ("callers+quotas+metrics", unary_calls(c_local, "echo", "hello world", 8)),
+                    ("... quotas in Redis", unary_calls(c_shared, "echo", "hello world", 8)),
+                ]
+                rows: list[RunStats] = []
+                pairs: list[tuple[RunStats, RunStats]] = []
+                for conc in (1, 8):
+                    base, ops, ops_redis = await run_interleaved(variants, requests, conc, rounds)
+                    rows += [base, ops, ops_redis]
+                    pairs += [(ops, base), (ops_redis, base)]
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+    print_table(f"unary echo, {requests * rounds} requests per variant", rows, tokens=False)
+    summary = print_ratios(pairs, tokens=False)
+    print(f"\nSUMMARY req/s ratios, 1.00 = as fast as bare: {', '.join(summary)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    parser.add_argument("--requests", type=int, default=None, help="requests per round (1000)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per variant (3)")
+    args = parser.parse_args(argv)
+    requests = args.requests or (200 if args.quick else 1000)
+    rounds = args.rounds or (1 if args.quick else 3)
+    asyncio.run(run(requests, rounds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
