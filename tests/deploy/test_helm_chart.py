@@ -1,19 +1,23 @@
 """The Helm chart is consistent with itself and with gengate, without a helm binary.
 
 Checked: Chart.yaml fields; values.yaml parses and its `config` is a valid gengate config;
-every `.Values` path a template reads exists, and every value is read by some template; every
+values.schema.json describes exactly the keys of values.yaml (and refuses unknown ones where a
+typo would hide); every `.Values` path a template reads exists, and every value is read by some
+template; every
 `include` names a defined template; template blocks balance; probes, ports and secrets are wired
 the way the server and the mesh configuration expect.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from gengate.api.server import SERVICE_NAME
 from gengate.config import parse_config
@@ -28,6 +32,12 @@ ACTION = re.compile(r"{{-?\s*(.*?)\s*-?}}", re.DOTALL)
 
 def values() -> dict[str, Any]:
     data = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def schema() -> dict[str, Any]:
+    data = json.loads((CHART / "values.schema.json").read_text())
     assert isinstance(data, dict)
     return data
 
@@ -192,3 +202,61 @@ def test_metrics_port_is_wired_from_flag_to_container_service_and_monitor() -> N
     assert "- port: metrics\n      path: /metrics" in texts["servicemonitor.yaml"]
     for name in ("servicemonitor.yaml", "prometheusrule.yaml"):
         assert texts[name].startswith("{{- if and .Values.metrics.enabled"), name
+
+
+def test_the_schema_is_draft_07_and_closed_where_typos_hide() -> None:
+    root = schema()
+    assert root["$schema"] == "http://json-schema.org/draft-07/schema#"  # what Helm 3 documents
+    assert root["additionalProperties"] is False
+    props = root["properties"]
+    closed = ["image", "serviceAccount", "secrets", "service", "gpu", "topologySpread", "probes"]
+    closed += ["podDisruptionBudget", "autoscaling", "metrics", "tmpVolume"]
+    for key in closed:
+        assert props[key]["additionalProperties"] is False, key
+    for key in ("config", "resources", "affinity", "podSecurityContext", "securityContext"):
+        assert "additionalProperties" not in props[key] and "properties" not in props[key], key
+
+
+def resolve(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    ref = node.get("$ref")
+    if ref is None:
+        return node
+    assert ref.startswith("#/definitions/"), ref
+    target: dict[str, Any] = root["definitions"][ref.removeprefix("#/definitions/")]
+    return target
+
+
+def schema_paths(
+    node: dict[str, Any], root: dict[str, Any], prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[str, ...]]:
+    for key, child in resolve(node, root).get("properties", {}).items():
+        yield (*prefix, key)
+        yield from schema_paths(child, root, (*prefix, key))
+
+
+def described(path: tuple[str, ...], root: dict[str, Any]) -> bool:
+    node = root
+    for key in path:
+        node = resolve(node, root)
+        if key in node.get("properties", {}):
+            node = node["properties"][key]
+        else:
+            return node.get("additionalProperties", True) is not False  # a free-form map
+    return True
+
+
+def test_the_schema_describes_every_value_and_no_other() -> None:
+    root = schema()
+    undescribed = [".".join(p) for p in leaf_paths(values()) if not described(p, root)]
+    assert not undescribed, f"values.yaml keys values.schema.json refuses: {undescribed}"
+    data = values()
+    extra = [".".join(p) for p in schema_paths(root, root) if p != ("global",) and not lookup(data, p)]
+    assert not extra, f"values.schema.json describes keys values.yaml lacks: {extra}"
+    for key in data:
+        assert root["properties"][key].get("description"), f"{key}: no description in the schema"
+
+
+def test_values_yaml_passes_its_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.Draft7Validator.check_schema(schema())
+    jsonschema.Draft7Validator(schema()).validate(values())

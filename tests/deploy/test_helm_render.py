@@ -1,8 +1,9 @@
-"""The Helm chart rendered as `helm template` would, then checked object by object.
+"""The Helm chart rendered and linted by Helm itself, then checked object by object.
 
-No helm binary here: tests/deploy/helmrender is a small Go program running the chart through
-Go text/template with sprig and Helm's own functions (include, toYaml, required, fail, ...).
-Skipped only where there is no Go toolchain.
+No helm binary here: tests/deploy/helmrender is a small Go program on Helm's own library
+(helm.sh/helm/v3): `helm template` (values coalesced and validated against values.schema.json,
+the chart's kubeVersion checked, Helm's engine and manifest sorter) and `helm lint --strict`.
+Skipped only where there is no Go toolchain; a failed build fails.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gengate"
 RENDERER = Path(__file__).resolve().parent / "helmrender"
 MESH = ROOT / "deploy" / "mesh"
+SCHEMA_REFUSED = "values don't meet the specifications of the schema(s)"
+
+# The first test builds the renderer: Helm's library and its Kubernetes dependencies take about
+# 5 minutes to compile with a cold Go build cache on 2 cores (seconds once cached), past the
+# suite's 300 s per-test timeout. Every subprocess below has its own timeout.
+pytestmark = pytest.mark.timeout(1500)
 
 
 @pytest.fixture(scope="session")
@@ -29,25 +36,51 @@ def renderer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if go is None:
         pytest.skip("no Go toolchain to build the chart renderer")
     binary = tmp_path_factory.mktemp("helmrender") / "helmrender"
-    subprocess.run([go, "build", "-o", str(binary), "."], cwd=RENDERER, check=True, timeout=600)
+    build = subprocess.run(
+        [go, "build", "-o", str(binary), "."], cwd=RENDERER, capture_output=True, text=True, timeout=1400
+    )
+    assert build.returncode == 0, f"building tests/deploy/helmrender failed:\n{build.stderr}"
     return binary
 
 
+def overrides_file(tmp_path: Path, overrides: dict[str, Any] | None) -> list[str]:
+    if overrides is None:
+        return []
+    extra = tmp_path / "values-override.yaml"
+    extra.write_text(yaml.safe_dump(overrides))
+    return ["-f", str(extra)]
+
+
 def render(
-    renderer: Path, tmp_path: Path, overrides: dict[str, Any] | None = None, name: str = "gengate"
+    renderer: Path,
+    tmp_path: Path,
+    overrides: dict[str, Any] | None = None,
+    name: str = "gengate",
+    kube_version: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     args = [str(renderer), "-chart", str(CHART), "-name", name, "-namespace", "gengate"]
-    if overrides is not None:
-        extra = tmp_path / "values-override.yaml"
-        extra.write_text(yaml.safe_dump(overrides))
-        args += ["-f", str(extra)]
+    if kube_version is not None:
+        args += ["-kube-version", kube_version]
+    args += overrides_file(tmp_path, overrides)
+    return subprocess.run(args, capture_output=True, text=True, timeout=60)
+
+
+def lint(
+    renderer: Path, tmp_path: Path, overrides: dict[str, Any] | None = None
+) -> subprocess.CompletedProcess[str]:
+    args = [str(renderer), "-lint", "-strict", "-chart", str(CHART), "-namespace", "gengate"]
+    args += overrides_file(tmp_path, overrides)
     return subprocess.run(args, capture_output=True, text=True, timeout=60)
 
 
 def objects(
-    renderer: Path, tmp_path: Path, overrides: dict[str, Any] | None = None, name: str = "gengate"
+    renderer: Path,
+    tmp_path: Path,
+    overrides: dict[str, Any] | None = None,
+    name: str = "gengate",
+    kube_version: str | None = None,
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    proc = render(renderer, tmp_path, overrides, name)
+    proc = render(renderer, tmp_path, overrides, name, kube_version)
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
     out = {(d["kind"], d["metadata"]["name"]): d for d in docs}
@@ -239,7 +272,7 @@ def test_objects_match_the_kubernetes_schema(
     the chart supports (native grpc probes) and the newest the validator knows."""
     kv = pytest.importorskip("kubernetes_validate")
     target = kv.latest_version() if version == "latest" else version
-    objs = objects(renderer, tmp_path, overrides)
+    objs = objects(renderer, tmp_path, overrides, kube_version=target)  # .Capabilities as that cluster
     assert len(objs) >= 6
     for (kind, name), obj in objs.items():
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
@@ -323,3 +356,102 @@ def test_in_flight_autoscaling_without_metrics_fails_the_render(renderer: Path, 
     )
     assert proc.returncode != 0
     assert "autoscaling.inFlightRequests needs metrics.enabled" in proc.stderr
+
+
+@pytest.mark.parametrize("overrides", [None, ALL_ON, MONITORED], ids=["defaults", "all-on", "monitored"])
+def test_the_chart_lints_clean_with_helm_strict(
+    renderer: Path, tmp_path: Path, overrides: dict[str, Any] | None
+) -> None:
+    """`helm lint --strict`: Chart.yaml, values.yaml against the schema, every template rendered
+    (optional ones too, with options on), its YAML, names and deprecated APIs; a warning fails."""
+    proc = lint(renderer, tmp_path, overrides)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+def test_lint_fails_on_what_the_schema_refuses(renderer: Path, tmp_path: Path) -> None:
+    proc = lint(renderer, tmp_path, {"replicaCount": "three"})
+    assert proc.returncode != 0
+    assert "[ERROR] values.yaml" in proc.stdout and "/replicaCount" in proc.stdout, proc.stdout
+
+
+# Each a mistake in the values Helm must refuse before rendering: (overrides, what the message names).
+REFUSED: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "string-for-integer": ({"replicaCount": "three"}, ["'/replicaCount'", "want integer"]),
+    "unknown-top-level-key": ({"replicas": 3}, ["additional properties 'replicas' not allowed"]),
+    "unknown-section-key": ({"service": {"prot": 50051}}, ["'/service'", "'prot' not allowed"]),
+    "unknown-nested-key": (
+        {"probes": {"readiness": {"periodSecond": 3}}},
+        ["'/probes/readiness'", "'periodSecond' not allowed"],
+    ),
+    "wrong-pull-policy": ({"image": {"pullPolicy": "Sometimes"}}, ["'/image/pullPolicy'", "'IfNotPresent'"]),
+    "wrong-service-type": ({"service": {"type": "ExternalName"}}, ["'/service/type'", "'ClusterIP'"]),
+    "port-out-of-range": ({"metrics": {"port": 70000}}, ["'/metrics/port'", "maximum"]),
+    "no-gpus": ({"gpu": {"count": 0}}, ["'/gpu/count'", "minimum"]),
+    "boolean-as-string": ({"headlessService": {"enabled": "yes"}}, ["'/headlessService/enabled'", "boolean"]),
+    "label-not-a-string": ({"podLabels": {"team": 3}}, ["'/podLabels/team'", "want string"]),
+    "not-a-quantity": (
+        {"autoscaling": {"inFlightRequests": {"averageValue": "lots"}}},
+        ["'/autoscaling/inFlightRequests/averageValue'"],
+    ),
+    "not-a-duration": (
+        {"metrics": {"serviceMonitor": {"interval": "30"}}},
+        ["'/metrics/serviceMonitor/interval'"],
+    ),
+    "env-without-name": ({"extraEnv": [{"value": "1"}]}, ["'/extraEnv/0'", "missing property 'name'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_mistyped_values_are_refused_by_the_schema(renderer: Path, tmp_path: Path, case: str) -> None:
+    overrides, named = REFUSED[case]
+    proc = render(renderer, tmp_path, overrides)
+    assert proc.returncode != 0, f"{case}: rendered anyway"
+    assert SCHEMA_REFUSED in proc.stderr, proc.stderr
+    for text in named:
+        assert text in proc.stderr, f"{case}: {text!r} not in {proc.stderr}"
+    assert proc.stdout == ""
+
+
+# Values the comments of values.yaml and deploy/README.md document: the schema must take them.
+DOCUMENTED: dict[str, Any] = {
+    "config": {"server": {"drain_timeout_s": 60}, "models": [{"name": "gpt", "backend": "openai"}], "x": [1]},
+    "image": {"repository": "registry.example.com/gengate", "tag": "0.1.0", "pullPolicy": "Always"},
+    "gpu": {"enabled": True, "nodeSelector": {"nvidia.com/gpu.present": "true"}, "runtimeClassName": "nv"},
+    "resources": {"requests": {"cpu": 2, "memory": "2Gi"}, "limits": {"memory": "8Gi", "cpu": "4"}},
+    "podDisruptionBudget": {"maxUnavailable": "50%"},
+    "autoscaling": {"enabled": True, "inFlightRequests": {"enabled": True, "averageValue": 12}},
+    "metrics": {"serviceMonitor": {"enabled": True, "interval": "1m30s", "labels": {"release": "kps"}}},
+    "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 20000, "supplementalGroups": [5]},
+    "securityContext": {"privileged": False, "capabilities": {"drop": ["ALL"]}},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
+    "tmpVolume": {"sizeLimit": "512Mi"},
+    "service": {"type": "LoadBalancer", "port": 443},
+    "global": {"imageRegistry": "set by a parent chart"},
+}
+
+
+def test_documented_and_free_form_values_pass_the_schema(renderer: Path, tmp_path: Path) -> None:
+    objs = objects(renderer, tmp_path, DOCUMENTED)
+    assert objs[("PodDisruptionBudget", "gengate")]["spec"]["maxUnavailable"] == "50%"
+    assert container(objs)["resources"]["limits"] == {"memory": "8Gi", "cpu": "4", "nvidia.com/gpu": 1}
+    config = yaml.safe_load(objs[("ConfigMap", "gengate")]["data"]["gengate.yaml"])
+    assert config["x"] == [1], "config is gengate's to validate, not the chart's"
+    assert objects(renderer, tmp_path, {"config": None}), "config: null is the embedded default"
+
+
+def test_the_chart_kube_version_is_enforced(renderer: Path, tmp_path: Path) -> None:
+    """Chart.yaml's kubeVersion (native grpc probes need 1.27), checked by Helm as on install."""
+    assert objects(renderer, tmp_path, kube_version="1.27.0")
+    proc = render(renderer, tmp_path, kube_version="1.26.9")
+    assert proc.returncode != 0
+    refusal = "chart requires kubeVersion: >=1.27.0-0 which is incompatible with Kubernetes v1.26.9"
+    assert refusal in proc.stderr
+
+
+def test_notes_render(renderer: Path, tmp_path: Path) -> None:
+    proc = render(renderer, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "gengate-headless.gengate.svc.cluster.local:50051" in proc.stderr  # NOTES.txt goes to stderr
+    assert "NOTES" not in proc.stdout
