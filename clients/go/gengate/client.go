@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/tls"
 	"iter"
+	"slices"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/propagation"
@@ -51,6 +52,7 @@ type dialConfig struct {
 	tracer      trace.TracerProvider
 	propagators propagation.TextMapPropagator
 	noTracing   bool
+	retry       RetryPolicy
 	dialOptions []grpc.DialOption
 }
 
@@ -94,17 +96,25 @@ func WithPropagators(p propagation.TextMapPropagator) Option {
 // WithoutTracing turns the OpenTelemetry stats handler off.
 func WithoutTracing() Option { return func(c *dialConfig) { c.noTracing = true } }
 
-// WithDialOptions passes raw grpc.DialOptions (load balancing, keepalive, interceptors).
+// WithDialOptions passes raw grpc.DialOptions (load balancing, keepalive, interceptors). They
+// come after the client's own, so a grpc.WithDefaultServiceConfig here replaces the retry
+// policy's service config.
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(c *dialConfig) { c.dialOptions = append(c.dialOptions, opts...) }
 }
 
 // Dial connects lazily to addr ("host:port" or any gRPC target). TLS with the system roots
-// is the default; pass WithInsecure for plaintext.
+// is the default; pass WithInsecure for plaintext. Calls are retried as DefaultRetryPolicy
+// says unless WithRetry or WithMaxRetries changes it.
 func Dial(addr string, opts ...Option) (*Client, error) {
-	cfg := dialConfig{md: metadata.MD{}}
+	cfg := dialConfig{md: metadata.MD{}, retry: DefaultRetryPolicy}
+	cfg.retry.RetryableCodes = slices.Clone(DefaultRetryPolicy.RetryableCodes)
 	for _, opt := range opts {
 		opt(&cfg)
+	}
+	retry, err := cfg.retry.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	var creds credentials.TransportCredentials
 	switch {
@@ -126,6 +136,9 @@ func Dial(addr string, opts ...Option) (*Client, error) {
 			handlerOpts = append(handlerOpts, otelgrpc.WithTracerProvider(cfg.tracer))
 		}
 		dialOpts = append(dialOpts, grpc.WithStatsHandler(otelgrpc.NewClientHandler(handlerOpts...)))
+	}
+	if sc := retry.serviceConfig(); sc != "" {
+		dialOpts = append(dialOpts, grpc.WithDefaultServiceConfig(sc))
 	}
 	conn, err := grpc.NewClient(addr, append(dialOpts, cfg.dialOptions...)...)
 	if err != nil {

@@ -334,8 +334,9 @@ func TestTLSAndTokenOverTLS(t *testing.T) {
 	if got := fake.lastMetadata().Get("authorization"); len(got) != 1 || got[0] != "Bearer t" {
 		t.Fatalf("authorization = %v", got)
 	}
-	// Without the CA the handshake must fail: TLS is really in use.
-	plain, _ := gengate.Dial(addr, gengate.WithTLS(&tls.Config{ServerName: "localhost"}))
+	// Without the CA the handshake must fail: TLS is really in use. (A failed handshake is
+	// UNAVAILABLE, which the client would retry: off here, the refusal is what is tested.)
+	plain, _ := gengate.Dial(addr, gengate.WithTLS(&tls.Config{ServerName: "localhost"}), gengate.WithMaxRetries(0))
 	defer plain.Close()
 	if _, err := plain.Generate(context.Background(), gengate.Prompt("tiny", "x")); status.Code(err) != codes.Unavailable {
 		t.Fatalf("untrusted server accepted: %v", err)

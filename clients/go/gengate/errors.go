@@ -62,9 +62,18 @@ func (e *Error) Field(field string) (FieldViolation, bool) {
 func isEOF(err error) bool { return errors.Is(err, io.EOF) }
 
 // asError turns a gRPC status error into *Error; other errors pass through, nil stays nil.
+// The status is the one the server sent even where gRPC wrapped it: its retry ends with
+// "max retries exhausted: failed after N attempts: %w", and status.FromError would make that
+// text the message, so Message would differ from the other languages' clients.
 func asError(err error) error {
 	if err == nil {
 		return nil
+	}
+	var inner interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &inner) {
+		if st := inner.GRPCStatus(); st != nil {
+			return fromStatus(st)
+		}
 	}
 	st, ok := status.FromError(err)
 	if !ok {

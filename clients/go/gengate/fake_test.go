@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	gengatev1 "github.com/gengate/gengate/clients/go/gen/gengate/v1"
 )
@@ -37,6 +38,101 @@ type fakeServer struct {
 	jsonFinish gengatev1.FinishReason
 	// jobs is the BatchJobService served beside it.
 	jobs *fakeJobs
+	// attempts counts the calls of each method ("Generate", "GetBatchJob", ...), refused ones
+	// too; faults are the refusals still to answer, by method (see failNext).
+	attempts map[string]int
+	faults   map[string]*fault
+}
+
+// fault makes the next calls of one method fail with code, before its handler runs.
+type fault struct {
+	code codes.Code
+	// pushback is the grpc-retry-pushback-ms trailer sent with the error ("": none).
+	pushback string
+	// calls is how many calls fail; later ones are answered by the method's rules again.
+	calls int
+	// afterFirstMessage fails a server stream after its first message instead of before any.
+	afterFirstMessage bool
+}
+
+// failNext makes the next ft.calls calls of method fail as ft says.
+func (f *fakeServer) failNext(method string, ft fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.faults[method] = &ft
+}
+
+// attemptsOf is how many calls of method the server has received.
+func (f *fakeServer) attemptsOf(method string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.attempts[method]
+}
+
+// attempt counts one call of fullMethod and returns the fault it must answer with, if any.
+func (f *fakeServer) attempt(fullMethod string) *fault {
+	method := fullMethod[strings.LastIndex(fullMethod, "/")+1:]
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.attempts[method]++
+	ft := f.faults[method]
+	if ft == nil || ft.calls == 0 {
+		return nil
+	}
+	ft.calls--
+	out := *ft
+	return &out
+}
+
+// refusal is the status of a fault, with RetryInfo as the real server sends it, and its trailer.
+func (ft *fault) refusal() (error, metadata.MD) {
+	st, _ := status.New(ft.code, "fake refusal").WithDetails(
+		&errdetails.ErrorInfo{Reason: "FAKE_REFUSED", Domain: "gengate.dev"},
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(0)},
+	)
+	md := metadata.MD{}
+	if ft.pushback != "" {
+		md.Set("grpc-retry-pushback-ms", ft.pushback)
+	}
+	return st.Err(), md
+}
+
+func (f *fakeServer) unaryFaults(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if ft := f.attempt(info.FullMethod); ft != nil {
+		err, md := ft.refusal()
+		_ = grpc.SetTrailer(ctx, md)
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (f *fakeServer) streamFaults(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ft := f.attempt(info.FullMethod)
+	if ft == nil {
+		return handler(srv, ss)
+	}
+	err, md := ft.refusal()
+	ss.SetTrailer(md)
+	if ft.afterFirstMessage {
+		return handler(srv, &failingStream{ServerStream: ss, err: err})
+	}
+	return err
+}
+
+// failingStream lets its first message through, then fails every send with err (the fake's
+// handlers return a failed send's error, which ends the call with it).
+type failingStream struct {
+	grpc.ServerStream
+	err  error
+	sent int
+}
+
+func (s *failingStream) SendMsg(m any) error {
+	if s.sent > 0 {
+		return s.err
+	}
+	s.sent++
+	return s.ServerStream.SendMsg(m)
 }
 
 func (f *fakeServer) record(ctx context.Context, req *gengatev1.GenerateRequest) {
@@ -175,12 +271,15 @@ func startFake(t *testing.T, creds credentials.TransportCredentials) (*fakeServe
 	if err != nil {
 		t.Fatal(err)
 	}
-	var opts []grpc.ServerOption
+	fake := &fakeServer{
+		cancelled: make(chan struct{}), slowEnded: make(chan struct{}), jsonText: `{"name":"Ada","age":36}`,
+		attempts: map[string]int{}, faults: map[string]*fault{},
+	}
+	opts := []grpc.ServerOption{grpc.UnaryInterceptor(fake.unaryFaults), grpc.StreamInterceptor(fake.streamFaults)}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
 	srv := grpc.NewServer(opts...)
-	fake := &fakeServer{cancelled: make(chan struct{}), slowEnded: make(chan struct{}), jsonText: `{"name":"Ada","age":36}`}
 	gengatev1.RegisterGenerationServiceServer(srv, fake)
 	fake.jobs = newFakeJobs(fake)
 	gengatev1.RegisterBatchJobServiceServer(srv, fake.jobs)

@@ -31,6 +31,8 @@ interface Vector {
   repeat?: number;
   timeout_ms?: number;
   cancel_after_deltas?: number;
+  /** Options of a client made for this vector alone ({"max_retries": N}). */
+  client?: Record<string, unknown>;
 }
 
 interface ErrorOut {
@@ -38,6 +40,9 @@ interface ErrorOut {
   reason: string;
   fields: string[];
 }
+
+/** The error's RetryInfo delay (checked, not observed), by the error it belongs to. */
+const retryDelays = new WeakMap<ErrorOut, number | undefined>();
 
 interface Outcome {
   error?: ErrorOut;
@@ -56,9 +61,9 @@ interface Outcome {
  * pass by being ignored.
  */
 const CHECKED_KEYS = ["code", "reason", "field_violation", "generations", "max_output_tokens", "finish_reasons", "seed_echoed",
-  "enforcement", "valid_json_schema", "full_match", "one_of", "json_object", "key_order", "frames_ordered", "cancelled"];
+  "enforcement", "valid_json_schema", "full_match", "one_of", "json_object", "key_order", "frames_ordered", "cancelled", "retry_after_s"];
 const VECTOR_KEYS: ReadonlySet<string> = new Set([...CHECKED_KEYS, "model_listed", "constraint_kinds", "backend_options",
-  "same_text_on_repeat", "stream_equals_unary", "items", "server_aborted"]);
+  "same_text_on_repeat", "stream_equals_unary", "items", "server_aborted", "server_attempts"]);
 const ITEM_KEYS: ReadonlySet<string> = new Set([...CHECKED_KEYS, "ok"]);
 
 const unknownKeys = (expect: Record<string, unknown>, known: ReadonlySet<string>, where = ""): string[] =>
@@ -67,8 +72,11 @@ const unknownKeys = (expect: Record<string, unknown>, known: ReadonlySet<string>
     .sort()
     .map((k) => `${where}unknown expect key ${JSON.stringify(k)}`);
 
-/** How many generations the server has abandoned so far, as a probe model (scripted, answer_cancellations_of) answers. */
-async function abandonedCount(client: GengateClient, probe: string): Promise<number> {
+/**
+ * A probe model's count (scripted, answer_cancellations_of or answer_calls_of): how many
+ * generations the server has abandoned, or calls received, on the model it watches.
+ */
+async function probeCount(client: GengateClient, probe: string): Promise<number> {
   let text: string | undefined;
   try {
     text = (await client.generate({ model: probe, input: { case: "prompt", value: "count" } })).generations[0]?.text;
@@ -86,7 +94,7 @@ async function awaitAbort(client: GengateClient, probe: string, before: number):
   for (;;) {
     let n: number;
     try {
-      n = await abandonedCount(client, probe);
+      n = await probeCount(client, probe);
     } catch (e) {
       return e instanceof Error ? e.message : String(e);
     }
@@ -101,7 +109,9 @@ const parse = (raw: JsonValue | undefined): GenerateRequest => fromJson(Generate
 
 function fromError(e: unknown): Outcome {
   const err = GengateError.from(e);
-  return { error: { code: err.codeName, reason: err.reason, fields: err.fieldViolations.map((v) => v.field).sort() } };
+  const out = { code: err.codeName, reason: err.reason, fields: err.fieldViolations.map((v) => v.field).sort() };
+  retryDelays.set(out, err.retryDelayMs);
+  return { error: out };
 }
 
 function fromResponse(resp: GenerateResponse): Outcome {
@@ -203,8 +213,16 @@ function check(expect: Record<string, unknown>, out: Outcome, raw: JsonValue | u
     if (typeof expect["reason"] === "string" && err.reason !== expect["reason"]) failures.push(`reason ${err.reason} != ${expect["reason"]}`);
     const field = expect["field_violation"];
     if (typeof field === "string" && !err.fields.includes(field)) failures.push(`no field violation ${field} in ${err.fields.join(",")}`);
+    const retryAfter = expect["retry_after_s"];
+    if (retryAfter !== undefined) {
+      const delayMs = retryDelays.get(err);
+      if (typeof retryAfter !== "number" || delayMs === undefined || delayMs / 1000 !== retryAfter) {
+        failures.push(`retry delay ${delayMs === undefined ? "absent" : `${delayMs / 1000} s`} != ${JSON.stringify(retryAfter)} s`);
+      }
+    }
     return failures;
   }
+  if ("retry_after_s" in expect) return ["retry_after_s is checked on an error only: the vector needs a code"];
   if (err) return [`unexpected error ${JSON.stringify(err)}`];
   const texts = out.texts ?? [];
   if (typeof expect["generations"] === "number" && texts.length !== expect["generations"]) {
@@ -290,7 +308,23 @@ async function runVector(client: GengateClient, v: Vector): Promise<{ name: stri
       return { name: v.name, ok: false, failures: [`server_aborted must name a probe model, not ${JSON.stringify(probe)}`], observed };
     }
     try {
-      abandonedBefore = await abandonedCount(client, probe);
+      abandonedBefore = await probeCount(client, probe);
+    } catch (e) {
+      return { name: v.name, ok: false, failures: [e instanceof Error ? e.message : String(e)], observed };
+    }
+  }
+  // server_attempts is {probe, count}: the probe's call count must grow by count (the client's
+  // attempts, retries included).
+  let attempts: { probe: string; count: number; before: number } | undefined;
+  if ("server_attempts" in expect) {
+    const spec = expect["server_attempts"] as Record<string, unknown> | null;
+    const probeName = spec?.["probe"];
+    const count = spec?.["count"];
+    if (typeof probeName !== "string" || probeName === "" || typeof count !== "number" || Object.keys(spec ?? {}).length !== 2) {
+      return { name: v.name, ok: false, failures: [`server_attempts must be {probe, count}, not ${JSON.stringify(spec)}`], observed };
+    }
+    try {
+      attempts = { probe: probeName, count, before: await probeCount(client, probeName) };
     } catch (e) {
       return { name: v.name, ok: false, failures: [e instanceof Error ? e.message : String(e)], observed };
     }
@@ -381,7 +415,28 @@ async function runVector(client: GengateClient, v: Vector): Promise<{ name: stri
     if (failure !== undefined) failures.push(failure);
     observed.server_aborted = failure === undefined;
   }
+  if (attempts) {
+    try {
+      const made = (await probeCount(client, attempts.probe)) - attempts.before;
+      observed.server_attempts = made;
+      if (made !== attempts.count) failures.push(`${made} attempts reached the server, expected ${attempts.count}`);
+    } catch (e) {
+      failures.push(e instanceof Error ? e.message : String(e));
+    }
+  }
   return { name: v.name, ok: failures.length === 0, failures, observed };
+}
+
+/** Runs `v` with the shared client, or with a client made for it alone when it sets client options. */
+async function runWithItsClient(shared: GengateClient, address: string, v: Vector): ReturnType<typeof runVector> {
+  if (v.client === undefined) return runVector(shared, v);
+  const unknown = Object.entries(v.client).filter(([key, value]) => key !== "max_retries" || typeof value !== "number");
+  if (unknown.length > 0) {
+    return { name: v.name, ok: false, failures: unknown.map(([k, val]) => `unknown client option ${k}: ${JSON.stringify(val)}`), observed: {} };
+  }
+  // a connect client holds no connection of its own to close: the transport's sessions idle out
+  const own = new GengateClient({ address, timeoutMs: 120_000, maxRetries: v.client["max_retries"] as number });
+  return runVector(own, v);
 }
 
 async function main(): Promise<void> {
@@ -392,7 +447,7 @@ async function main(): Promise<void> {
   const results = [];
   for (const v of vectors) {
     try {
-      results.push(await runVector(client, v));
+      results.push(await runWithItsClient(client, address, v));
     } catch (e) {
       results.push({ name: v.name, ok: false, failures: [String(e)], observed: {} });
     }

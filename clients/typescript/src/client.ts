@@ -15,6 +15,7 @@ import {
 } from "./gen/gengate/v1/generation_pb.js";
 import { StructuredOutputSchema, type ModelInfo } from "./gen/gengate/v1/types_pb.js";
 import { BatchJobs } from "./jobs.js";
+import { retryInterceptor, retryPolicy, type RetryPolicy } from "./retry.js";
 import { jsonSchema, parseGeneration, schemaFromZod } from "./structured.js";
 import { tracingInterceptor, type TracingOptions } from "./tracing.js";
 
@@ -46,8 +47,15 @@ export interface ClientOptions extends TracingOptions {
   timeoutMs?: number;
   /** Set false to send no trace context and make no client spans. */
   tracing?: boolean;
-  /** Extra connect interceptors, run after tracing. */
+  /** Extra connect interceptors, run after tracing (and, like it, once per attempt). */
   interceptors?: Interceptor[];
+  /**
+   * How calls are retried (fields left out: DEFAULT_RETRY_POLICY's): UNAVAILABLE and
+   * RESOURCE_EXHAUSTED, up to 2 retries, waiting the server's pushback or a backoff; see retry.ts.
+   */
+  retry?: Partial<RetryPolicy>;
+  /** Retries of a call, over `retry.maxRetries` (default 2; 0: none; at most 4). */
+  maxRetries?: number;
 }
 
 export interface CallOptions {
@@ -100,6 +108,9 @@ export class GengateClient {
     this.options = options;
     const tls = typeof options.tls === "object" ? options.tls : {};
     const interceptors: Interceptor[] = [];
+    // Outermost: each attempt gets its own client span and the caller's interceptors, as in Go.
+    const retry = retryPolicy(options.retry, options.maxRetries);
+    if (retry.maxRetries > 0) interceptors.push(retryInterceptor(retry));
     if (options.tracing !== false) interceptors.push(tracingInterceptor(options));
     interceptors.push(...(options.interceptors ?? []));
     const transport = createGrpcTransport({

@@ -30,6 +30,7 @@ export {
   type StructuredOutputInit,
 } from "./structured.js";
 export { tracingInterceptor, type TracingOptions } from "./tracing.js";
+export { DEFAULT_RETRY_POLICY, MAX_RETRIES_LIMIT, retryInterceptor, retryPolicy, type RetryPolicy } from "./retry.js";
 export * from "./gen/gengate/v1/generation_pb.js";
 export * from "./gen/gengate/v1/types_pb.js";
 export * from "./gen/gengate/v1/jobs_pb.js";

@@ -6,7 +6,7 @@ import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 
 import { clone, create, fromJsonString, mergeFromBinary, toBinary } from "@bufbuild/protobuf";
-import { Code, ConnectError, type ConnectRouter, type HandlerContext } from "@connectrpc/connect";
+import { Code, ConnectError, type ConnectRouter, type HandlerContext, type Interceptor } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 
 import {
@@ -27,7 +27,7 @@ import {
   type StreamBatchJobResultsRequest,
   type StreamBatchJobResultsResponse,
 } from "../src/gen/gengate/v1/jobs_pb.js";
-import { BadRequestSchema, ErrorInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
+import { BadRequestSchema, ErrorInfoSchema, RetryInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
 import { FinishReason } from "../src/gen/gengate/v1/types_pb.js";
 import { StatusSchema, type Status } from "../src/gen/google/rpc/status_pb.js";
 import { anyPack } from "@bufbuild/protobuf/wkt";
@@ -44,7 +44,24 @@ export interface Fake {
   /** The finish reason a json_schema request's generations end with (STOP unless set). */
   jsonFinish?: FinishReason;
   jobs: FakeJobs;
+  /** Calls received by method ("Generate", "GetBatchJob", ...), refused ones too. */
+  attempts: Record<string, number>;
+  /** The request headers of each call received, by method, refused ones too. */
+  attemptHeaders: Record<string, Headers[]>;
+  /** Makes the next `fault.calls` calls of `method` fail as `fault` says. */
+  failNext(method: string, fault: Fault): void;
   close(): Promise<void>;
+}
+
+/** A refusal the fake answers before a method's own rules. */
+export interface Fault {
+  code: Code;
+  /** The grpc-retry-pushback-ms trailer sent with the error; unset: none. */
+  pushback?: string;
+  /** How many calls fail; later ones are answered by the method's rules again. */
+  calls: number;
+  /** A server stream fails after its first message instead of before any. */
+  afterFirstMessage?: boolean;
 }
 
 /**
@@ -132,7 +149,43 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
     slowEnded: new Promise((resolve) => (markSlowEnded = resolve)),
     jsonText: '{"name":"Ada","age":36}',
     jobs: { calls: [], last: {}, uploads: [], uploadsEnded: () => Promise.resolve() },
+    attempts: {},
+    attemptHeaders: {},
+    failNext: (method, fault) => void faults.set(method, { ...fault }),
     close: async () => {},
+  };
+  const faults = new Map<string, Fault>();
+  // Counts every call and answers the faults, with RetryInfo as the real server sends it.
+  const faulty: Interceptor = (next) => async (req) => {
+    const method = req.method.name;
+    fake.attempts[method] = (fake.attempts[method] ?? 0) + 1;
+    (fake.attemptHeaders[method] ??= []).push(new Headers(req.header));
+    const fault = faults.get(method);
+    if (!fault || fault.calls === 0) return next(req);
+    fault.calls--;
+    const refusal = new ConnectError(
+      "fake refusal",
+      fault.code,
+      fault.pushback === undefined ? undefined : { "grpc-retry-pushback-ms": fault.pushback },
+      [
+        { desc: ErrorInfoSchema, value: { reason: "FAKE_REFUSED", domain: "gengate.dev" } },
+        { desc: RetryInfoSchema, value: { retryDelay: { seconds: 0n } } },
+      ],
+    );
+    if (!fault.afterFirstMessage) throw refusal;
+    const res = await next(req);
+    if (!res.stream) throw refusal;
+    const messages = res.message;
+    return {
+      ...res,
+      message: (async function* () {
+        let sent = 0;
+        for await (const m of messages) {
+          if (sent++ > 0) throw refusal;
+          yield m;
+        }
+      })(),
+    };
   };
   const stored: StoredJob[] = [];
   // Resolved (and replaced) whenever a job changes, waking following streams.
@@ -352,7 +405,7 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
       },
     });
   };
-  const handler = connectNodeAdapter({ routes });
+  const handler = connectNodeAdapter({ routes, interceptors: [faulty] });
   const server = options ? http2.createSecureServer(options, handler) : http2.createServer(handler);
   const sessions = new Set<http2.Http2Session>();
   server.on("session", (s: http2.Http2Session) => {

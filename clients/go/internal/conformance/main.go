@@ -33,12 +33,16 @@ type vector struct {
 	Repeat            int               `json:"repeat"`
 	TimeoutMs         int               `json:"timeout_ms"`
 	CancelAfterDeltas int               `json:"cancel_after_deltas"`
+	// Client holds options of a client made for this vector alone ({"max_retries": N}).
+	Client map[string]any `json:"client"`
 }
 
 type errorOut struct {
 	Code   string   `json:"code"`
 	Reason string   `json:"reason"`
 	Fields []string `json:"fields"`
+	// RetryDelay is the error's google.rpc.RetryInfo delay (checked, not observed).
+	RetryDelay time.Duration `json:"-"`
 }
 
 // outcome is what one call produced, in the same shape every runner uses.
@@ -59,9 +63,9 @@ type outcome struct {
 var (
 	checkedKeys = []string{"code", "reason", "field_violation", "generations", "max_output_tokens",
 		"finish_reasons", "seed_echoed", "enforcement", "valid_json_schema", "full_match", "one_of",
-		"json_object", "key_order", "frames_ordered", "cancelled"}
+		"json_object", "key_order", "frames_ordered", "cancelled", "retry_after_s"}
 	vectorKeys = keySet(checkedKeys, "model_listed", "constraint_kinds", "backend_options",
-		"same_text_on_repeat", "stream_equals_unary", "items", "server_aborted")
+		"same_text_on_repeat", "stream_equals_unary", "items", "server_aborted", "server_attempts")
 	itemKeys = keySet(checkedKeys, "ok")
 )
 
@@ -111,7 +115,7 @@ func toErrorOut(gerr *gengate.Error) *errorOut {
 		fields = append(fields, v.Field)
 	}
 	sort.Strings(fields)
-	return &errorOut{Code: codeName(gerr.Code.String()), Reason: gerr.Reason, Fields: fields}
+	return &errorOut{Code: codeName(gerr.Code.String()), Reason: gerr.Reason, Fields: fields, RetryDelay: gerr.RetryDelay}
 }
 
 // codeName turns Go's "NotFound" into the spec's "NOT_FOUND".
@@ -267,9 +271,10 @@ func cancelStream(ctx context.Context, c *gengate.Client, raw json.RawMessage, a
 	return &outcome{Cancelled: deltas == after && !finished}
 }
 
-// abandonedCount asks a probe model (scripted, answer_cancellations_of) how many generations
-// the server has abandoned so far on the model it watches.
-func abandonedCount(ctx context.Context, c *gengate.Client, probe string) (int, error) {
+// probeCount asks a probe model (scripted, answer_cancellations_of or answer_calls_of) for its
+// count: how many generations the server has abandoned, or calls received, on the model it
+// watches.
+func probeCount(ctx context.Context, c *gengate.Client, probe string) (int, error) {
 	resp, err := c.Generate(ctx, gengate.Prompt(probe, "count"))
 	if err != nil {
 		return 0, fmt.Errorf("probe %s: %w", probe, err)
@@ -289,7 +294,7 @@ func abandonedCount(ctx context.Context, c *gengate.Client, probe string) (int, 
 func awaitAbort(ctx context.Context, c *gengate.Client, probe string, before int) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		n, err := abandonedCount(ctx, c, probe)
+		n, err := probeCount(ctx, c, probe)
 		if err != nil {
 			return err
 		}
@@ -316,7 +321,13 @@ func check(expect map[string]any, out *outcome, raw json.RawMessage) []string {
 		if field, ok := expect["field_violation"].(string); ok && !slices.Contains(out.Err.Fields, field) {
 			fail("no field violation %s in %v", field, out.Err.Fields)
 		}
+		if want, ok := expect["retry_after_s"].(float64); ok && out.Err.RetryDelay.Seconds() != want {
+			fail("retry delay %v s != %v s", out.Err.RetryDelay.Seconds(), want)
+		}
 		return failures
+	}
+	if _, ok := expect["retry_after_s"]; ok {
+		return []string{"retry_after_s is checked on an error only: the vector needs a code"}
 	}
 	if out.Err != nil {
 		return []string{fmt.Sprintf("unexpected error %+v", *out.Err)}
@@ -466,11 +477,27 @@ func runVector(ctx context.Context, c *gengate.Client, v vector) result {
 		if probeName == "" {
 			return result{Name: v.Name, Failures: []string{fmt.Sprintf("server_aborted must name a probe model, not %v", probe)}, Observed: observed}
 		}
-		n, err := abandonedCount(ctx, c, probeName)
+		n, err := probeCount(ctx, c, probeName)
 		if err != nil {
 			return result{Name: v.Name, Failures: []string{err.Error()}, Observed: observed}
 		}
 		abandonedBefore = n
+	}
+	// server_attempts is {probe, count}: the probe's call count must grow by count (the
+	// client's attempts, retries included).
+	attemptsProbe, attemptsWant, attemptsBefore := "", 0, 0
+	if spec, ok := v.Expect["server_attempts"]; ok {
+		m, _ := spec.(map[string]any)
+		name, _ := m["probe"].(string)
+		count, isNumber := m["count"].(float64)
+		if name == "" || !isNumber || len(m) != 2 {
+			return result{Name: v.Name, Failures: []string{fmt.Sprintf("server_attempts must be {probe, count}, not %v", spec)}, Observed: observed}
+		}
+		n, err := probeCount(ctx, c, name)
+		if err != nil {
+			return result{Name: v.Name, Failures: []string{err.Error()}, Observed: observed}
+		}
+		attemptsProbe, attemptsWant, attemptsBefore = name, int(count), n
 	}
 	switch v.Call {
 	case "list_models":
@@ -605,10 +632,43 @@ func runVector(ctx context.Context, c *gengate.Client, v vector) result {
 		}
 		observed["server_aborted"] = err == nil
 	}
+	if attemptsProbe != "" {
+		n, err := probeCount(ctx, c, attemptsProbe)
+		if err != nil {
+			failures = append(failures, err.Error())
+		} else {
+			observed["server_attempts"] = n - attemptsBefore
+			if n-attemptsBefore != attemptsWant {
+				failures = append(failures, fmt.Sprintf("%d attempts reached the server, expected %d", n-attemptsBefore, attemptsWant))
+			}
+		}
+	}
 	if failures == nil {
 		failures = []string{}
 	}
 	return result{Name: v.Name, OK: len(failures) == 0, Failures: failures, Observed: observed}
+}
+
+// runWithItsClient runs v with the shared client c, or with a client made for v alone when the
+// vector sets client options (closed after).
+func runWithItsClient(ctx context.Context, c *gengate.Client, addr string, v vector) result {
+	if v.Client == nil {
+		return runVector(ctx, c, v)
+	}
+	opts := []gengate.Option{gengate.WithInsecure()}
+	for key, val := range v.Client {
+		n, isNumber := val.(float64)
+		if key != "max_retries" || !isNumber {
+			return result{Name: v.Name, Failures: []string{fmt.Sprintf("unknown client option %s: %v", key, val)}, Observed: map[string]any{}}
+		}
+		opts = append(opts, gengate.WithMaxRetries(int(n)))
+	}
+	own, err := gengate.Dial(addr, opts...)
+	if err != nil {
+		return result{Name: v.Name, Failures: []string{err.Error()}, Observed: map[string]any{}}
+	}
+	defer own.Close()
+	return runVector(ctx, own, v)
 }
 
 func main() {
@@ -638,7 +698,7 @@ func main() {
 	defer cancel()
 	results := []result{}
 	for _, v := range doc.Vectors {
-		results = append(results, runVector(ctx, c, v))
+		results = append(results, runWithItsClient(ctx, c, os.Args[1], v))
 	}
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", " ")
