@@ -179,6 +179,35 @@ def test_openai_strict_transform_and_strip() -> None:
     assert wrapped
 
 
+def test_added_nulls_are_stripped_through_every_kind_of_ref() -> None:
+    """$refs resolve as JSON Schema says (the `referencing` library): pointers with escapes,
+    anchors, refs of refs; a cycle or a dangling ref leaves the value as it is, never a crash."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "p": {"$ref": "#/$defs/a~1b"},
+            "q": {"$ref": "#node"},
+            "r": {"$ref": "#/$defs/alias"},
+            "loop": {"$ref": "#/$defs/loop"},
+            "gone": {"$ref": "#/$defs/missing"},
+        },
+        "$defs": {
+            "a/b": {"type": "object", "properties": {"x": {"type": "string"}}},
+            "named": {"$anchor": "node", "type": "object", "properties": {"y": {"type": "integer"}}},
+            "alias": {"$ref": "#/$defs/a~1b"},
+            "loop": {"$ref": "#/$defs/loop"},
+        },
+    }
+    value = {"p": {"x": None}, "q": {"y": None}, "r": {"x": None}, "loop": {"z": None}, "gone": {"w": None}}
+    assert so.strip_added_nulls(value, schema, schema) == {
+        "p": {},
+        "q": {},
+        "r": {},
+        "loop": {"z": None},
+        "gone": {"w": None},
+    }
+
+
 def test_plan_unwraps_and_validates_against_the_original() -> None:
     schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 2}
     plan = so.plan_openai_style(

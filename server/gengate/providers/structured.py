@@ -11,7 +11,11 @@ import copy
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from referencing import Registry, Resource
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from gengate import errors
 from gengate.constraints import kinds, schemas
@@ -24,6 +28,9 @@ from gengate.domain import (
 from gengate.domain import (
     StructuredOutput as StructuredOutput,
 )
+
+if TYPE_CHECKING:  # referencing exports Resolver only from its core module
+    from referencing._core import Resolver
 
 StructuredSupport = Mapping[ConstraintKind, Enforcement]
 
@@ -243,22 +250,25 @@ def _json_answer(text: str, wrapped: bool) -> Any:
         return _NOT_WRAPPED
 
 
-def _resolve(node: Any, root: dict[str, Any]) -> Any:
-    seen = 0
-    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/"):
-        target: Any = root
-        for part in node["$ref"][2:].split("/"):
-            target = (
-                target.get(part.replace("~1", "/").replace("~0", "~"), {}) if isinstance(target, dict) else {}
-            )
-        node, seen = target, seen + 1
-        if seen > 32:
-            break
-    return node
+# Chains of $ref longer than this (or a cycle) resolve to nothing, as an unresolvable one does.
+MAX_REF_HOPS = 32
 
 
-def _allows_null(node: Any, root: dict[str, Any]) -> bool:
-    node = _resolve(node, root)
+def _resolve(node: Any, resolver: Resolver[Any]) -> Any:
+    """`node` with its `$ref`s followed (referencing: JSON pointers, anchors, `$id`s of the root)."""
+    for _ in range(MAX_REF_HOPS):
+        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
+            return node
+        try:
+            resolved = resolver.lookup(node["$ref"])
+        except Unresolvable:
+            return {}
+        node, resolver = resolved.contents, resolved.resolver
+    return {}
+
+
+def _allows_null(node: Any, resolver: Resolver[Any]) -> bool:
+    node = _resolve(node, resolver)
     if not isinstance(node, dict):
         return True
     t = node.get("type")
@@ -268,13 +278,18 @@ def _allows_null(node: Any, root: dict[str, Any]) -> bool:
         return True
     if "const" in node and node["const"] is None:
         return True
-    return any(_allows_null(s, root) for key in ("anyOf", "oneOf") for s in node.get(key, ()))
+    return any(_allows_null(s, resolver) for key in ("anyOf", "oneOf") for s in node.get(key, ()))
 
 
 def strip_added_nulls(value: Any, schema: Any, root: dict[str, Any]) -> Any:
     """Removes object keys that are null only because strict mode forced them in (optional in
-    the original schema, and null not allowed there)."""
-    schema = _resolve(schema, root)
+    the original schema, and null not allowed there); `$ref`s resolve against `root`."""
+    resource = Resource.from_contents(root, default_specification=DRAFT202012)
+    return _strip(value, schema, Registry().with_resource("", resource).resolver())
+
+
+def _strip(value: Any, schema: Any, resolver: Resolver[Any]) -> Any:
+    schema = _resolve(schema, resolver)
     if not isinstance(schema, dict):
         return value
     if isinstance(value, dict):
@@ -283,24 +298,22 @@ def strip_added_nulls(value: Any, schema: Any, root: dict[str, Any]) -> Any:
         out = {}
         for key, item in value.items():
             sub = props.get(key)
-            if item is None and key not in required and sub is not None and not _allows_null(sub, root):
+            if item is None and key not in required and sub is not None and not _allows_null(sub, resolver):
                 continue
-            out[key] = strip_added_nulls(item, sub, root) if sub is not None else item
+            out[key] = _strip(item, sub, resolver) if sub is not None else item
         return out
     if isinstance(value, list):
         items = schema.get("items")
         prefix = schema.get("prefixItems", [])
-        return [
-            strip_added_nulls(v, prefix[i] if i < len(prefix) else items, root) for i, v in enumerate(value)
-        ]
+        return [_strip(v, prefix[i] if i < len(prefix) else items, resolver) for i, v in enumerate(value)]
     for key in ("anyOf", "oneOf"):
         for option in schema.get(key, ()):
-            option = _resolve(option, root)
+            option = _resolve(option, resolver)
             if isinstance(option, dict) and (
                 (isinstance(value, dict) and (option.get("type") == "object" or "properties" in option))
                 or (isinstance(value, list) and option.get("type") == "array")
             ):
-                return strip_added_nulls(value, option, root)
+                return _strip(value, option, resolver)
     return value
 
 
