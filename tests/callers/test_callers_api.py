@@ -184,7 +184,8 @@ async def test_max_concurrency_counts_a_callers_calls_across_models(make_server:
         {"name": "team-b", "token_env": "TEAM_B_TOKEN", "max_concurrency": 1},
     ]
     server = await make_server(with_callers(models, callers))
-    async with AsyncClient(server.address, metadata=bearer(TOKEN_A)) as client:
+    # No client retries: the refusal itself is under test (a retry would wait out the streams).
+    async with AsyncClient(server.address, metadata=bearer(TOKEN_A), max_retries=0) as client:
         streams = [client.generate_stream(model, "x") for model in ("slow", "slow2")]
         for stream in streams:
             await anext(stream)  # both in flight, on two models

@@ -73,7 +73,7 @@ async def test_a_full_queue_makes_room_for_higher_priority_by_refusing_the_lowes
     release = asyncio.Event()
     order = record_admissions(server, release)
     route = server.router.route("narrow")
-    async with AsyncClient(server.address) as client:
+    async with AsyncClient(server.address, max_retries=0) as client:  # the refusals are under test
         low, high = bearer(TOKEN_A), bearer(TOKEN_B)
         holder = asyncio.create_task(client.generate("narrow", "holder", metadata=low))
         await until(lambda: order == ["holder"], "the holder has the slot")

@@ -93,8 +93,8 @@ async def test_round_robin_spreads_calls_over_every_server(
 async def test_grpc_retries_wait_out_a_full_queue(servers: ServerFactory) -> None:
     server = await servers("alpha")
 
-    def three_at_once(options: list[tuple[str, Any]]) -> list[str]:
-        with Client(server.address, options=options, timeout=10) as client:
+    def three_at_once(options: list[tuple[str, Any]], max_retries: int | None = None) -> list[str]:
+        with Client(server.address, options=options, timeout=10, max_retries=max_retries) as client:
 
             async def one() -> str:
                 try:
@@ -107,13 +107,16 @@ async def test_grpc_retries_wait_out_a_full_queue(servers: ServerFactory) -> Non
 
             return asyncio.run(all_three())
 
-    without = await asyncio.to_thread(three_at_once, [])
+    without = await asyncio.to_thread(three_at_once, [], 0)
     assert without.count("RESOURCE_EXHAUSTED") == 1, without
-    # With a retry policy the refused call waits the server's grpc-retry-pushback-ms (1000 ms,
-    # far longer than the policy's own 0.1 s backoff) and then succeeds.
+    # The client's own retry policy (the default) waits the server's grpc-retry-pushback-ms
+    # (1000 ms, far longer than the policy's 0.2 s first backoff) and then succeeds.
     started = time.monotonic()
-    retried = await asyncio.to_thread(
-        three_at_once, [("grpc.service_config", RETRYING), ("grpc.enable_retries", 1)]
-    )
+    retried = await asyncio.to_thread(three_at_once, [])
     assert retried == ["a b c d e f g h"] * 3, retried
     assert time.monotonic() - started >= 0.95
+    # A service config of the caller's own (here: a mesh's policy) replaces the client's.
+    own = await asyncio.to_thread(
+        three_at_once, [("grpc.service_config", RETRYING), ("grpc.enable_retries", 1)]
+    )
+    assert own == ["a b c d e f g h"] * 3, own
