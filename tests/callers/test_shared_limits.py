@@ -6,7 +6,6 @@ Redis is back."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -16,7 +15,7 @@ from gengate_client import AsyncClient
 from gengate_client.errors import ResourceExhaustedError, UnavailableError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from observe import ServerFactory
-from redis_server import RedisServer, Unavailable
+from redis_server import RedisServer
 from teams import TOKEN_A, TOKEN_B, bearer, with_callers
 
 pytest.importorskip("redis")
@@ -24,30 +23,6 @@ pytest.importorskip("redis")
 MODELS = [{"name": "tiny", "backend": "scripted", "text": "one two three four"}]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    try:
-        server = RedisServer()
-        server.start()
-    except Unavailable as exc:
-        pytest.skip(f"no redis-server: {exc}")
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> Iterator[str]:
-    """The server's URL, on a database emptied for each test (and running again if one stopped it)."""
-    if redis_server.proc is None:
-        redis_server.start()
-    import redis
-
-    client = redis.Redis.from_url(redis_server.url)
-    client.flushdb()
-    client.close()
-    yield redis_server.url
 
 
 def config(url: str, callers: list[dict[str, Any]], **server: Any) -> dict[str, Any]:
