@@ -208,7 +208,7 @@ async def _start(
             *_connection_age_options(settings),
         ],
     )
-    state = open_state(settings.state, fail_closed=settings.state_fail_closed)
+    state = open_state(settings.state, fail_closed=settings.state_fail_closed, lease_s=settings.state_lease_s)
     core = GenerationCore(
         router,
         max_batch_items=settings.max_batch_items,
