@@ -196,11 +196,16 @@ class ServerSettings(BaseModel):
     # SIGTERM: health goes NOT_SERVING, new calls are refused (UNAVAILABLE, DRAINING) and calls
     # in flight get this long to finish (deploy/helm: terminationGracePeriodSeconds follows it).
     drain_timeout_s: float = Field(default=30.0, gt=0, le=3600)
-    # Where callers' per-minute windows live: None = this process; redis://host:port/db = shared
-    # by every replica using it (callers/shared.py). A replica that loses Redis serves with local
-    # windows and says so (health `gengate.limits`), or refuses calls with `state_fail_closed`.
+    # Where callers' per-minute windows and calls in flight (max_concurrency) are counted: None =
+    # this process; redis://host:port/db = shared by every replica using it (callers/shared.py).
+    # A replica that loses Redis serves with local limits and says so (health `gengate.limits`),
+    # or refuses calls with `state_fail_closed`.
     state: str | None = None
     state_fail_closed: bool = False
+    # With `state`, each call in flight holds a lease in Redis (max_concurrency across replicas),
+    # extended every third of this while it runs: a replica that dies frees its calls' slots
+    # after this long.
+    state_lease_s: float = Field(default=30.0, gt=0, le=3600)
     # A call waiting for a model's slot gains one priority point per this many seconds waited,
     # so a low-priority caller still progresses under a stream of higher-priority calls.
     priority_aging_s: float = Field(default=1.0, gt=0)

@@ -104,16 +104,17 @@ class GenerationCore:
             return models
         return [m for m in models if caller.may_use(m.name)]
 
-    async def _admit(self, request: GenerationRequest, *, wait: bool) -> Admitted | None:
+    async def _admit(self, request: GenerationRequest, *, wait: bool, quotas: bool = True) -> Admitted | None:
         """The current caller's pass for this request: the model must be one it may use, and
         its quotas must have room (RESOURCE_EXHAUSTED with RetryInfo otherwise). None: no
-        caller, or one without quotas."""
+        caller, one without quotas, or `quotas` off (batch-job items: they run only in spare
+        capacity, below every caller, so a caller's own job never locks it out)."""
         caller = current_policy()
         if caller is None:
             return None
         if request.model and not caller.may_use(request.model):
             raise not_allowed(caller, request.model)
-        if not caller.limited:
+        if not caller.limited or not quotas:
             return None
         return await self.admission.admit(caller, wait=wait)
 
@@ -137,7 +138,11 @@ class GenerationCore:
 
     async def prepare(self, request: GenerationRequest) -> tuple[Route, GenerationRequest]:
         """The route and the checked request (defaults filled in) that `generate` would run:
-        for work that reaches the backend another way (an offline job's provider batch)."""
+        for work that reaches the backend another way (an offline job's provider batch). The
+        current caller must be allowed the model; no quota is charged."""
+        caller = current_policy()
+        if caller is not None and request.model and not caller.may_use(request.model):
+            raise not_allowed(caller, request.model)
         return await self._prepare(request)
 
     async def finish(
@@ -171,7 +176,8 @@ class GenerationCore:
         operation: str = "generate",
     ) -> GenerationResult:
         """One request, checked, routed and validated. `background` (batch jobs) yields the
-        model's slots to interactive calls (Route.slot). `operation` names it to the observer."""
+        model's slots to interactive calls (Route.slot) and charges no caller quota.
+        `operation` names it to the observer."""
         if self.observer is None:
             return await self._admitted(request, queue_bounded, background)
         arrived = time.monotonic()
@@ -189,7 +195,7 @@ class GenerationCore:
     ) -> GenerationResult:
         """The request under the current caller's quotas (its tokens charged once known)."""
         arrived = time.monotonic()
-        admitted = await self._admit(request, wait=not queue_bounded)
+        admitted = await self._admit(request, wait=not queue_bounded, quotas=not background)
         if admitted is None:
             return await self._generate(request, arrived, queue_bounded, background)
         try:

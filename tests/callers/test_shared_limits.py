@@ -1,12 +1,11 @@
 """Quotas shared by replicas through a real redis-server: one requests_per_minute (and one
 tokens_per_minute) holds across two servers; a replica that loses Redis keeps serving with local
 limits and says so in health and logs (or refuses, with state_fail_closed), and shares again once
-Redis is back."""
+Redis is back. max_concurrency across replicas: tests/callers/test_shared_concurrency.py."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -16,38 +15,14 @@ from gengate_client import AsyncClient
 from gengate_client.errors import ResourceExhaustedError, UnavailableError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from observe import ServerFactory
-from redis_server import RedisServer, Unavailable
-from teams import TOKEN_A, TOKEN_B, bearer, with_callers
+from redis_server import RedisServer
+from teams import SHA_C, TOKEN_A, TOKEN_B, TOKEN_C, bearer, with_callers
 
 pytest.importorskip("redis")
 
 MODELS = [{"name": "tiny", "backend": "scripted", "text": "one two three four"}]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    try:
-        server = RedisServer()
-        server.start()
-    except Unavailable as exc:
-        pytest.skip(f"no redis-server: {exc}")
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> Iterator[str]:
-    """The server's URL, on a database emptied for each test (and running again if one stopped it)."""
-    if redis_server.proc is None:
-        redis_server.start()
-    import redis
-
-    client = redis.Redis.from_url(redis_server.url)
-    client.flushdb()
-    client.close()
-    yield redis_server.url
 
 
 def config(url: str, callers: list[dict[str, Any]], **server: Any) -> dict[str, Any]:
@@ -126,15 +101,17 @@ async def test_with_fail_closed_a_replica_without_redis_refuses_limited_callers(
 ) -> None:
     callers = [
         {"name": "team-a", "token_env": "TEAM_A_TOKEN", "requests_per_minute": 100},
-        {"name": "team-b", "token_env": "TEAM_B_TOKEN", "max_concurrency": 4},  # no per-minute quota
+        {"name": "team-b", "token_env": "TEAM_B_TOKEN", "max_concurrency": 4},  # shared too
+        {"name": "team-c", "token_sha256": SHA_C},  # no quota: nothing to share
     ]
     server = await make_server(config(redis_url, callers, state_fail_closed=True))
     redis_server.stop()
     async with AsyncClient(server.address) as client:
-        with pytest.raises(UnavailableError) as caught:
-            await client.generate("tiny", "hi", metadata=bearer(TOKEN_A))
-        assert caught.value.reason == "LIMITS_UNAVAILABLE" and caught.value.retry_after
-        assert (await client.generate("tiny", "hi", metadata=bearer(TOKEN_B))).generations
+        for token in (TOKEN_A, TOKEN_B):
+            with pytest.raises(UnavailableError) as caught:
+                await client.generate("tiny", "hi", metadata=bearer(token))
+            assert caught.value.reason == "LIMITS_UNAVAILABLE" and caught.value.retry_after
+        assert (await client.generate("tiny", "hi", metadata=bearer(TOKEN_C))).generations
     assert await _limits_health(server.address) == NOT_SERVING
 
 

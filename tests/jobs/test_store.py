@@ -161,6 +161,36 @@ async def test_a_key_already_used_returns_that_job(store: JobStore) -> None:
     assert other != first.id and {j.id for j in await store.list_jobs(10)} == {first.id, other}
 
 
+async def test_a_job_is_seen_only_by_its_owner_and_keys_are_per_owner(store: JobStore, clock: Clock) -> None:
+    """An owner's reads (get, list, cancel) see its own jobs only; another's is NOT_FOUND as an
+    unknown id is. No owner given (no callers configured) sees every job."""
+    a1 = await new_job(store, requests(2), owner="team-a", idempotency_key="k")
+    clock.now += 1
+    b1 = await new_job(store, requests(1), owner="team-b", idempotency_key="k")  # the same key: its own job
+    clock.now += 1
+    a2 = await new_job(store, requests(1), owner="team-a")
+    assert (await store.get(a1, "team-a")).owner == "team-a" and (await store.get(b1)).owner == "team-b"
+    again, created = await store.create_job(
+        display_name="x", idempotency_key="k", options=JobOptions(), items=requests(5), owner="team-b"
+    )
+    assert not created and again.id == b1
+    assert await store.find_by_key("k", "team-a") == await store.get(a1)
+    assert await store.find_by_key("k") is None  # no owner's job has it
+    for missing in (b1, "job-nope"):
+        for read in (store.get(missing, "team-a"), store.cancel(missing, CANCELLED, "team-a")):
+            with pytest.raises(NotFound) as caught:
+                await read
+            assert caught.value.reason == "JOB_NOT_FOUND" and caught.value.metadata == {"job": missing}
+    assert (await store.get(b1)).state == JobState.QUEUED  # the other's cancel changed nothing
+    assert [j.id for j in await store.list_jobs(10, owner="team-a")] == [a2, a1]
+    first = await store.list_jobs(1, owner="team-a")
+    after = await store.list_jobs(5, (first[0].create_time, first[0].id), owner="team-a")
+    assert [j.id for j in first + after] == [a2, a1]  # pages never reach into another's jobs
+    assert [j.id for j in await store.list_jobs(10, owner="team-c")] == []
+    assert [j.id for j in await store.list_jobs(10)] == [a2, b1, a1]
+    assert (await store.cancel(a1, CANCELLED, "team-a")).state == JobState.CANCELLED
+
+
 @contextlib.contextmanager
 def interleaved(
     store: JobStore, before: str, other: Callable[[], Coroutine[Any, Any, T]]

@@ -1,5 +1,9 @@
 """gengate.v1.BatchJobService: durable batch jobs over the job store and runner.
 
+A job belongs to the caller who created it: with callers configured, each caller sees, cancels
+and reads only its own jobs (another's is NOT_FOUND, as an unknown id is) and its idempotency
+keys are its own. Without callers every call sees every job.
+
 Items are stored as the GenerateRequest bytes the caller sent and converted again when they
 run, so an item refused at create time and one that fails while running answer the same way
 (a google.rpc.Status with `requests[i].` field paths, as BatchGenerate's items do).
@@ -93,6 +97,12 @@ def _job_id(value: str, field: str = "id") -> str:
     return value
 
 
+def _scope() -> str | None:
+    """Whose jobs the current call sees: its caller's, or anyone's without callers."""
+    caller = current_policy()
+    return None if caller is None else caller.name
+
+
 def _page_token(job: Job) -> str:
     return base64.urlsafe_b64encode(f"{job.create_time!r}|{job.id}".encode()).decode()
 
@@ -126,7 +136,7 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
     async def _items(
         self, requests: Sequence[gpb.GenerateRequest | GengateError], start: int
     ) -> list[tuple[bytes | None, ItemResult | None]]:
-        caller = current_policy()  # items run later, for no caller: the models are checked now
+        caller = current_policy()  # checked now, and again as the items run (for their owner)
 
         def convert_all() -> list[tuple[bytes | None, ItemResult | None]]:
             return [self.codec.refused(item, start + i, caller) for i, item in enumerate(requests)]
@@ -149,6 +159,7 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
                 idempotency_key=request.idempotency_key,
                 options=convert.job_options_from_pb(request.options),
                 items=items,
+                owner=_scope() or "",
             )
             self.runner.wake()
             return jpb.CreateBatchJobResponse(job=convert.job_to_pb(job))
@@ -170,6 +181,7 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
                 idempotency_key=header.idempotency_key,
                 options=convert.job_options_from_pb(header.options),
                 sealed=False,
+                owner=_scope() or "",
             )
             if not created:  # a retried upload: the first one's job, whatever this one sends
                 return jpb.UploadBatchJobResponse(job=convert.job_to_pb(job))
@@ -225,7 +237,8 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
 
     async def GetBatchJob(self, request: jpb.GetBatchJobRequest, context: Context) -> jpb.GetBatchJobResponse:
         try:
-            return jpb.GetBatchJobResponse(job=convert.job_to_pb(await self.store.get(_job_id(request.id))))
+            job = await self.store.get(_job_id(request.id), _scope())
+            return jpb.GetBatchJobResponse(job=convert.job_to_pb(job))
         except GengateError as exc:
             await abort(context, exc)
         raise AssertionError("unreachable")
@@ -238,7 +251,7 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
             if size > MAX_PAGE_SIZE:
                 raise InvalidArgument.field("page_size", f"must be at most {MAX_PAGE_SIZE}")
             before = _parse_page_token(request.page_token) if request.page_token else None
-            jobs = await self.store.list_jobs(size + 1, before)
+            jobs = await self.store.list_jobs(size + 1, before, _scope())
             token = _page_token(jobs[size - 1]) if len(jobs) > size else ""
             return jpb.ListBatchJobsResponse(
                 jobs=[convert.job_to_pb(j) for j in jobs[:size]], next_page_token=token
@@ -251,7 +264,7 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
         self, request: jpb.CancelBatchJobRequest, context: Context
     ) -> jpb.CancelBatchJobResponse:
         try:
-            job = await self.store.cancel(_job_id(request.id), self.codec.cancelled())
+            job = await self.store.cancel(_job_id(request.id), self.codec.cancelled(), _scope())
             await self.runner.cancel(job.id)
             return jpb.CancelBatchJobResponse(job=convert.job_to_pb(job))
         except GengateError as exc:
@@ -263,7 +276,8 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
     ) -> AsyncIterator[jpb.StreamBatchJobResultsResponse]:
         try:
             job_id = _job_id(request.id)
-            job = await self.store.get(job_id)
+            owner = _scope()
+            job = await self.store.get(job_id, owner)
             # A uint64 past the job's items means "nothing after it"; never an SQL integer overflow.
             after = min(request.after_index, job.total) if request.HasField("after_index") else -1
             while True:
@@ -276,7 +290,7 @@ class BatchJobServicer(jobs_pb2_grpc.BatchJobServiceServicer):
                 else:
                     if len(rows) == _READ_CHUNK:
                         continue  # a full page, all finished: read on
-                    job = await self.store.get(job_id)
+                    job = await self.store.get(job_id, owner)
                     if job.sealed and after >= job.total - 1:
                         return  # every item streamed
                 if not request.follow:

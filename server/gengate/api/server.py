@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from gengate.api.jobs import BatchJobServicer, ItemCodec
 from gengate.api.servicer import GenerationServicer, add_guarded, add_to_server
 from gengate.api.tracing import tracing_interceptor
 from gengate.backend import ReportsHealth
+from gengate.callers.context import serving_owner
 from gengate.callers.identity import CallerDirectory
 from gengate.callers.limits import Admission
 from gengate.callers.shared import RedisLimits, open_state
@@ -206,7 +208,7 @@ async def _start(
             *_connection_age_options(settings),
         ],
     )
-    state = open_state(settings.state, fail_closed=settings.state_fail_closed)
+    state = open_state(settings.state, fail_closed=settings.state_fail_closed, lease_s=settings.state_lease_s)
     core = GenerationCore(
         router,
         max_batch_items=settings.max_batch_items,
@@ -235,6 +237,7 @@ async def _start(
             offline_poll_s=jobs.offline_poll_s,
         ),
         offline=core,
+        as_owner=functools.partial(serving_owner, directory),
     )
     add_guarded(server, jobs_pb2_grpc.add_BatchJobServiceServicer_to_server,
                 BatchJobServicer(job_store, runner, codec, jobs),

@@ -13,14 +13,18 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 from gengate.caller import reset_caller, set_caller
-from gengate.callers.identity import Caller
+from gengate.callers.identity import Caller, CallerDirectory
+from gengate.errors import PermissionDenied
+
+# A batch job's owner who is no longer configured: its items still to run fail with this.
+JOB_OWNER_UNKNOWN = "JOB_OWNER_UNKNOWN"
 
 _policy: ContextVar[Caller | None] = ContextVar("gengate_caller_policy", default=None)
 
 
 def current_policy() -> Caller | None:
-    """The caller of the running call; None when authentication is off or outside a call
-    (batch-job items run for no caller)."""
+    """The caller of the running call (a batch-job item's: its job's owner); None when
+    authentication is off or outside a call."""
     return _policy.get()
 
 
@@ -48,3 +52,23 @@ def serving(caller: Caller | None) -> Iterator[None]:
         if name_token is not None:
             reset_caller(name_token)
         _policy.reset(policy_token)
+
+
+@contextmanager
+def serving_owner(directory: CallerDirectory | None, owner: str) -> Iterator[None]:
+    """A batch-job item runs as `owner`, the caller who created the job: its metrics, logs and
+    spans name it, and its models are checked (quotas are not charged: the core admits
+    background calls without them). No callers configured, or a job from before jobs had
+    owners (""): no caller, as before. PermissionDenied when `owner` is no longer configured."""
+    if directory is None or not owner:
+        yield
+        return
+    caller = directory.by_name(owner)
+    if caller is None:
+        raise PermissionDenied(
+            f"the batch job's owner {owner!r} is no longer a configured caller",
+            reason=JOB_OWNER_UNKNOWN,
+            metadata={"caller": owner},
+        )
+    with serving(caller):
+        yield

@@ -4,7 +4,9 @@ A request is admitted when its caller's last minute has room for one more reques
 token window is not spent yet; tokens are charged when usage is known (input + output), so a
 call that is admitted may take its window past the limit, and the next one waits for the
 window to slide. Windows live in a `LimitState`: in this process by default, in Redis for
-replicas that share one quota (callers/shared.py). Calls at once are counted per replica.
+replicas that share one quota (callers/shared.py). Calls at once are counted in this process,
+and, where the state is shared, also where every replica sees them (a lease per call in Redis):
+one max_concurrency then holds across replicas.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ STEP_S = 1
 STEPS = WINDOW_S // STEP_S
 # A caller over its max_concurrency learns nothing better than "soon".
 CONCURRENCY_RETRY_S = 1.0
+# A batch item waiting for room under a max_concurrency filled by other replicas asks again
+# after this long, doubling up to the most.
+HOLD_RETRY_FIRST_S = 0.05
+HOLD_RETRY_MAX_S = 0.5
 
 
 class SlidingWindow:
@@ -75,8 +81,27 @@ class Refusal:
     retry_after_s: float
 
 
+class CallHold(Protocol):
+    """One call counted in flight where the state keeps calls (a shared lease)."""
+
+    def release(self) -> None:
+        """The call ended (also on error or cancel): it counts no longer. A second release does nothing."""
+        ...
+
+
+class _InThisProcess:
+    """A call counted only by this process's own gate (Admission's semaphore)."""
+
+    def release(self) -> None:
+        return None
+
+
+IN_THIS_PROCESS: CallHold = _InThisProcess()
+
+
 class LimitState(Protocol):
-    """Where the per-minute windows live: one process, or shared by replicas."""
+    """Where the per-minute windows (and the calls in flight beyond this process) live: one
+    process, or shared by replicas."""
 
     async def admit(
         self, caller: str, requests_per_minute: int | None, tokens_per_minute: int | None
@@ -87,6 +112,11 @@ class LimitState(Protocol):
 
     async def charge_tokens(self, caller: str, tokens: int) -> None:
         """Adds `tokens` to the caller's token window (usage, once known)."""
+        ...
+
+    async def hold_call(self, caller: str, max_concurrency: int) -> CallHold | None:
+        """Counts one more call of `caller` in flight when fewer than `max_concurrency` are;
+        None (nothing held) when that many are. Called with this process's own gate held."""
         ...
 
     def status(self) -> str:
@@ -133,6 +163,9 @@ class LocalLimits:
     async def charge_tokens(self, caller: str, tokens: int) -> None:
         self.charge_now(caller, tokens)
 
+    async def hold_call(self, caller: str, max_concurrency: int) -> CallHold | None:
+        return IN_THIS_PROCESS  # Admission's semaphore is the whole count here
+
     def status(self) -> str:
         return "in this process"
 
@@ -151,37 +184,43 @@ class Admission:
         """A pass for one call of `caller`, or ResourceExhausted with RetryInfo. `wait`: wait for
         room under max_concurrency instead of refusing (batch items: a batch bounds itself)."""
         gate = None
+        hold: CallHold | None = None
         if caller.max_concurrency is not None:
             gate = self._running.get(caller.name)
             if gate is None:
                 gate = self._running[caller.name] = asyncio.Semaphore(caller.max_concurrency)
             if gate.locked() and not wait:
-                raise ResourceExhausted(
-                    f"caller {caller.name!r} has {caller.max_concurrency} calls in flight "
-                    "(its max_concurrency)",
-                    reason="CALLER_CONCURRENCY_EXCEEDED",
-                    retry_after_s=CONCURRENCY_RETRY_S,
-                    metadata={
-                        "caller": caller.name,
-                        "limit": "max_concurrency",
-                        "quota": str(caller.max_concurrency),
-                    },
-                )
+                raise concurrency_exceeded(caller)
             await gate.acquire()
-        if caller.requests_per_minute is not None or caller.tokens_per_minute is not None:
-            try:
+        try:
+            if caller.max_concurrency is not None:
+                hold = await self._hold(caller, caller.max_concurrency, wait)
+            if caller.requests_per_minute is not None or caller.tokens_per_minute is not None:
                 refusal = await self.state.admit(
                     caller.name, caller.requests_per_minute, caller.tokens_per_minute
                 )
-            except BaseException:
-                if gate is not None:
-                    gate.release()
-                raise
-            if refusal is not None:
-                if gate is not None:
-                    gate.release()
-                raise over_quota(caller, refusal)
-        return Admitted(self, caller, gate)
+                if refusal is not None:
+                    raise over_quota(caller, refusal)
+        except BaseException:
+            if hold is not None:
+                hold.release()
+            if gate is not None:
+                gate.release()
+            raise
+        return Admitted(self, caller, gate, hold)
+
+    async def _hold(self, caller: Caller, max_concurrency: int, wait: bool) -> CallHold:
+        """The call counted where the state keeps calls; while other replicas' calls fill the
+        limit, refused (or, with `wait`, tried again: nothing here says when theirs end)."""
+        pause = HOLD_RETRY_FIRST_S
+        while True:
+            hold = await self.state.hold_call(caller.name, max_concurrency)
+            if hold is not None:
+                return hold
+            if not wait:
+                raise concurrency_exceeded(caller)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, HOLD_RETRY_MAX_S)
 
     async def aclose(self) -> None:
         await self.state.aclose()
@@ -190,21 +229,41 @@ class Admission:
 class Admitted:
     """One admitted call: charge its tokens as they are known, release it when it ends."""
 
-    __slots__ = ("_admission", "_gate", "caller")
+    __slots__ = ("_admission", "_gate", "_hold", "caller")
 
-    def __init__(self, admission: Admission, caller: Caller, gate: asyncio.Semaphore | None) -> None:
+    def __init__(
+        self,
+        admission: Admission,
+        caller: Caller,
+        gate: asyncio.Semaphore | None,
+        hold: CallHold | None = None,
+    ) -> None:
         self._admission = admission
         self.caller = caller
         self._gate = gate
+        self._hold = hold
 
     async def charge(self, tokens: int) -> None:
         if tokens > 0 and self.caller.tokens_per_minute is not None:
             await self._admission.state.charge_tokens(self.caller.name, tokens)
 
     def release(self) -> None:
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.release()
         gate, self._gate = self._gate, None
         if gate is not None:
             gate.release()
+
+
+def concurrency_exceeded(caller: Caller) -> ResourceExhausted:
+    """The RESOURCE_EXHAUSTED of a call over its caller's max_concurrency, with RetryInfo."""
+    return ResourceExhausted(
+        f"caller {caller.name!r} has {caller.max_concurrency} calls in flight (its max_concurrency)",
+        reason="CALLER_CONCURRENCY_EXCEEDED",
+        retry_after_s=CONCURRENCY_RETRY_S,
+        metadata={"caller": caller.name, "limit": "max_concurrency", "quota": str(caller.max_concurrency)},
+    )
 
 
 def over_quota(caller: Caller, refusal: Refusal) -> ResourceExhausted:

@@ -2,22 +2,33 @@
 redis://host:port/db`), checked and charged atomically by Lua scripts on Redis's own clock, so
 one requests_per_minute holds across every replica.
 
-A replica that loses Redis keeps serving with windows in its own memory (fail-open; each
-replica then allows the whole quota) and says so: a warning in the log and the health service
-`gengate.limits` NOT_SERVING, until Redis answers again. With `server.state_fail_closed: true`
-calls of callers with per-minute quotas are refused instead (UNAVAILABLE, LIMITS_UNAVAILABLE).
-max_concurrency stays per replica.
+max_concurrency holds across replicas too: each call in flight holds a lease, a member
+`<replica>:<call>` of a sorted set per caller scored by its expiry (Redis's clock), taken by a
+script that drops expired members, counts, and adds only under the limit. One heartbeat task
+per replica extends all of its live leases every lease_s/3; a call's end removes its lease. A
+replica that dies leaves leases that stop counting when they expire (`server.state_lease_s`).
+
+A replica that loses Redis keeps serving with windows and a max_concurrency in its own memory
+(fail-open; each replica then allows the whole quota) and says so: a warning in the log and the
+health service `gengate.limits` NOT_SERVING, until Redis answers again. With
+`server.state_fail_closed: true` calls of callers with per-minute quotas or a max_concurrency
+are refused instead (UNAVAILABLE, LIMITS_UNAVAILABLE).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from gengate.callers.limits import STEP_S, STEPS, LimitState, LocalLimits, Refusal
+from gengate.callers.limits import IN_THIS_PROCESS, STEP_S, STEPS, CallHold, LimitState, LocalLimits, Refusal
 from gengate.errors import ConfigError, Unavailable
 from gengate.redaction import register_secret
 
@@ -28,6 +39,31 @@ REDIS_TIMEOUT_S = 0.5
 # While Redis is lost, one call in this many seconds tries it again.
 RETRY_S = 1.0
 KEY_PREFIX = "gengate:limits:"
+# How long a call's lease counts without its replica's heartbeat (server.state_lease_s).
+LEASE_S = 30.0
+
+# KEYS: the caller's calls. ARGV: max_concurrency, lease_s, member. 1: held, 0: refused.
+HOLD_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local lease_s = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], now + lease_s, ARGV[3])
+redis.call('PEXPIRE', KEYS[1], math.ceil(lease_s * 1000) + 1000)
+return 1
+"""
+
+# KEYS: the caller's calls. ARGV: lease_s, members. XX: a lease released (or expired) since the
+# heartbeat read its members is never brought back, so no ended call holds a slot.
+RENEW_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local lease_s = tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + lease_s, ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], math.ceil(lease_s * 1000) + 1000)
+return 1
+"""
 
 # Windows are hashes of step -> amount; both scripts read Redis's TIME, so replicas agree.
 _WINDOW = """
@@ -114,6 +150,7 @@ class RedisLimits:
         fail_closed: bool = False,
         on_change: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        lease_s: float = LEASE_S,
     ) -> None:
         try:
             import redis.asyncio as redis_asyncio
@@ -138,6 +175,14 @@ class RedisLimits:
             raise ConfigError(f"server.state: {describe_url(url)!r}: {exc}") from None
         self._admit = self._redis.register_script(ADMIT_SCRIPT)
         self._charge = self._redis.register_script(CHARGE_SCRIPT)
+        self._hold = self._redis.register_script(HOLD_SCRIPT)
+        self._renew = self._redis.register_script(RENEW_SCRIPT)
+        self.lease_s = lease_s
+        self.replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._call_ids = itertools.count()
+        self.leases: dict[str, set[str]] = {}  # caller -> this replica's live lease members
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._releasing: set[asyncio.Task[None]] = set()
         self._errors: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
         self.local = LocalLimits(clock)
         self.shared = True  # whether Redis answered last time
@@ -147,6 +192,11 @@ class RedisLimits:
     def _keys(caller: str) -> list[str]:
         # One hash tag per caller: its two windows live in one Redis Cluster slot.
         return [f"{KEY_PREFIX}{{{caller}}}:requests", f"{KEY_PREFIX}{{{caller}}}:tokens"]
+
+    @staticmethod
+    def calls_key(caller: str) -> str:
+        """The sorted set of the caller's leases (in the same Cluster slot as its windows)."""
+        return f"{KEY_PREFIX}{{{caller}}}:calls"
 
     def _usable(self) -> bool:
         return self.shared or self._clock() >= self._retry_at
@@ -213,6 +263,85 @@ class RedisLimits:
                 return
         self.local.charge_now(caller, tokens)
 
+    async def hold_call(self, caller: str, max_concurrency: int) -> CallHold | None:
+        if self._usable():
+            member = f"{self.replica}:{next(self._call_ids)}"
+            live = self.leases.setdefault(caller, set())
+            live.add(member)  # before the script: a cancel while it runs still removes the lease
+            try:
+                held = await self._hold(
+                    keys=[self.calls_key(caller)], args=[max_concurrency, self.lease_s, member]
+                )
+            except self._errors as exc:
+                self._forget(caller, member)
+                self._lost(exc)
+            except BaseException:
+                self._release(caller, member)
+                raise
+            else:
+                self._back()
+                if not int(held):
+                    self._forget(caller, member)
+                    return None
+                self._start_heartbeat()
+                return _Lease(self, caller, member)
+        if self.fail_closed:
+            raise self._refused()
+        return IN_THIS_PROCESS  # Admission's own semaphore: this replica's calls only
+
+    def _forget(self, caller: str, member: str) -> bool:
+        """Stops extending a lease; False when it was not live."""
+        live = self.leases.get(caller)
+        if live is None or member not in live:
+            return False
+        live.discard(member)
+        if not live:
+            del self.leases[caller]
+        return True
+
+    def _release(self, caller: str, member: str) -> None:
+        """Forgets a lease and removes it from Redis in the background; where Redis does not
+        answer, it expires."""
+        if not self._forget(caller, member):
+            return
+        task = asyncio.get_running_loop().create_task(self._remove(caller, member))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _remove(self, caller: str, member: str) -> None:
+        if not self._usable():
+            return
+        try:
+            await self._redis.zrem(self.calls_key(caller), member)
+        except self._errors as exc:
+            self._lost(exc)
+        else:
+            self._back()
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(
+                self._beat(), name="gengate-limits-leases"
+            )
+
+    async def _beat(self) -> None:
+        """Extends every live lease of this replica, every lease_s/3, while it has any."""
+        while self.leases:
+            await asyncio.sleep(self.lease_s / 3)
+            await self.renew()
+
+    async def renew(self) -> None:
+        """Extends this replica's live leases now (one script per caller)."""
+        for caller, members in list(self.leases.items()):
+            if not members or not self._usable():
+                continue
+            try:
+                await self._renew(keys=[self.calls_key(caller)], args=[self.lease_s, *members])
+            except self._errors as exc:
+                self._lost(exc)
+            else:
+                self._back()
+
     def status(self) -> str:
         if self.shared:
             return f"shared in {self.url}"
@@ -229,13 +358,38 @@ class RedisLimits:
         return True
 
     async def aclose(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+        for caller, members in list(self.leases.items()):  # calls cut short by the stop
+            for member in list(members):
+                self._release(caller, member)
+        await asyncio.gather(*self._releasing, return_exceptions=True)
         await self._redis.aclose()
 
 
+class _Lease:
+    """One call's lease in Redis, released when the call ends."""
+
+    __slots__ = ("_caller", "_limits", "_member")
+
+    def __init__(self, limits: RedisLimits, caller: str, member: str) -> None:
+        self._limits = limits
+        self._caller = caller
+        self._member = member
+
+    def release(self) -> None:
+        self._limits._release(self._caller, self._member)
+
+
 def open_state(
-    url: str | None, *, fail_closed: bool = False, on_change: Callable[[bool], None] | None = None
+    url: str | None,
+    *,
+    fail_closed: bool = False,
+    on_change: Callable[[bool], None] | None = None,
+    lease_s: float = LEASE_S,
 ) -> LimitState:
     """The windows' home: this process (no URL), or Redis."""
     if url is None:
         return LocalLimits()
-    return RedisLimits(url, fail_closed=fail_closed, on_change=on_change)
+    return RedisLimits(url, fail_closed=fail_closed, on_change=on_change, lease_s=lease_s)

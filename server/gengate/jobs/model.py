@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from gengate.domain import GenerationRequest, GenerationResult
 from gengate.errors import GengateError
+
+# Enters the caller context of a job's owner around the work of its items (callers.context
+# serving_owner); a GengateError on entering fails the item with it.
+AsOwner = Callable[[str], AbstractContextManager[None]]
 
 
 class JobState(enum.Enum):
@@ -52,6 +58,7 @@ class Job:
     idempotency_key: str = ""
     error: str = ""
     sealed: bool = True  # False while an upload is still adding items
+    owner: str = ""  # the caller who created it ("" without callers): only it sees the job
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gengate.backend import OfflineBatches, unanswered
 from gengate.domain import GenerationRequest, GenerationResult
 from gengate.errors import GengateError, Internal, Unimplemented
-from gengate.jobs.model import ItemResult, Job, JobCodec, JobUsage
+from gengate.jobs.model import AsOwner, ItemResult, Job, JobCodec, JobUsage
 from gengate.jobs.store import JobStore
 from gengate.providers.errors import UPSTREAM_AUTH_FAILED, is_retryable
 
@@ -120,9 +120,11 @@ class OfflineDriver:
         *,
         lease_s: float,
         poll_s: float,
+        as_owner: AsOwner | None = None,
     ) -> None:
         self.store = store
         self.core = core
+        self.as_owner: AsOwner = as_owner or (lambda job_owner: contextlib.nullcontext())
         self.codec = codec
         self.owner = owner
         self.lease_s = lease_s
@@ -221,8 +223,9 @@ class OfflineDriver:
         groups: dict[str, tuple[Route, list[tuple[int, GenerationRequest]]]] = {}
         for item in leased:
             try:
-                request = self.codec.decode_request(item.request, item.index)
-                route, request = await self.core.prepare(request)
+                with self.as_owner(job.owner):  # the models its owner may use, checked again
+                    request = self.codec.decode_request(item.request, item.index)
+                    route, request = await self.core.prepare(request)
             except GengateError as exc:  # refused as the online call would be: its own error
                 await self._store(run, self._error(item.index, exc))
                 continue

@@ -2,6 +2,9 @@
 (the same routing, limits, validation and engine batching as online calls, waiting for a slot
 instead of failing on a full queue), and writes each result the moment it is finished.
 
+Each item runs as its job's owner (`as_owner`): metrics, logs and spans count it for the caller
+who created the job, and the models it may use are checked again as it runs.
+
 Runners on several replicas share a store: each item is leased to one runner at a time, leases
 are renewed while items run and expire when a runner dies, so its items go to the others.
 Offline jobs (`options.offline`) go to the offline driver (jobs/offline.py): provider batch APIs.
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 from gengate.domain import GenerationRequest, GenerationResult
 from gengate.errors import GengateError, Internal
-from gengate.jobs.model import ItemResult, Job, JobCodec, JobUsage, LeasedItem
+from gengate.jobs.model import AsOwner, ItemResult, Job, JobCodec, JobUsage, LeasedItem
 from gengate.jobs.offline import OfflineCore, OfflineDriver
 from gengate.jobs.store import JobStore, runner_identity
 
@@ -57,10 +60,12 @@ class JobRunner:
         settings: RunnerSettings | None = None,
         *,
         offline: OfflineCore | None = None,
+        as_owner: AsOwner | None = None,
     ) -> None:
         self.store = store
         self.generate = generate
         self.codec = codec
+        self.as_owner: AsOwner = as_owner or (lambda owner: contextlib.nullcontext())
         self.settings = settings or RunnerSettings()
         self.owner = runner_identity()
         # Without a core to check items with, offline jobs run online like the others.
@@ -74,6 +79,7 @@ class JobRunner:
                 self.owner,
                 lease_s=self.settings.lease_s,
                 poll_s=self.settings.offline_poll_s,
+                as_owner=self.as_owner,
             )
         )
         self._running: dict[str, _Running] = {}
@@ -197,11 +203,11 @@ class JobRunner:
                 self._refresh = True
             for _ in range(min(want, len(running.buffered))):
                 item = running.buffered.popleft()
-                running.tasks[item.index] = asyncio.create_task(self._run_item(job.id, item))
+                running.tasks[item.index] = asyncio.create_task(self._run_item(job.id, job.owner, item))
 
-    async def _run_item(self, job_id: str, item: LeasedItem) -> None:
+    async def _run_item(self, job_id: str, owner: str, item: LeasedItem) -> None:
         try:
-            result = await self._outcome(item)
+            result = await self._outcome(owner, item)
             stored: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._finished.append((job_id, result, stored))
             self._flush_wake.set()
@@ -218,11 +224,12 @@ class JobRunner:
                 running.tasks.pop(item.index, None)
             self._wake.set()
 
-    async def _outcome(self, item: LeasedItem) -> ItemResult:
+    async def _outcome(self, owner: str, item: LeasedItem) -> ItemResult:
         """The item's result, as BatchGenerate would answer it: a response or its own error."""
         try:
-            request = self.codec.decode_request(item.request, item.index)
-            result = await self.generate(request)
+            with self.as_owner(owner):  # this task's own context: nothing leaks to other items
+                request = self.codec.decode_request(item.request, item.index)
+                result = await self.generate(request)
         except GengateError as exc:
             return ItemResult(item.index, self.codec.encode_error(exc, item.index), failed=True)
         except asyncio.CancelledError:

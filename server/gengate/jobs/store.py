@@ -41,12 +41,13 @@ class _Dialect:
     placeholder: str
     blob: str
     skip_locked: str  # row-locking suffix for leasing ("" where the database has one writer)
-    # Run before creating the tables: replicas starting together create them one at a time
-    # (PostgreSQL's CREATE TABLE IF NOT EXISTS is not safe against a concurrent one).
+    # Run before creating the tables: replicas starting together create (and migrate) them one
+    # at a time (PostgreSQL's CREATE TABLE IF NOT EXISTS is not safe against a concurrent one;
+    # SQLite's BEGIN IMMEDIATE takes the write lock and makes the start-up one transaction).
     schema_lock: str
 
 
-_SQLITE = _Dialect("sqlite", "?", "BLOB", "", "")
+_SQLITE = _Dialect("sqlite", "?", "BLOB", "", "BEGIN IMMEDIATE")
 _POSTGRES = _Dialect(
     "postgresql",
     "%s",
@@ -59,7 +60,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS gengate_jobs (
     id TEXT PRIMARY KEY,
     display_name TEXT NOT NULL,
-    idempotency_key TEXT UNIQUE,
+    idempotency_key TEXT,
     state TEXT NOT NULL,
     sealed INTEGER NOT NULL,
     total BIGINT NOT NULL,
@@ -75,7 +76,8 @@ CREATE TABLE IF NOT EXISTS gengate_jobs (
     start_time DOUBLE PRECISION,
     end_time DOUBLE PRECISION,
     error TEXT NOT NULL DEFAULT '',
-    provider_state TEXT
+    provider_state TEXT,
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS gengate_job_items (
     job_id TEXT NOT NULL,
@@ -89,13 +91,36 @@ CREATE TABLE IF NOT EXISTS gengate_job_items (
 );
 CREATE INDEX IF NOT EXISTS gengate_job_items_open ON gengate_job_items (job_id, idx) WHERE result IS NULL;
 CREATE INDEX IF NOT EXISTS gengate_jobs_by_time ON gengate_jobs (create_time, id);
+CREATE INDEX IF NOT EXISTS gengate_jobs_by_owner ON gengate_jobs (owner, create_time, id);
+CREATE UNIQUE INDEX IF NOT EXISTS gengate_jobs_owner_key ON gengate_jobs (owner, idempotency_key);
 """
 
 _INSERT_ITEMS = "INSERT INTO gengate_job_items (job_id, idx, request, result, failed) VALUES (?, ?, ?, ?, ?)"
 _JOB_COLUMNS = (
     "id, display_name, idempotency_key, state, sealed, total, done, failed, input_tokens, "
     "output_tokens, cached_input_tokens, offline, priority, max_concurrency, create_time, "
-    "start_time, end_time, error"
+    "start_time, end_time, error, owner"
+)
+# A store made before jobs had owners: gengate_jobs without `owner`, its idempotency_key UNIQUE
+# on its own (keys are per owner now). PostgreSQL alters the table; SQLite cannot drop a
+# column's UNIQUE, so the table is rebuilt (it holds one row per job: the items stay as they are).
+_BEFORE_OWNER_COLUMNS = (
+    "id, display_name, idempotency_key, state, sealed, total, done, failed, input_tokens, "
+    "output_tokens, cached_input_tokens, offline, priority, max_concurrency, create_time, "
+    "start_time, end_time, error, provider_state"
+)
+_POSTGRES_ADD_OWNER = (
+    "ALTER TABLE gengate_jobs ADD COLUMN IF NOT EXISTS owner TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE gengate_jobs DROP CONSTRAINT IF EXISTS gengate_jobs_idempotency_key_key",
+)
+_SQLITE_SET_ASIDE = (
+    "ALTER TABLE gengate_jobs RENAME TO gengate_jobs_before_owner",
+    "DROP INDEX IF EXISTS gengate_jobs_by_time",  # it moved with the table; made again on the new one
+)
+_SQLITE_COPY_BACK = (
+    f"INSERT INTO gengate_jobs ({_BEFORE_OWNER_COLUMNS}) "
+    f"SELECT {_BEFORE_OWNER_COLUMNS} FROM gengate_jobs_before_owner",
+    "DROP TABLE gengate_jobs_before_owner",
 )
 
 
@@ -120,6 +145,7 @@ def _job(row: Sequence[Any]) -> Job:
         start_time=None if row[15] is None else float(row[15]),
         end_time=None if row[16] is None else float(row[16]),
         error=row[17] or "",
+        owner=row[18] or "",
     )
 
 
@@ -171,8 +197,12 @@ class JobStore:
                 cur = self._conn.cursor()
                 if self._dialect.schema_lock:
                     cur.execute(self._dialect.schema_lock)
+                rebuild = self._migrate(cur)
                 for statement in _SCHEMA.format(blob=self._dialect.blob).split(";"):
                     if statement.strip():
+                        cur.execute(statement)
+                if rebuild:
+                    for statement in _SQLITE_COPY_BACK:
                         cur.execute(statement)
                 self._conn.commit()
             except ConfigError:
@@ -186,6 +216,28 @@ class JobStore:
                 ) from None
 
         await asyncio.get_running_loop().run_in_executor(self._executor, setup)
+
+    def _migrate(self, cur: Any) -> bool:
+        """Brings a store made by an earlier version up to this schema (in the start-up's
+        transaction). True when SQLite's jobs table was set aside, to be copied back once the
+        tables are made."""
+        if self._dialect.name == "sqlite":
+            cur.execute("PRAGMA table_info(gengate_jobs)")
+            columns = {row[1] for row in cur.fetchall()}
+            if not columns or "owner" in columns:
+                return False
+            for statement in _SQLITE_SET_ASIDE:
+                cur.execute(statement)
+            return True
+        cur.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = 'gengate_jobs'"
+        )
+        columns = {row[0] for row in cur.fetchall()}
+        if columns and "owner" not in columns:
+            for statement in _POSTGRES_ADD_OWNER:
+                cur.execute(statement)
+        return False
 
     async def close(self) -> None:
         """Closes the connection and the store's thread; a second close does nothing."""
@@ -211,9 +263,11 @@ class JobStore:
         options: JobOptions,
         items: Iterable[tuple[bytes | None, ItemResult | None]] = (),
         sealed: bool = True,
+        owner: str = "",
     ) -> tuple[Job, bool]:
-        """Stores a job and its first items (request bytes, or a result for an item refused at
-        once). Returns (job, created): with a key already used, that job and False."""
+        """Stores a job of `owner` (the caller creating it; "" without callers) and its first
+        items (request bytes, or a result for an item refused at once). Returns (job, created):
+        with a key `owner` already used, that job and False (keys are per owner)."""
         job_id = "job-" + uuid.uuid4().hex[:24]
         now = time.time()
         sql = self._sql
@@ -221,17 +275,14 @@ class JobStore:
         def create(conn: Any) -> tuple[Job, bool]:
             cur = conn.cursor()
             if idempotency_key:
-                cur.execute(
-                    sql(f"SELECT {_JOB_COLUMNS} FROM gengate_jobs WHERE idempotency_key = ?"),
-                    (idempotency_key,),
-                )
-                row = cur.fetchone()
-                if row is not None:
-                    return _job(row), False
+                existing = self._by_key(cur, idempotency_key, owner)
+                if existing is not None:
+                    return existing, False
             cur.execute(
                 sql(
                     "INSERT INTO gengate_jobs (id, display_name, idempotency_key, state, sealed, total, "
-                    "offline, priority, max_concurrency, create_time) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?)"
+                    "offline, priority, max_concurrency, create_time, owner) "
+                    "VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?)"
                 ),
                 (
                     job_id,
@@ -243,6 +294,7 @@ class JobStore:
                     options.priority,
                     options.max_concurrency,
                     now,
+                    owner,
                 ),
             )
             self._insert_items(cur, job_id, 0, items)
@@ -252,7 +304,7 @@ class JobStore:
             return await self._run(create)
         except Exception as exc:
             if idempotency_key and _is_unique_violation(exc):  # another replica created it just now
-                existing = await self.find_by_key(idempotency_key)
+                existing = await self.find_by_key(idempotency_key, owner)
                 if existing is not None:
                     return existing, False
             raise
@@ -306,8 +358,16 @@ class JobStore:
             (count, done, failed, job_id),
         )
 
-    def _load(self, cur: Any, job_id: str) -> Job:
-        cur.execute(self._sql(f"SELECT {_JOB_COLUMNS} FROM gengate_jobs WHERE id = ?"), (job_id,))
+    def _load(self, cur: Any, job_id: str, owner: str | None = None) -> Job:
+        """The job; NotFound when there is none, or when it is not `owner`'s (None: anyone's),
+        alike: a caller never learns that another's job exists."""
+        if owner is None:
+            cur.execute(self._sql(f"SELECT {_JOB_COLUMNS} FROM gengate_jobs WHERE id = ?"), (job_id,))
+        else:
+            cur.execute(
+                self._sql(f"SELECT {_JOB_COLUMNS} FROM gengate_jobs WHERE id = ? AND owner = ?"),
+                (job_id, owner),
+            )
         row = cur.fetchone()
         if row is None:
             raise NotFound(
@@ -319,41 +379,43 @@ class JobStore:
         cur.execute(self._sql(f"UPDATE gengate_jobs SET {assignments} WHERE id = ?"), (*params, job_id))
         return self._load(cur, job_id)
 
-    async def get(self, job_id: str) -> Job:
-        """The job; NotFound JOB_NOT_FOUND when there is none."""
-        return await self._run(lambda conn: self._load(conn.cursor(), job_id))
+    async def get(self, job_id: str, owner: str | None = None) -> Job:
+        """The job; NotFound JOB_NOT_FOUND when there is none, or it is not `owner`'s (None: anyone's)."""
+        return await self._run(lambda conn: self._load(conn.cursor(), job_id, owner))
 
-    async def find_by_key(self, key: str) -> Job | None:
-        def find(conn: Any) -> Job | None:
-            cur = conn.cursor()
-            cur.execute(
-                self._sql(f"SELECT {_JOB_COLUMNS} FROM gengate_jobs WHERE idempotency_key = ?"), (key,)
-            )
-            row = cur.fetchone()
-            return None if row is None else _job(row)
+    def _by_key(self, cur: Any, key: str, owner: str) -> Job | None:
+        cur.execute(
+            self._sql(f"SELECT {_JOB_COLUMNS} FROM gengate_jobs WHERE owner = ? AND idempotency_key = ?"),
+            (owner, key),
+        )
+        row = cur.fetchone()
+        return None if row is None else _job(row)
 
-        return await self._run(find)
+    async def find_by_key(self, key: str, owner: str = "") -> Job | None:
+        """`owner`'s job created with idempotency key `key`, if any."""
+        return await self._run(lambda conn: self._by_key(conn.cursor(), key, owner))
 
-    async def list_jobs(self, limit: int, before: tuple[float, str] | None = None) -> list[Job]:
-        """Jobs newest first, at most `limit`, created before the (create_time, id) `before`."""
+    async def list_jobs(
+        self, limit: int, before: tuple[float, str] | None = None, owner: str | None = None
+    ) -> list[Job]:
+        """Jobs newest first, at most `limit`, created before the (create_time, id) `before`;
+        only `owner`'s when given."""
+        conditions: list[str] = []
+        params: list[Any] = []
+        if owner is not None:
+            conditions.append("owner = ?")
+            params.append(owner)
+        if before is not None:
+            conditions.append("(create_time < ? OR (create_time = ? AND id < ?))")
+            params += [before[0], before[0], before[1]]
+        where = f"WHERE {' AND '.join(conditions)} " if conditions else ""
+        query = self._sql(
+            f"SELECT {_JOB_COLUMNS} FROM gengate_jobs {where}ORDER BY create_time DESC, id DESC LIMIT ?"
+        )
 
         def page(conn: Any) -> list[Job]:
             cur = conn.cursor()
-            if before is None:
-                cur.execute(
-                    self._sql(
-                        f"SELECT {_JOB_COLUMNS} FROM gengate_jobs ORDER BY create_time DESC, id DESC LIMIT ?"
-                    ),
-                    (limit,),
-                )
-            else:
-                cur.execute(
-                    self._sql(
-                        f"SELECT {_JOB_COLUMNS} FROM gengate_jobs WHERE create_time < ? OR "
-                        "(create_time = ? AND id < ?) ORDER BY create_time DESC, id DESC LIMIT ?"
-                    ),
-                    (before[0], before[0], before[1], limit),
-                )
+            cur.execute(query, (*params, limit))
             return [_job(row) for row in cur.fetchall()]
 
         return await self._run(page)
@@ -408,12 +470,14 @@ class JobStore:
         """FAILED with `error`: items without a result get `cancelled_payload` (their status)."""
         return await self._end(job_id, JobState.FAILED, cancelled_payload, error=error)
 
-    async def cancel(self, job_id: str, cancelled_payload: bytes) -> Job:
+    async def cancel(self, job_id: str, cancelled_payload: bytes, owner: str | None = None) -> Job:
         """CANCELLED: items without a result get `cancelled_payload`; FailedPrecondition when the
-        job has already ended."""
-        return await self._end(job_id, JobState.CANCELLED, cancelled_payload)
+        job has already ended; NotFound when it is not `owner`'s (None: anyone's)."""
+        return await self._end(job_id, JobState.CANCELLED, cancelled_payload, owner=owner)
 
-    async def _end(self, job_id: str, state: JobState, payload: bytes, *, error: str = "") -> Job:
+    async def _end(
+        self, job_id: str, state: JobState, payload: bytes, *, error: str = "", owner: str | None = None
+    ) -> Job:
         sql = self._sql
         now = time.time()
 
@@ -426,7 +490,7 @@ class JobStore:
 
         def end(conn: Any) -> Job:
             cur = conn.cursor()
-            job = self._load(cur, job_id)
+            job = self._load(cur, job_id, owner)
             if job.state.finished:
                 raise finished(job)
             cur.execute(
