@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ CHART = ROOT / "deploy" / "helm" / "gengate"
 RENDERER = Path(__file__).resolve().parent / "helmrender"
 MESH = ROOT / "deploy" / "mesh"
 SCHEMA_REFUSED = "values don't meet the specifications of the schema(s)"
+MonitoringCheck = Callable[..., subprocess.CompletedProcess[str]]  # conftest's monitoringcheck
 
 # The first test builds the renderer: Helm's library and its Kubernetes dependencies take about
 # 5 minutes to compile with a cold Go build cache on 2 cores (seconds once cached), past the
@@ -276,7 +278,7 @@ def test_objects_match_the_kubernetes_schema(
     assert len(objs) >= 6
     for (kind, name), obj in objs.items():
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # the Prometheus operator's CRDs: test_monitoring_objects checks them
+            continue  # the Prometheus operator's CRDs: test_monitoring_objects_pass_the_operators_api
         try:
             kv.validate(obj, target, strict=True)
         except kv.ValidationError as exc:
@@ -334,6 +336,75 @@ def test_monitoring_objects(renderer: Path, tmp_path: Path) -> None:
         },
     }
     assert hpa[0]["resource"]["name"] == "cpu"
+
+
+DURATIONS: dict[str, Any] = {
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "interval": "1h30m", "scrapeTimeout": "1h29m59s999ms"},
+        "prometheusRule": {"enabled": True, "labels": {"team": "ml", "release": "kube-prometheus-stack"}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "overrides", [MONITORED, ALL_ON, DURATIONS], ids=["monitored", "all-on", "durations"]
+)
+def test_monitoring_objects_pass_the_operators_api(
+    renderer: Path, monitoringcheck: MonitoringCheck, tmp_path: Path, overrides: dict[str, Any]
+) -> None:
+    """The rendered ServiceMonitor and PrometheusRule against the Prometheus operator's own API
+    (tests/deploy/monitoringcheck): decoded strictly into its monitoringv1 types, metadata as the
+    API server validates it, the CRDs' markers, the operator's and Prometheus' rulefmt's refusals."""
+    proc = render(renderer, tmp_path, overrides)
+    assert proc.returncode == 0, proc.stderr
+    check = monitoringcheck(proc.stdout)
+    assert check.returncode == 0, check.stderr
+    assert sorted(check.stdout.splitlines()) == [
+        "2 monitoring object(s) checked",
+        "PrometheusRule/gengate (gengate/templates/prometheusrule.yaml): ok",
+        "ServiceMonitor/gengate (gengate/templates/servicemonitor.yaml): ok",
+    ]
+
+
+def test_a_label_value_kubernetes_refuses_fails_the_monitoring_check(
+    renderer: Path, monitoringcheck: MonitoringCheck, tmp_path: Path
+) -> None:
+    """Labels are passed to Kubernetes as they are (the schema types them as strings only): one the
+    API server refuses renders, and the check names the object and the field."""
+    bad = {"release": "kube prometheus"}
+    overrides = {"metrics": {"serviceMonitor": {"enabled": True, "labels": bad}}}
+    proc = render(renderer, tmp_path, overrides)
+    assert proc.returncode == 0, proc.stderr
+    check = monitoringcheck(proc.stdout)
+    assert check.returncode == 1
+    monitor = "ServiceMonitor/gengate (gengate/templates/servicemonitor.yaml)"
+    assert f'{monitor}: metadata.labels: Invalid value: "kube prometheus"' in check.stderr, check.stderr
+
+
+@pytest.mark.parametrize(
+    ("monitor", "longer"),
+    [
+        ({"interval": "5s"}, "scrapeTimeout 10s is longer than its interval 5s"),  # the default timeout
+        (
+            {"interval": "10s", "scrapeTimeout": "10001ms"},
+            "scrapeTimeout 10001ms is longer than its interval 10s",
+        ),
+        ({"interval": "1d", "scrapeTimeout": "1w"}, "scrapeTimeout 1w is longer than its interval 1d"),
+    ],
+    ids=["default-timeout", "ms", "weeks"],
+)
+def test_a_scrape_timeout_longer_than_the_interval_fails_the_render(
+    renderer: Path, tmp_path: Path, monitor: dict[str, str], longer: str
+) -> None:
+    """The operator drops such a ServiceMonitor (scrapeTimeout greater than scrapeInterval) and
+    Prometheus never scrapes: the chart refuses it instead (monitoringcheck catches it too)."""
+    proc = render(renderer, tmp_path, {"metrics": {"serviceMonitor": {"enabled": True, **monitor}}})
+    assert proc.returncode != 0, "rendered anyway"
+    assert (
+        f"metrics.serviceMonitor.{longer}: the Prometheus operator refuses such a ServiceMonitor"
+        in proc.stderr
+    )
+    assert proc.stdout == ""
 
 
 def test_metrics_off_renders_no_port_flag_or_monitor(renderer: Path, tmp_path: Path) -> None:
@@ -398,6 +469,15 @@ REFUSED: dict[str, tuple[dict[str, Any], list[str]]] = {
     "not-a-duration": (
         {"metrics": {"serviceMonitor": {"interval": "30"}}},
         ["'/metrics/serviceMonitor/interval'"],
+    ),
+    # Prometheus takes units in order, each once: the operator's CRD refuses 30s1m (its Duration pattern).
+    "duration-units-out-of-order": (
+        {"metrics": {"serviceMonitor": {"interval": "30s1m"}}},
+        ["'/metrics/serviceMonitor/interval'", "'30s1m' does not match pattern"],
+    ),
+    "duration-unit-twice": (
+        {"metrics": {"serviceMonitor": {"scrapeTimeout": "5s5s"}}},
+        ["'/metrics/serviceMonitor/scrapeTimeout'", "'5s5s' does not match pattern"],
     ),
     "env-without-name": ({"extraEnv": [{"value": "1"}]}, ["'/extraEnv/0'", "missing property 'name'"]),
 }

@@ -1,5 +1,6 @@
 """The Grafana dashboard and the Prometheus adapter's rules name only what the server exports.
-(The chart's PrometheusRule, ServiceMonitor and HPA are checked rendered, in test_helm_render.)"""
+(The chart's PrometheusRule, ServiceMonitor and HPA are checked rendered, in test_helm_render, and
+against the Prometheus operator's own API by monitoringcheck: test_monitoring_check.)"""
 
 from __future__ import annotations
 

@@ -59,3 +59,14 @@ periodSeconds: {{ .probe.periodSeconds }}
 failureThreshold: {{ .probe.failureThreshold }}
 timeoutSeconds: 3
 {{- end }}
+
+{{/* A Prometheus duration (values.schema.json's: units y w d h m s ms, each once, in that order)
+in milliseconds, to compare two of them. */}}
+{{- define "gengate.durationMs" -}}
+{{- $ms := regexFind "[0-9]+ms$" . | trimSuffix "ms" | default "0" | int64 }}
+{{- $rest := regexReplaceAll "[0-9]+ms$" . "" }}
+{{- range $unit, $factor := dict "y" 31536000000 "w" 604800000 "d" 86400000 "h" 3600000 "m" 60000 "s" 1000 }}
+{{- $ms = add $ms (mul (regexFind (printf "[0-9]+%s" $unit) $rest | trimSuffix $unit | default "0" | int64) $factor) }}
+{{- end }}
+{{- $ms }}
+{{- end }}
