@@ -67,6 +67,34 @@ async def test_requests_tokens_and_durations_count_the_calls_made(make_server: S
     assert m.value("process_resident_memory_bytes") > 0
 
 
+async def test_a_request_refused_before_conversion_is_counted(make_server: ServerFactory) -> None:
+    """Requests the servicer refuses while converting them (never reaching the core) are counted
+    with their code, operation and duration, under their model only when it is served."""
+    server = await make_server(with_metrics({"name": "m", "backend": "scripted"}))
+    not_json = t.StructuredOutput(json_schema=t.JsonSchema(name="x", schema_json="{not json"))
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = Stub(channel)
+        for model in ("m", "m", "elsewhere"):
+            with pytest.raises(grpc.aio.AioRpcError) as bad:
+                await stub.Generate(g.GenerateRequest(model=model, prompt="x", structured_output=not_json))
+            assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        stream = stub.GenerateStream(
+            g.GenerateStreamRequest(
+                request=g.GenerateRequest(model="m", prompt="x", structured_output=not_json)
+            )
+        )
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stream.read()
+    m = await scrape(server)
+    assert m.value("gengate_requests_total", model="m", caller=ANON, code="INVALID_ARGUMENT") == 3
+    assert m.value("gengate_requests_total", model="", caller=ANON, code="INVALID_ARGUMENT") == 1
+    assert "elsewhere" not in m.text
+    duration = "gen_ai_server_request_duration_seconds_count"
+    for operation, count in (("generate", 2), ("generate_stream", 1)):
+        labels = {"gen_ai_request_model": "m", "gen_ai_operation_name": operation, "caller": ANON}
+        assert m.value(duration, **labels, error_type="INVALID_ARGUMENT") == count, operation
+
+
 async def test_a_stream_records_time_to_first_token_and_per_output_token(make_server: ServerFactory) -> None:
     server = await make_server(
         with_metrics({"name": "s", "backend": "scripted", "text": "w1 w2 w3 w4", "tokens_per_s": 500})
