@@ -181,6 +181,35 @@ async def test_a_batch_item_waits_for_room_held_on_another_replica(redis_url: st
         await two.aclose()
 
 
+async def test_a_call_under_windows_and_max_concurrency_is_admitted_in_one_round_trip(redis_url: str) -> None:
+    """The windows and the lease are one script: one Redis round trip to admit a call (four made a
+    call cost twice what it does: bench/operations_overhead.py); a window's refusal takes no lease
+    and charges nothing."""
+    limits = RedisLimits(redis_url)
+    caller = Caller("team-a", requests_per_minute=2, tokens_per_minute=1000, max_concurrency=5)
+    stats = redis.Redis.from_url(redis_url)
+
+    def scripts_run() -> int:
+        return int(stats.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    admission = Admission(limits)
+    try:
+        first = await admission.admit(caller)  # the script's first run loads it into Redis
+        assert stats.zcard(KEY) == 1
+        before = scripts_run()
+        second = await admission.admit(caller)
+        assert scripts_run() - before == 1
+        with pytest.raises(Exception) as refused:
+            await admission.admit(caller)  # the third request in the minute
+        assert getattr(refused.value, "reason", "") == "REQUEST_RATE_EXCEEDED"
+        assert stats.zcard(KEY) == 2, "the refused call holds no lease"
+        for admitted in (first, second):
+            admitted.release()
+        await until(lambda: stats.zcard(KEY) == 0, "the leases are gone")
+    finally:
+        await limits.aclose()
+
+
 async def test_a_replica_that_loses_redis_limits_its_own_calls(
     make_server: ServerFactory, redis_server: RedisServer, redis_url: str
 ) -> None:

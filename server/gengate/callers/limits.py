@@ -119,6 +119,17 @@ class LimitState(Protocol):
         None (nothing held) when that many are. Called with this process's own gate held."""
         ...
 
+    async def admit_and_hold(
+        self,
+        caller: str,
+        requests_per_minute: int | None,
+        tokens_per_minute: int | None,
+        max_concurrency: int,
+    ) -> Refusal | CallHold | None:
+        """`hold_call` and then `admit` in one step (one Redis round trip): the hold, or the
+        windows' Refusal (nothing held or charged), or None when max_concurrency calls are held."""
+        ...
+
     def status(self) -> str:
         """One line for logs and health: where the windows are and whether that works."""
         ...
@@ -166,6 +177,15 @@ class LocalLimits:
     async def hold_call(self, caller: str, max_concurrency: int) -> CallHold | None:
         return IN_THIS_PROCESS  # Admission's semaphore is the whole count here
 
+    async def admit_and_hold(
+        self,
+        caller: str,
+        requests_per_minute: int | None,
+        tokens_per_minute: int | None,
+        max_concurrency: int,
+    ) -> Refusal | CallHold | None:
+        return self.admit_now(caller, requests_per_minute, tokens_per_minute) or IN_THIS_PROCESS
+
     def status(self) -> str:
         return "in this process"
 
@@ -192,10 +212,11 @@ class Admission:
             if gate.locked() and not wait:
                 raise concurrency_exceeded(caller)
             await gate.acquire()
+        windows = caller.requests_per_minute is not None or caller.tokens_per_minute is not None
         try:
             if caller.max_concurrency is not None:
-                hold = await self._hold(caller, caller.max_concurrency, wait)
-            if caller.requests_per_minute is not None or caller.tokens_per_minute is not None:
+                hold = await self._hold(caller, caller.max_concurrency, wait, windows=windows)
+            elif windows:
                 refusal = await self.state.admit(
                     caller.name, caller.requests_per_minute, caller.tokens_per_minute
                 )
@@ -209,14 +230,23 @@ class Admission:
             raise
         return Admitted(self, caller, gate, hold)
 
-    async def _hold(self, caller: Caller, max_concurrency: int, wait: bool) -> CallHold:
-        """The call counted where the state keeps calls; while other replicas' calls fill the
-        limit, refused (or, with `wait`, tried again: nothing here says when theirs end)."""
+    async def _hold(self, caller: Caller, max_concurrency: int, wait: bool, *, windows: bool) -> CallHold:
+        """The call counted where the state keeps calls, admitted under the windows too when it
+        has any (one step); while other replicas' calls fill the limit, refused (or, with `wait`,
+        tried again: nothing here says when theirs end)."""
         pause = HOLD_RETRY_FIRST_S
         while True:
-            hold = await self.state.hold_call(caller.name, max_concurrency)
-            if hold is not None:
-                return hold
+            got = (
+                await self.state.admit_and_hold(
+                    caller.name, caller.requests_per_minute, caller.tokens_per_minute, max_concurrency
+                )
+                if windows
+                else await self.state.hold_call(caller.name, max_concurrency)
+            )
+            if isinstance(got, Refusal):
+                raise over_quota(caller, got)
+            if got is not None:
+                return got
             if not wait:
                 raise concurrency_exceeded(caller)
             await asyncio.sleep(pause)

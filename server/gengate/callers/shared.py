@@ -122,6 +122,32 @@ return {0, '0'}
 """
 )
 
+# KEYS: requests, tokens, the caller's calls. ARGV: step_s, steps, requests_per_minute,
+# tokens_per_minute (0: none), max_concurrency, lease_s, member: ADMIT_SCRIPT and HOLD_SCRIPT in
+# one round trip. Returns {3} when max_concurrency calls hold leases, else ADMIT_SCRIPT's answer;
+# the lease is taken only with {0} (admitted).
+ADMIT_HOLD_SCRIPT = (
+    _WINDOW
+    + """
+local lease_s = tonumber(ARGV[6])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[5]) then return {3, '0'} end
+local rpm, tpm = tonumber(ARGV[3]), tonumber(ARGV[4])
+if tpm > 0 then
+  local w = wait(KEYS[2], tpm, 1)
+  if w > 0 then return {2, tostring(w)} end
+end
+if rpm > 0 then
+  local w = wait(KEYS[1], rpm, 1)
+  if w > 0 then return {1, tostring(w)} end
+  charge(KEYS[1], 1)
+end
+redis.call('ZADD', KEYS[3], now + lease_s, ARGV[7])
+redis.call('PEXPIRE', KEYS[3], math.ceil(lease_s * 1000) + 1000)
+return {0, '0'}
+"""
+)
+
 # KEYS: tokens. ARGV: step_s, steps, tokens.
 CHARGE_SCRIPT = (
     _WINDOW
@@ -176,6 +202,7 @@ class RedisLimits:
         self._admit = self._redis.register_script(ADMIT_SCRIPT)
         self._charge = self._redis.register_script(CHARGE_SCRIPT)
         self._hold = self._redis.register_script(HOLD_SCRIPT)
+        self._admit_hold = self._redis.register_script(ADMIT_HOLD_SCRIPT)
         self._renew = self._redis.register_script(RENEW_SCRIPT)
         self.lease_s = lease_s
         self.replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -227,6 +254,20 @@ class RedisLimits:
             retry_after_s=RETRY_S,
         )
 
+    @staticmethod
+    def _refusal(
+        answer: Any, requests_per_minute: int | None, tokens_per_minute: int | None
+    ) -> Refusal | None:
+        """ADMIT_SCRIPT's answer as a Refusal (None: admitted)."""
+        kind, wait = int(answer[0]), float(answer[1])
+        if kind == 0:
+            return None
+        if kind == 1:
+            assert requests_per_minute is not None
+            return Refusal("requests_per_minute", requests_per_minute, wait)
+        assert tokens_per_minute is not None
+        return Refusal("tokens_per_minute", tokens_per_minute, wait)
+
     async def admit(
         self, caller: str, requests_per_minute: int | None, tokens_per_minute: int | None
     ) -> Refusal | None:
@@ -240,17 +281,55 @@ class RedisLimits:
                 self._lost(exc)
             else:
                 self._back()
-                kind, wait = int(answer[0]), float(answer[1])
-                if kind == 0:
-                    return None
-                if kind == 1:
-                    assert requests_per_minute is not None
-                    return Refusal("requests_per_minute", requests_per_minute, wait)
-                assert tokens_per_minute is not None
-                return Refusal("tokens_per_minute", tokens_per_minute, wait)
+                return self._refusal(answer, requests_per_minute, tokens_per_minute)
         if self.fail_closed:
             raise self._refused()
         return self.local.admit_now(caller, requests_per_minute, tokens_per_minute)
+
+    async def admit_and_hold(
+        self,
+        caller: str,
+        requests_per_minute: int | None,
+        tokens_per_minute: int | None,
+        max_concurrency: int,
+    ) -> Refusal | CallHold | None:
+        if self._usable():
+            member = f"{self.replica}:{next(self._call_ids)}"
+            live = self.leases.setdefault(caller, set())
+            live.add(member)  # before the script: a cancel while it runs still removes the lease
+            try:
+                answer = await self._admit_hold(
+                    keys=[*self._keys(caller), self.calls_key(caller)],
+                    args=[
+                        STEP_S,
+                        STEPS,
+                        requests_per_minute or 0,
+                        tokens_per_minute or 0,
+                        max_concurrency,
+                        self.lease_s,
+                        member,
+                    ],
+                )
+            except self._errors as exc:
+                self._forget(caller, member)
+                self._lost(exc)
+            except BaseException:
+                self._release(caller, member)
+                raise
+            else:
+                self._back()
+                if int(answer[0]) != 0:
+                    self._forget(caller, member)
+                    return (
+                        None
+                        if int(answer[0]) == 3
+                        else self._refusal(answer, requests_per_minute, tokens_per_minute)
+                    )
+                self._start_heartbeat()
+                return _Lease(self, caller, member)
+        if self.fail_closed:
+            raise self._refused()
+        return self.local.admit_now(caller, requests_per_minute, tokens_per_minute) or IN_THIS_PROCESS
 
     async def charge_tokens(self, caller: str, tokens: int) -> None:
         if self._usable():
