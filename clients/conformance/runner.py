@@ -22,9 +22,11 @@ from gengate_client import (
     Grammar,
     JsonObject,
     JsonSchema,
+    Magpie,
     OutputError,
     Regex,
     TruncatedOutputError,
+    Turn,
 )
 from gengate_proto.v1 import generation_pb2, types_pb2
 from google.protobuf import json_format
@@ -47,6 +49,8 @@ def _kwargs(request: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
         options["n"] = pb.n
     if pb.HasField("messages"):
         options["messages"] = list(pb.messages.messages)
+    if pb.HasField("magpie"):
+        options["magpie"] = _magpie(pb.magpie)
     so = pb.structured_output
     kind = so.WhichOneof("kind")
     if kind == "json_schema":
@@ -66,6 +70,22 @@ def _kwargs(request: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
     return pb.model, prompt, options
 
 
+def _magpie(pb: types_pb2.Magpie) -> Magpie:
+    """The client's typed Magpie for a proto one: a preset by its name, else the template."""
+    if pb.WhichOneof("pre_query") == "preset":
+        template = types_pb2.MagpiePreset.Name(pb.preset).removeprefix("MAGPIE_PRESET_").lower()
+    else:
+        template = pb.template
+    return Magpie(
+        template,
+        system_prompt=pb.system_prompt if pb.HasField("system_prompt") else None,
+        conversation=list(pb.conversation),
+        n_turns=pb.n_turns if pb.HasField("n_turns") else None,
+        only_instruction=pb.only_instruction,
+        end_with_user=pb.end_with_user,
+    )
+
+
 def _error(exc: GengateError) -> Outcome:
     return {
         "error": {
@@ -79,13 +99,32 @@ def _error(exc: GengateError) -> Outcome:
 
 def _response(resp: Any) -> Outcome:
     raw = resp.raw
-    return {
+    out = {
         "texts": [g.text for g in raw.generations],
         "finish_reasons": [types_pb2.FinishReason.Name(g.finish_reason) for g in raw.generations],
         "output_tokens": [g.output_tokens for g in raw.generations],
         "enforcement": types_pb2.Enforcement.Name(raw.enforcement),
         "seed": str(raw.effective_sampling.seed) if raw.effective_sampling.HasField("seed") else None,
     }
+    # Magpie turns from the typed Generation.conversation (Turn), roles by their proto names.
+    conversations = [[_turn(t) for t in g.conversation] for g in resp.generations]
+    if any(conversations):
+        out["conversations"] = conversations
+    return out
+
+
+def _turn(turn: Turn) -> dict[str, Any]:
+    return {"role": f"ROLE_{turn.role.upper()}", "text": turn.text, "output_tokens": turn.output_tokens}
+
+
+def _observe(out: Outcome) -> Outcome:
+    """What every runner must agree on: the error, or the texts (and Magpie conversations)."""
+    if "error" in out:
+        return {"error": out["error"]}
+    observed = {"texts": out["texts"]}
+    if "conversations" in out:
+        observed["conversations"] = out["conversations"]
+    return observed
 
 
 def generate(client: Client, request: dict[str, Any], timeout_ms: int | None = None) -> Outcome:
@@ -220,6 +259,14 @@ def check(expect: dict[str, Any], out: Outcome, request: dict[str, Any] | None) 
         failures.append("frames out of order")
     if expect.get("cancelled") and not out.get("cancelled"):
         failures.append("the stream was not cancelled")
+    if "conversation_roles" in expect:
+        conversations = out.get("conversations", [])
+        if len(conversations) != len(texts):
+            failures.append(f"no conversation in {len(texts)} generations")
+        for i, turns in enumerate(conversations):
+            roles = [t["role"] for t in turns]
+            if roles != expect["conversation_roles"]:
+                failures.append(f"generation {i}: roles {roles}, expected {expect['conversation_roles']}")
     return failures
 
 
@@ -228,7 +275,7 @@ def check(expect: dict[str, Any], out: Outcome, request: dict[str, Any] | None) 
 CHECKED_KEYS = frozenset({
     "code", "reason", "field_violation", "generations", "max_output_tokens", "finish_reasons",
     "seed_echoed", "enforcement", "valid_json_schema", "full_match", "one_of", "json_object",
-    "key_order", "frames_ordered", "cancelled", "retry_after_s",
+    "key_order", "frames_ordered", "cancelled", "retry_after_s", "conversation_roles",
 })  # fmt: skip
 VECTOR_KEYS = CHECKED_KEYS | {
     "model_listed", "constraint_kinds", "backend_options", "same_text_on_repeat",
@@ -288,13 +335,13 @@ def run_vector(client: Client, v: dict[str, Any]) -> dict[str, Any]:
         if expect.get("same_text_on_repeat"):
             again = [generate(client, request).get("texts") for _ in range(v.get("repeat", 2) - 1)]
             failures += [f"repeat gave {t}, first {out.get('texts')}" for t in again if t != out.get("texts")]
-        observed = {"error": out["error"]} if "error" in out else {"texts": out["texts"]}
+        observed = _observe(out)
         if "timeout_ms" in v and "error" in out:  # client or server may end it first: code only
             observed = {"code": out["error"]["code"]}
     elif call == "generate_object":  # this client's generate is typed already (output_type)
         out = generate(client, request)
         failures += check(expect, out, request)
-        observed = {"error": out["error"]} if "error" in out else {"texts": out["texts"]}
+        observed = _observe(out)
     elif call == "stream":
         out = stream(client, request)
         failures += check(expect, out, request)
@@ -302,7 +349,7 @@ def run_vector(client: Client, v: dict[str, Any]) -> dict[str, Any]:
             unary = generate(client, request)
             if unary.get("texts") != out["texts"]:
                 failures.append(f"stream texts {out['texts']} != unary {unary.get('texts')}")
-        observed = {"error": out["error"]} if "error" in out else {"texts": out["texts"]}
+        observed = _observe(out)
     elif call == "cancel_stream":
         out = cancel_stream(client, request, v["cancel_after_deltas"])
         failures += check(expect, out, request)
@@ -329,7 +376,7 @@ def run_vector(client: Client, v: dict[str, Any]) -> dict[str, Any]:
                 continue
             sub = {k: val for k, val in want.items() if k != "ok"}
             failures += [f"item {i}: {f}" for f in check(sub, got, req)]
-            observed["items"].append(got["error"] if "error" in got else {"texts": got["texts"]})
+            observed["items"].append(got["error"] if "error" in got else _observe(got))
     else:
         failures.append(f"unknown call {call}")
     if probe:

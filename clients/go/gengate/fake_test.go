@@ -2,6 +2,7 @@ package gengate_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -182,11 +183,43 @@ func (f *fakeServer) answer(req *gengatev1.GenerateRequest) *gengatev1.GenerateR
 	}
 	resp := &gengatev1.GenerateResponse{RequestId: req.GetRequestId(), Model: req.GetModel()}
 	for i := range max(req.GetN(), 1) {
-		resp.Generations = append(resp.Generations, &gengatev1.Generation{
-			Index: i, Text: text, FinishReason: finish, OutputTokens: 3,
-		})
+		g := &gengatev1.Generation{Index: i, Text: text, FinishReason: finish, OutputTokens: 3}
+		if m := req.GetMagpie(); m != nil {
+			g.Conversation = magpieTurns(m)
+			g.Text = g.Conversation[len(g.Conversation)-1].GetText()
+		}
+		resp.Generations = append(resp.Generations, g)
 	}
 	return resp
+}
+
+// magpieTurns is the conversation a Magpie request gets from the fake: the given turns (0
+// tokens), then "question k" (2 tokens) and "answer k" (3 tokens) for each of n_turns (default 1),
+// as only_instruction and end_with_user say.
+func magpieTurns(m *gengatev1.Magpie) []*gengatev1.ConversationTurn {
+	var turns []*gengatev1.ConversationTurn
+	for _, given := range m.GetConversation() {
+		turns = append(turns, &gengatev1.ConversationTurn{Role: given.GetRole(), Text: given.GetContent()[0].GetText()})
+	}
+	n := uint32(1)
+	if m.NTurns != nil {
+		n = m.GetNTurns()
+	}
+	if m.GetOnlyInstruction() {
+		n = 1
+	}
+	for k := range n {
+		turns = append(turns, &gengatev1.ConversationTurn{
+			Role: gengatev1.Role_ROLE_USER, Text: fmt.Sprintf("question %d", k+1), OutputTokens: 2,
+		})
+		if m.GetOnlyInstruction() || (m.GetEndWithUser() && k == n-1) {
+			break
+		}
+		turns = append(turns, &gengatev1.ConversationTurn{
+			Role: gengatev1.Role_ROLE_ASSISTANT, Text: fmt.Sprintf("answer %d", k+1), OutputTokens: 3,
+		})
+	}
+	return turns
 }
 
 func (f *fakeServer) Generate(ctx context.Context, req *gengatev1.GenerateRequest) (*gengatev1.GenerateResponse, error) {

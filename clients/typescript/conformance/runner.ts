@@ -6,7 +6,7 @@
  */
 import { readFileSync } from "node:fs";
 
-import { fromJson, type JsonValue } from "@bufbuild/protobuf";
+import { equals, fromJson, type JsonValue } from "@bufbuild/protobuf";
 import { z } from "zod";
 
 import {
@@ -16,7 +16,11 @@ import {
   GenerateRequestSchema,
   GengateClient,
   GengateError,
+  MagpiePreset,
+  MagpieSchema,
   TruncatedOutputError,
+  conversation,
+  magpie,
   parseGeneration,
   type GenerateRequest,
   type GenerateResponse,
@@ -53,6 +57,15 @@ interface Outcome {
   seed?: string | undefined;
   framesOrdered?: boolean;
   cancelled?: boolean;
+  /** Each generation's Magpie turns (the client's `conversation()`), when any has some. */
+  conversations?: TurnOut[][];
+}
+
+/** One Magpie turn as every runner observes it (roles by their proto names). */
+interface TurnOut {
+  role: string;
+  text: string;
+  output_tokens: number;
 }
 
 /**
@@ -61,7 +74,8 @@ interface Outcome {
  * pass by being ignored.
  */
 const CHECKED_KEYS = ["code", "reason", "field_violation", "generations", "max_output_tokens", "finish_reasons", "seed_echoed",
-  "enforcement", "valid_json_schema", "full_match", "one_of", "json_object", "key_order", "frames_ordered", "cancelled", "retry_after_s"];
+  "enforcement", "valid_json_schema", "full_match", "one_of", "json_object", "key_order", "frames_ordered", "cancelled", "retry_after_s",
+  "conversation_roles"];
 const VECTOR_KEYS: ReadonlySet<string> = new Set([...CHECKED_KEYS, "model_listed", "constraint_kinds", "backend_options",
   "same_text_on_repeat", "stream_equals_unary", "items", "server_aborted", "server_attempts"]);
 const ITEM_KEYS: ReadonlySet<string> = new Set([...CHECKED_KEYS, "ok"]);
@@ -105,7 +119,32 @@ async function awaitAbort(client: GengateClient, probe: string, before: number):
 }
 
 const finishName = (r: FinishReason): string => `FINISH_REASON_${FinishReason[r]}`;
-const parse = (raw: JsonValue | undefined): GenerateRequest => fromJson(GenerateRequestSchema, raw ?? {});
+/**
+ * A vector's protobuf-JSON request. A Magpie input is rebuilt with the client's typed helper
+ * (`magpie()`), so the vector tests that path; one the helper cannot express exactly throws.
+ */
+function parse(raw: JsonValue | undefined): GenerateRequest {
+  const request = fromJson(GenerateRequestSchema, raw ?? {});
+  if (request.input.case !== "magpie") return request;
+  const m = request.input.value;
+  const { $typeName: _, model, input: __, ...rest } = request;
+  const typed = magpie(
+    model,
+    {
+      template: m.preQuery.case === "preset" ? MagpiePreset[m.preQuery.value].toLowerCase() : (m.preQuery.value ?? ""),
+      conversation: m.conversation,
+      onlyInstruction: m.onlyInstruction,
+      endWithUser: m.endWithUser,
+      ...(m.systemPrompt !== undefined ? { systemPrompt: m.systemPrompt } : {}),
+      ...(m.nTurns !== undefined ? { nTurns: m.nTurns } : {}),
+    },
+    rest,
+  );
+  if (typed.input.case !== "magpie" || !equals(MagpieSchema, typed.input.value, m) || !equals(GenerateRequestSchema, typed, request)) {
+    throw new Error(`magpie() cannot express the vector's request ${JSON.stringify(raw)}`);
+  }
+  return typed;
+}
 
 function fromError(e: unknown): Outcome {
   const err = GengateError.from(e);
@@ -122,7 +161,15 @@ function fromResponse(resp: GenerateResponse): Outcome {
     outputTokens: resp.generations.map((g) => g.outputTokens),
     enforcement: `ENFORCEMENT_${Enforcement[resp.enforcement]}`,
     seed: seed === undefined ? undefined : String(seed),
+    ...conversationsOf(resp),
   };
+}
+
+function conversationsOf(resp: GenerateResponse): Pick<Outcome, "conversations"> {
+  const conversations = resp.generations.map((g) =>
+    conversation(g).map((t) => ({ role: `ROLE_${t.role.toUpperCase()}`, text: t.text, output_tokens: t.outputTokens })),
+  );
+  return conversations.some((turns) => turns.length > 0) ? { conversations } : {};
 }
 
 async function generate(client: GengateClient, raw: JsonValue | undefined, timeoutMs?: number): Promise<Outcome> {
@@ -286,10 +333,20 @@ function check(expect: Record<string, unknown>, out: Outcome, raw: JsonValue | u
   }
   if (expect["frames_ordered"] === true && !out.framesOrdered) failures.push("frames out of order");
   if (expect["cancelled"] === true && !out.cancelled) failures.push("the stream was not cancelled");
+  const roles = expect["conversation_roles"] as string[] | undefined;
+  if (roles) {
+    const conversations = out.conversations ?? [];
+    if (conversations.length !== texts.length) failures.push(`no conversation in ${texts.length} generations`);
+    for (const [i, turns] of conversations.entries()) {
+      const got = turns.map((t) => t.role);
+      if (!same(got, roles)) failures.push(`generation ${i}: roles ${got.join(",")}, expected ${roles.join(",")}`);
+    }
+  }
   return failures;
 }
 
-const observe = (out: Outcome): Record<string, unknown> => (out.error ? { error: out.error } : { texts: out.texts ?? [] });
+const observe = (out: Outcome): Record<string, unknown> =>
+  out.error ? { error: out.error } : { texts: out.texts ?? [], ...(out.conversations ? { conversations: out.conversations } : {}) };
 const same = (a: string[] | undefined, b: string[] | undefined): boolean => JSON.stringify(a) === JSON.stringify(b);
 
 async function runVector(client: GengateClient, v: Vector): Promise<{ name: string; ok: boolean; failures: string[]; observed: Record<string, unknown> }> {
@@ -402,7 +459,7 @@ async function runVector(client: GengateClient, v: Vector): Promise<{ name: stri
         }
         const sub = Object.fromEntries(Object.entries(want).filter(([k]) => k !== "ok"));
         failures.push(...check(sub, got, requests[i]).map((f) => `item ${i}: ${f}`));
-        obs.push(got.error ?? { texts: got.texts ?? [] });
+        obs.push(got.error ?? observe(got));
       }
       observed = { items: obs };
       break;

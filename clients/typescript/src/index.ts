@@ -17,6 +17,18 @@ export {
   type ListJobsOptions,
   type ResultsOptions,
 } from "./jobs.js";
+export {
+  MAGPIE_PRESETS,
+  conversation,
+  magpie,
+  magpieInput,
+  type MagpieInit,
+  type MagpieMessage,
+  type MagpieOptions,
+  type MagpiePresetName,
+  type RoleName,
+  type Turn,
+} from "./magpie.js";
 export { Code, GengateError, InvalidOutputError, TruncatedOutputError, type FieldViolation } from "./errors.js";
 export {
   choice,

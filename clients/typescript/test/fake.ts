@@ -5,7 +5,7 @@
 import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 
-import { clone, create, fromJsonString, mergeFromBinary, toBinary } from "@bufbuild/protobuf";
+import { clone, create, fromJsonString, mergeFromBinary, toBinary, type MessageInitShape } from "@bufbuild/protobuf";
 import { Code, ConnectError, type ConnectRouter, type HandlerContext, type Interceptor } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 
@@ -28,9 +28,28 @@ import {
   type StreamBatchJobResultsResponse,
 } from "../src/gen/gengate/v1/jobs_pb.js";
 import { BadRequestSchema, ErrorInfoSchema, RetryInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
-import { FinishReason } from "../src/gen/gengate/v1/types_pb.js";
+import { FinishReason, Role, type ConversationTurnSchema, type Magpie } from "../src/gen/gengate/v1/types_pb.js";
 import { StatusSchema, type Status } from "../src/gen/google/rpc/status_pb.js";
 import { anyPack } from "@bufbuild/protobuf/wkt";
+
+/**
+ * The conversation a Magpie request gets from the fake: the given turns (0 tokens), then
+ * "question k" (2 tokens) and "answer k" (3 tokens) for each of nTurns (default 1), as
+ * onlyInstruction and endWithUser say.
+ */
+function magpieTurns(m: Magpie): MessageInitShape<typeof ConversationTurnSchema>[] {
+  const turns: MessageInitShape<typeof ConversationTurnSchema>[] = m.conversation.map((given) => ({
+    role: given.role,
+    text: given.content[0]?.part.case === "text" ? given.content[0].part.value : "",
+  }));
+  const n = m.onlyInstruction ? 1 : (m.nTurns ?? 1);
+  for (let k = 1; k <= n; k++) {
+    turns.push({ role: Role.USER, text: `question ${k}`, outputTokens: 2 });
+    if (m.onlyInstruction || (m.endWithUser && k === n)) break;
+    turns.push({ role: Role.ASSISTANT, text: `answer ${k}`, outputTokens: 3 });
+  }
+  return turns;
+}
 
 export interface Fake {
   url: string;
@@ -250,14 +269,16 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
   const answer = (req: GenerateRequest) => {
     const text = req.structuredOutput?.kind.case === "jsonSchema" ? fake.jsonText : `echo: ${req.input.case === "prompt" ? req.input.value : ""}`;
     const n = req.n ?? 1;
+    const turns = req.input.case === "magpie" ? magpieTurns(req.input.value) : [];
     return create(GenerateResponseSchema, {
       model: req.model,
       requestId: req.requestId,
       generations: Array.from({ length: n }, (_, index) => ({
         index,
-        text,
+        text: turns.at(-1)?.text ?? text,
         outputTokens: 3,
         finishReason: req.structuredOutput?.kind.case === "jsonSchema" ? (fake.jsonFinish ?? FinishReason.STOP) : FinishReason.STOP,
+        conversation: turns,
       })),
     });
   };

@@ -19,6 +19,7 @@ import (
 
 	validator "github.com/santhosh-tekuri/jsonschema/v6"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	gengatev1 "github.com/gengate/gengate/clients/go/gen/gengate/v1"
 	"github.com/gengate/gengate/clients/go/gengate"
@@ -55,6 +56,15 @@ type outcome struct {
 	Seed          string
 	FramesOrdered bool
 	Cancelled     bool
+	// Conversations holds each generation's Magpie turns (gengate.Conversation), when any has some.
+	Conversations [][]turnOut
+}
+
+// turnOut is one Magpie turn as every runner observes it (roles by their proto names).
+type turnOut struct {
+	Role         string `json:"role"`
+	Text         string `json:"text"`
+	OutputTokens uint32 `json:"output_tokens"`
 }
 
 // The expect keys this runner checks: check()'s, then those runVector reads itself (a vector's
@@ -63,7 +73,7 @@ type outcome struct {
 var (
 	checkedKeys = []string{"code", "reason", "field_violation", "generations", "max_output_tokens",
 		"finish_reasons", "seed_echoed", "enforcement", "valid_json_schema", "full_match", "one_of",
-		"json_object", "key_order", "frames_ordered", "cancelled", "retry_after_s"}
+		"json_object", "key_order", "frames_ordered", "cancelled", "retry_after_s", "conversation_roles"}
 	vectorKeys = keySet(checkedKeys, "model_listed", "constraint_kinds", "backend_options",
 		"same_text_on_repeat", "stream_equals_unary", "items", "server_aborted", "server_attempts")
 	itemKeys = keySet(checkedKeys, "ok")
@@ -96,9 +106,29 @@ type result struct {
 	Observed map[string]any `json:"observed"`
 }
 
+// parseRequest reads a vector's protobuf-JSON request. A Magpie input is rebuilt with the
+// client's typed helper (gengate.Magpie, gengate.MagpieRequest), so the vector tests that path;
+// one the helper cannot express exactly is an error rather than a different request.
 func parseRequest(raw json.RawMessage) (*gengate.Request, error) {
 	req := &gengate.Request{}
-	return req, protojson.Unmarshal(raw, req)
+	if err := protojson.Unmarshal(raw, req); err != nil {
+		return req, err
+	}
+	if m := req.GetMagpie(); m != nil {
+		template := m.GetTemplate()
+		if _, isPreset := m.GetPreQuery().(*gengatev1.Magpie_Preset); isPreset {
+			template = strings.ToLower(strings.TrimPrefix(m.GetPreset().String(), "MAGPIE_PRESET_"))
+		}
+		typed := gengate.MagpieRequest(req.GetModel(), gengate.Magpie{
+			Template: template, SystemPrompt: m.GetSystemPrompt(), Conversation: m.GetConversation(),
+			NTurns: m.GetNTurns(), OnlyInstruction: m.GetOnlyInstruction(), EndWithUser: m.GetEndWithUser(),
+		})
+		if !proto.Equal(typed.GetMagpie(), m) {
+			return req, fmt.Errorf("gengate.Magpie cannot express the vector's magpie %v (it builds %v)", m, typed.GetMagpie())
+		}
+		req.Input = typed.Input
+	}
+	return req, nil
 }
 
 func fromErr(err error) *outcome {
@@ -139,6 +169,14 @@ func fromResponse(resp *gengate.Response) *outcome {
 		out.Texts = append(out.Texts, g.GetText())
 		out.FinishReasons = append(out.FinishReasons, g.GetFinishReason().String())
 		out.OutputTokens = append(out.OutputTokens, g.GetOutputTokens())
+		turns := []turnOut{}
+		for _, t := range gengate.Conversation(g) {
+			turns = append(turns, turnOut{Role: t.Role.String(), Text: t.Text, OutputTokens: t.OutputTokens})
+		}
+		out.Conversations = append(out.Conversations, turns)
+	}
+	if !slices.ContainsFunc(out.Conversations, func(turns []turnOut) bool { return len(turns) > 0 }) {
+		out.Conversations = nil
 	}
 	if s := resp.GetEffectiveSampling(); s != nil && s.Seed != nil {
 		out.Seed = fmt.Sprint(s.GetSeed())
@@ -422,6 +460,20 @@ func check(expect map[string]any, out *outcome, raw json.RawMessage) []string {
 	if expect["cancelled"] == true && !out.Cancelled {
 		fail("the stream was not cancelled")
 	}
+	if want, ok := expect["conversation_roles"].([]any); ok {
+		if len(out.Conversations) != len(out.Texts) {
+			fail("no conversation in %d generations", len(out.Texts))
+		}
+		for i, turns := range out.Conversations {
+			roles := []any{}
+			for _, t := range turns {
+				roles = append(roles, t.Role)
+			}
+			if !slices.Equal(roles, want) {
+				fail("generation %d: roles %v, expected %v", i, roles, want)
+			}
+		}
+	}
 	return failures
 }
 
@@ -450,7 +502,11 @@ func observe(out *outcome) map[string]any {
 	if out.Err != nil {
 		return map[string]any{"error": out.Err}
 	}
-	return map[string]any{"texts": textsOrEmpty(out.Texts)}
+	observed := map[string]any{"texts": textsOrEmpty(out.Texts)}
+	if out.Conversations != nil {
+		observed["conversations"] = out.Conversations
+	}
+	return observed
 }
 
 func textsOrEmpty(t []string) []string {
@@ -618,7 +674,7 @@ func runVector(ctx context.Context, c *gengate.Client, v vector) result {
 			if got.Err != nil {
 				obs = append(obs, got.Err)
 			} else {
-				obs = append(obs, map[string]any{"texts": textsOrEmpty(got.Texts)})
+				obs = append(obs, observe(got))
 			}
 		}
 		observed["items"] = obs
