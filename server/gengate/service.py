@@ -42,6 +42,7 @@ from gengate.domain import (
 from gengate.errors import (
     ECHO_CHARS,
     Aborted,
+    ConfigError,
     FieldViolation,
     GengateError,
     Internal,
@@ -135,6 +136,19 @@ class GenerationCore:
             )
             await self.sandbox.check(structured, trial_compile=not native_json, off_loop=large)
         return route, request
+
+    async def warm_constraints(self) -> None:
+        """Each model's `warm_constraints` through the checks and the sandbox, as their first request
+        would go (the engines compiled them when they loaded): that request then skips both."""
+        for route in self.router.routes:
+            for constraint in getattr(route.config.options, "warm_constraints", ()):
+                warm = GenerationRequest(
+                    model=route.name, prompt="warm", structured_output=constraint.structured()
+                )
+                try:
+                    await self._prepare(warm)
+                except GengateError as exc:
+                    raise ConfigError(f"model {route.name!r}: warm_constraints: {exc.message}") from None
 
     async def prepare(self, request: GenerationRequest) -> tuple[Route, GenerationRequest]:
         """The route and the checked request (defaults filled in) that `generate` would run:

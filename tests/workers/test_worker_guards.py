@@ -123,7 +123,10 @@ async def test_a_closed_backend_is_not_serving_and_never_restarts() -> None:
     await backend.start()
     pid = backend.pid
     assert pid is not None
-    await backend.aclose()
+    closing = asyncio.create_task(backend.aclose())
+    await asyncio.sleep(0)  # the close has begun: its worker is told to shut down, not gone yet
+    assert not closing.done() and backend.serving is False, "not serving from the moment it closes"
+    await closing
     assert not backend.serving and changes[-1] is False
     assert backend._restart_task is None and backend.restarts == 0  # its own kill is no crash
     with pytest.raises(ProcessLookupError):

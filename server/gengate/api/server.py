@@ -216,6 +216,13 @@ async def _start(
         admission=Admission(state),
         observer=observer,
     )
+    try:
+        await core.warm_constraints()
+    except BaseException:  # a warm constraint the checks refuse stops the start, like a bad config
+        await core.aclose()
+        await router.close_all()
+        await job_store.close()
+        raise
     servicer = GenerationServicer(core, default_timeout_s=settings.request_timeout_s)
     add_to_server(servicer, server)
     for route in router.routes:  # job items leave room for interactive calls on every model

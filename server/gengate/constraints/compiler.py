@@ -176,6 +176,15 @@ class ConstraintCompiler:
         compiled = done.result()
         self._cache.put(key, compiled, kinds.constraint_weight(compiled.structured.constraint))
 
+    def warm(self, structured: StructuredOutput) -> None:
+        """Compiles in the calling thread into the cache, as a first request would (`warm_constraints`:
+        at load, before any request); raises what `compile_sync` raises."""
+        key = (self.tokenizer_key, constraint_key(structured, grammar_only=True))
+        if self._cache.get(key) is None:
+            self._cache.put(
+                key, self.compile_sync(structured), kinds.constraint_weight(structured.constraint)
+            )
+
     def compile_sync(self, structured: StructuredOutput) -> CompiledConstraint:
         """Lowers and compiles in the calling thread (no cache); raises InvalidArgument, whatever
         the library raised on the caller's constraint."""

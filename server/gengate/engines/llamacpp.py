@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gengate import errors
 from gengate.backend import collect_stream
+from gengate.constraints.warm import WarmConstraint, warm_compiler
 from gengate.domain import (
     Enforcement,
     FinishReason,
@@ -84,6 +85,10 @@ class LlamaCppOptions(BaseModel):
         default=None, ge=1, description="CPU threads; unset = the model's cpu_threads, else llama.cpp's."
     )
     chat_template: str | None = Field(default=None, description="Jinja chat template overriding the GGUF's.")
+    warm_constraints: list[WarmConstraint] = Field(
+        default_factory=list,
+        description="Constraints compiled at start, so their first request hits the compile cache.",
+    )
     chat_format: str | None = Field(
         default=None,
         min_length=1,
@@ -273,6 +278,7 @@ class LlamaCppBackend:
         self._compiler = ConstraintCompiler(
             ll_tokenizer, tokenizer_key=f"llamacpp:{self.model_path.resolve()}"
         )
+        warm_compiler(self._compiler, self.options.warm_constraints, self.name)
         self._pieces, self._logits_views = {}, {}
         self._llm = llm
 

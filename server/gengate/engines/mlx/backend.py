@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gengate import errors
+from gengate.constraints.warm import WarmConstraint, warm_compiler
 from gengate.engines.batching.engine import (
     BatchedEngine,
     context_length_from_folder,
@@ -51,6 +52,10 @@ class MlxOptions(BaseModel):
         default=None, min_length=1, description="A folder of LoRA adapters in mlx-lm's format."
     )
     chat_template: str | None = None
+    warm_constraints: list[WarmConstraint] = Field(
+        default_factory=list,
+        description="Constraints compiled at start, so their first request hits the compile cache.",
+    )
     revision: str | None = Field(default=None, min_length=1, description="Branch, tag or commit of a hub id.")
     trust_remote_code: bool = Field(default=False, strict=True)
     max_batch_size: int = Field(
@@ -118,6 +123,7 @@ class MlxBackend(BatchedEngine):
         eos = frozenset(int(t) for t in wrapper.eos_token_ids)
         ll_tokenizer = make_ll_tokenizer_from_hf(tokenizer, n_vocab=max(logits_size, len(tokenizer)))
         compiler = ConstraintCompiler(ll_tokenizer, f"mlx:{source}")
+        warm_compiler(compiler, options.warm_constraints, self.name)
         scheduler = BatchScheduler(MlxBatch(model), max_batch_size=options.max_batch_size, engine="mlx")
         return Loaded(
             tokenizer=tokenizer,

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gengate import errors
+from gengate.constraints.warm import WarmConstraint, warm_compiler
 from gengate.engines.batching.engine import (
     BatchedEngine,
     context_length_from_folder,
@@ -54,6 +55,10 @@ class TransformersOptions(BaseModel):
         default=False, strict=True, description="Run the model repository's own code (its modeling files)."
     )
     chat_template: str | None = None
+    warm_constraints: list[WarmConstraint] = Field(
+        default_factory=list,
+        description="Constraints compiled at start, so their first request hits the compile cache.",
+    )
     revision: str | None = Field(
         default=None,
         min_length=1,
@@ -142,6 +147,7 @@ class TransformersBackend(BatchedEngine):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
         ll_tokenizer = make_ll_tokenizer_from_hf(tokenizer, n_vocab=max(logits_size, len(tokenizer)))
         compiler = ConstraintCompiler(ll_tokenizer, f"hf:{source}")
+        warm_compiler(compiler, options.warm_constraints, self.name)
         batch = TorchBatch(model, pad_token_id=pad, device=device)
         scheduler = BatchScheduler(batch, max_batch_size=options.max_batch_size, engine="transformers")
         return Loaded(
