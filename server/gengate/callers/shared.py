@@ -24,7 +24,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -294,39 +294,21 @@ class RedisLimits:
         max_concurrency: int,
     ) -> Refusal | CallHold | None:
         if self._usable():
-            member = f"{self.replica}:{next(self._call_ids)}"
-            live = self.leases.setdefault(caller, set())
-            live.add(member)  # before the script: a cancel while it runs still removes the lease
-            try:
-                answer = await self._admit_hold(
-                    keys=[*self._keys(caller), self.calls_key(caller)],
-                    args=[
-                        STEP_S,
-                        STEPS,
-                        requests_per_minute or 0,
-                        tokens_per_minute or 0,
-                        max_concurrency,
-                        self.lease_s,
-                        member,
-                    ],
-                )
-            except self._errors as exc:
-                self._forget(caller, member)
-                self._lost(exc)
-            except BaseException:
-                self._release(caller, member)
-                raise
-            else:
-                self._back()
-                if int(answer[0]) != 0:
+            keys = [*self._keys(caller), self.calls_key(caller)]
+            windows = [STEP_S, STEPS, requests_per_minute or 0, tokens_per_minute or 0]
+            got = await self._leasing(
+                caller,
+                lambda member: self._admit_hold(
+                    keys=keys, args=[*windows, max_concurrency, self.lease_s, member]
+                ),
+            )
+            if got is not None:
+                answer, member = got
+                kind = int(answer[0])
+                if kind not in (0, 3):  # a window refused: no lease taken
                     self._forget(caller, member)
-                    return (
-                        None
-                        if int(answer[0]) == 3
-                        else self._refusal(answer, requests_per_minute, tokens_per_minute)
-                    )
-                self._start_heartbeat()
-                return _Lease(self, caller, member)
+                    return self._refusal(answer, requests_per_minute, tokens_per_minute)
+                return self._granted(caller, member, kind == 0)
         if self.fail_closed:
             raise self._refused()
         return self.local.admit_now(caller, requests_per_minute, tokens_per_minute) or IN_THIS_PROCESS
@@ -344,29 +326,42 @@ class RedisLimits:
 
     async def hold_call(self, caller: str, max_concurrency: int) -> CallHold | None:
         if self._usable():
-            member = f"{self.replica}:{next(self._call_ids)}"
-            live = self.leases.setdefault(caller, set())
-            live.add(member)  # before the script: a cancel while it runs still removes the lease
-            try:
-                held = await self._hold(
-                    keys=[self.calls_key(caller)], args=[max_concurrency, self.lease_s, member]
-                )
-            except self._errors as exc:
-                self._forget(caller, member)
-                self._lost(exc)
-            except BaseException:
-                self._release(caller, member)
-                raise
-            else:
-                self._back()
-                if not int(held):
-                    self._forget(caller, member)
-                    return None
-                self._start_heartbeat()
-                return _Lease(self, caller, member)
+            key = [self.calls_key(caller)]
+            got = await self._leasing(
+                caller, lambda member: self._hold(keys=key, args=[max_concurrency, self.lease_s, member])
+            )
+            if got is not None:
+                held, member = got
+                return self._granted(caller, member, bool(int(held)))
         if self.fail_closed:
             raise self._refused()
         return IN_THIS_PROCESS  # Admission's own semaphore: this replica's calls only
+
+    async def _leasing(self, caller: str, run: Callable[[str], Awaitable[Any]]) -> tuple[Any, str] | None:
+        """Runs a script that may take a lease for a new member; (its answer, the member), or None
+        when Redis did not answer (then counted lost)."""
+        member = f"{self.replica}:{next(self._call_ids)}"
+        live = self.leases.setdefault(caller, set())
+        live.add(member)  # before the script: a cancel while it runs still removes the lease
+        try:
+            answer = await run(member)
+        except self._errors as exc:
+            self._forget(caller, member)
+            self._lost(exc)
+            return None
+        except BaseException:
+            self._release(caller, member)
+            raise
+        self._back()
+        return answer, member
+
+    def _granted(self, caller: str, member: str, held: bool) -> CallHold | None:
+        """The lease a script took (kept alive by the heartbeat), or None when it took none."""
+        if not held:
+            self._forget(caller, member)
+            return None
+        self._start_heartbeat()
+        return _Lease(self, caller, member)
 
     def _forget(self, caller: str, member: str) -> bool:
         """Stops extending a lease; False when it was not live."""
