@@ -170,6 +170,17 @@ def print_ratios(pairs: Sequence[tuple[RunStats, RunStats]], *, tokens: bool = T
     return summary
 
 
+# HOST:PORT -> pid of each server gengate_server started (cpu_seconds reads its CPU time).
+SERVER_PIDS: dict[str, int] = {}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc): steadier than req/s when
+    the variants are separate processes on a shared machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
 def gengate_server(
     models: list[dict[str, Any]],
@@ -203,7 +214,9 @@ def gengate_server(
             cwd=REPO,
         )
         try:
-            yield _wait_serving(proc, log, timeout_s)
+            address = _wait_serving(proc, log, timeout_s)
+            SERVER_PIDS[address] = proc.pid
+            yield address
         finally:
             proc.terminate()
             try:
@@ -243,11 +256,14 @@ Call = Callable[[int], Awaitable[int]]  # one request numbered i; returns its ou
 Pair = tuple[RunStats, RunStats]  # (measured, its peer)
 
 
-def unary_calls(client: Any, model: str, prompt: str, max_tokens: int) -> Call:
-    """One unary generate per request on `model` (the overhead benches: its output is not counted)."""
+def unary_calls(client: Any, model: str, prompt: str, max_tokens: int, made: list[int] | None = None) -> Call:
+    """One unary generate per request on `model` (the overhead benches: its output is not counted);
+    `made[0]` counts the calls, warm-ups included."""
 
     async def call(i: int) -> int:
         await client.generate(model, prompt, max_tokens=max_tokens)
+        if made is not None:
+            made[0] += 1
         return 0
 
     return call

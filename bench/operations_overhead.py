@@ -5,7 +5,9 @@ max_concurrency, priority; set high enough never to refuse) plus metrics on thei
 scraped every second; and the same with the quotas' state in a real Redis (`server.state`), as a
 fleet of replicas runs them.
 
-Ratios are req/s of each ÷ bare (1.00 = free). The scripted model does no work, so this is the
+Ratios are req/s of each ÷ bare (1.00 = free), and each server process's CPU time per call
+(/proc; Redis's own CPU added for the Redis variant), which moves far less between sittings than
+req/s of separate processes. The scripted model does no work, so this is the
 whole per-call cost over the server's fixed per-call cost (~1 ms); on a real model it is a
 fraction of that. Redis is the Debian `redis-server` (started in a temp dir, as the tests do).
 
@@ -24,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from callers import LIMITED, MODELS, TOKEN, TOKEN_VARIABLE
-from common import RunStats, gengate_server, print_ratios, print_table, run_interleaved, unary_calls
+from common import (
+    SERVER_PIDS,
+    RunStats,
+    cpu_seconds,
+    gengate_server,
+    print_ratios,
+    print_table,
+    run_interleaved,
+    unary_calls,
+)
 from metrics_overhead import free_port, scraper
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
@@ -32,14 +43,16 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 
 @contextlib.contextmanager
 def redis_url() -> Any:
-    """A real redis-server for the run (tests/callers/redis_server.py), stopped after."""
+    """A real redis-server for the run (tests/callers/redis_server.py), stopped after: its URL
+    and pid."""
     sys.path[:0] = [str(TESTS), str(TESTS / "callers")]
     from redis_server import RedisServer
 
     server = RedisServer()
     server.start()
     try:
-        yield server.url
+        assert server.proc is not None
+        yield server.url, server.proc.pid
     finally:
         server.close()
 
@@ -52,7 +65,7 @@ async def run(requests: int, rounds: int) -> None:
     ports = free_port(), free_port()
     stop = threading.Event()
     with contextlib.ExitStack() as stack:
-        state = stack.enter_context(redis_url())
+        state, redis_pid = stack.enter_context(redis_url())
         bare = stack.enter_context(gengate_server(MODELS))
         local = stack.enter_context(
             gengate_server(
@@ -73,10 +86,13 @@ async def run(requests: int, rounds: int) -> None:
                 AsyncClient(local, metadata=auth) as c_local,
                 AsyncClient(shared, metadata=auth) as c_shared,
             ):
+                made = [[0], [0], [0]]
+                pids = [SERVER_PIDS[bare], SERVER_PIDS[local], SERVER_PIDS[shared]]
+                cpu_before = [cpu_seconds(pid) for pid in pids] + [cpu_seconds(redis_pid)]
                 variants = [
-                    ("bare", unary_calls(c_bare, "echo", "hello world", 8)),
-                    ("callers+quotas+metrics", unary_calls(c_local, "echo", "hello world", 8)),
-                    ("... quotas in Redis", unary_calls(c_shared, "echo", "hello world", 8)),
+                    ("bare", unary_calls(c_bare, "echo", "hello world", 8, made[0])),
+                    ("callers+quotas+metrics", unary_calls(c_local, "echo", "hello world", 8, made[1])),
+                    ("... quotas in Redis", unary_calls(c_shared, "echo", "hello world", 8, made[2])),
                 ]
                 rows: list[RunStats] = []
                 pairs: list[tuple[RunStats, RunStats]] = []
@@ -84,12 +100,22 @@ async def run(requests: int, rounds: int) -> None:
                     base, ops, ops_redis = await run_interleaved(variants, requests, conc, rounds)
                     rows += [base, ops, ops_redis]
                     pairs += [(ops, base), (ops_redis, base)]
+                used = [cpu_seconds(pid) - b for pid, b in zip([*pids, redis_pid], cpu_before, strict=True)]
         finally:
             stop.set()
             for thread in threads:
                 thread.join()
     print_table(f"unary echo, {requests * rounds} requests per variant", rows, tokens=False)
     summary = print_ratios(pairs, tokens=False)
+    per_call = [1e6 * used[i] / made[i][0] for i in range(3)]
+    redis_per_call = 1e6 * used[3] / made[2][0]
+    print("\nserver CPU per call (its process, all runs and warm-ups):")
+    ratio = per_call[1] / per_call[0]
+    print(f"  bare {per_call[0]:.0f} µs; callers+quotas+metrics {per_call[1]:.0f} µs ({ratio:.3f}x);")
+    print(
+        f"  quotas in Redis {per_call[2]:.0f} µs + redis-server {redis_per_call:.0f} µs "
+        f"({(per_call[2] + redis_per_call) / per_call[0]:.3f}x)"
+    )
     print(f"\nSUMMARY req/s ratios, 1.00 = as fast as bare: {', '.join(summary)}")
 
 
