@@ -89,8 +89,8 @@ class ModelConfig:
     name: str
     backend: str
     options: BaseModel
-    max_concurrency: int = 64
-    max_queue: int = 1024
+    max_concurrency: int = CommonModelKeys.model_fields["max_concurrency"].default
+    max_queue: int = CommonModelKeys.model_fields["max_queue"].default
     # Local engines: "process" (own worker process; the default for llamacpp/transformers/mlx/vllm)
     # or "inline" (in the server process). None = the kind's default (gengate.workers.factory).
     isolation: str | None = None
