@@ -28,6 +28,7 @@ class Role(enum.StrEnum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,78 @@ ContentPart: TypeAlias = TextPart | ImagePart
 
 
 @dataclass(frozen=True)
+class Tool:
+    """A function the model may call; `parameters` is its arguments' JSON Schema (an object)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    strict: bool = False
+
+
+class ToolChoiceMode(enum.StrEnum):
+    AUTO = "auto"
+    NONE = "none"
+    REQUIRED = "required"
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """Whether a tool must be called: a mode, or exactly the tool `name`."""
+
+    mode: ToolChoiceMode = ToolChoiceMode.AUTO
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call a model made; `arguments` is JSON text (validated before it is returned)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A fragment of tool call `index` of a generation in a stream (id and name on the first)."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """A reasoning model's thinking; `signatures` are provider-opaque, sent back unchanged."""
+
+    text: str = ""
+    signatures: tuple[str, ...] = ()
+
+
+class ReasoningEffort(enum.StrEnum):
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+
+
+@dataclass(frozen=True)
+class ReasoningControl:
+    enabled: bool | None = None
+    effort: ReasoningEffort | None = None
+    budget_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     role: Role
     content: tuple[ContentPart, ...]
     name: str = ""
+    # An assistant message's calls; a tool message's call id; an assistant message's reasoning.
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    reasoning: Reasoning | None = None
 
     @property
     def text(self) -> str:
@@ -210,6 +279,7 @@ class FinishReason(enum.StrEnum):
     TIME_LIMIT = "time_limit"
     ERROR = "error"
     REFUSAL = "refusal"
+    TOOL_CALLS = "tool_calls"
 
 
 class Modality(enum.StrEnum):
@@ -240,6 +310,11 @@ class GenerationRequest:
     structured_output: StructuredOutput | None = None
     backend_options: dict[str, BackendOptionValue] = field(default_factory=dict)
     request_id: str = ""
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice | None = None  # None: auto when tools are given
+    parallel_tool_calls: bool | None = None
+    reasoning: ReasoningControl | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # Absolute time.monotonic() by which the caller needs the answer (from the gRPC deadline).
     deadline: float | None = None
     # The request's size as received (serialized bytes; 0 when unknown): a large one is checked
@@ -319,6 +394,8 @@ class Generation:
     logprobs: tuple[TokenLogprob, ...] | None = None
     # A Magpie request's turns, oldest first (empty otherwise).
     conversation: tuple[ConversationTurn, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: Reasoning | None = None
 
 
 @dataclass(frozen=True)
@@ -355,6 +432,8 @@ class GenerationDelta:
     text: str
     token_count: int = 1
     logprobs: tuple[TokenLogprob, ...] | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -366,6 +445,8 @@ class GenerationEnd:
     usage: Usage
     matched_stop: str | None = None
     timings: Timings = Timings()
+    tool_calls: tuple[ToolCall, ...] = ()  # complete and validated
+    reasoning_signatures: tuple[str, ...] = ()
 
 
 StreamEvent: TypeAlias = StreamStart | GenerationDelta | GenerationEnd
@@ -393,6 +474,11 @@ class ModelCapabilities:
     # The chat-format tokens (of gengate.magpie.PRESET_TOKENS) the model's tokenizer has; None
     # when the server cannot see the tokenizer (a remote model).
     special_tokens: frozenset[str] | None = None
+    # How tool calls are enforced; None: tools are refused (UNIMPLEMENTED).
+    tools: Enforcement | None = None
+    # Takes GenerationRequest.reasoning / returns Generation.reasoning.
+    reasoning_control: bool = False
+    reasoning: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from gengate_proto.v1 import types_pb2 as gengate_dot_v1_dot_types__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgengate/v1/generation.proto\x12\ngengate.v1\x1a\x16gengate/v1/types.proto\x1a\x17google/rpc/status.proto\"\x95\x04\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12,\n\x08messages\x18\x03 \x01(\x0b\x32\x18.gengate.v1.ChatMessagesH\x00\x12$\n\x06magpie\x18\x0b \x01(\x0b\x32\x12.gengate.v1.MagpieH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.gengate.v1.SamplingParams\x12.\n\x08stopping\x18\x05 \x01(\x0b\x32\x1c.gengate.v1.StoppingCriteria\x12\x0e\n\x01n\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x15\n\x08logprobs\x18\x07 \x01(\rH\x02\x88\x01\x01\x12\x37\n\x11structured_output\x18\x08 \x01(\x0b\x32\x1c.gengate.v1.StructuredOutput\x12H\n\x0f\x62\x61\x63kend_options\x18\t \x03(\x0b\x32/.gengate.v1.GenerateRequest.BackendOptionsEntry\x12\x12\n\nrequest_id\x18\n \x01(\t\x1aU\n\x13\x42\x61\x63kendOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12-\n\x05value\x18\x02 \x01(\x0b\x32\x1e.gengate.v1.BackendOptionValue:\x02\x38\x01\x42\x07\n\x05inputB\x04\n\x02_nB\x0b\n\t_logprobs\"\xca\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12+\n\x0bgenerations\x18\x03 \x03(\x0b\x32\x16.gengate.v1.Generation\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.gengate.v1.Usage\x12,\n\x0b\x65nforcement\x18\x05 \x01(\x0e\x32\x17.gengate.v1.Enforcement\x12\x36\n\x12\x65\x66\x66\x65\x63tive_sampling\x18\x06 \x01(\x0b\x32\x1a.gengate.v1.SamplingParams\x12\x38\n\x12\x65\x66\x66\x65\x63tive_stopping\x18\x07 \x01(\x0b\x32\x1c.gengate.v1.StoppingCriteria\x12$\n\x07timings\x18\x08 \x01(\x0b\x32\x13.gengate.v1.Timings\"E\n\x15GenerateStreamRequest\x12,\n\x07request\x18\x01 \x01(\x0b\x32\x1b.gengate.v1.GenerateRequest\"\xa3\x01\n\x16GenerateStreamResponse\x12(\n\x05start\x18\x01 \x01(\x0b\x32\x17.gengate.v1.StreamStartH\x00\x12,\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x1b.gengate.v1.GenerationDeltaH\x00\x12(\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x19.gengate.v1.GenerationEndH\x00\x42\x07\n\x05\x66rame\"E\n\x14\x42\x61tchGenerateRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.gengate.v1.GenerateRequest\"\x87\x01\n\x15\x42\x61tchGenerateResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x30\n\x08response\x18\x02 \x01(\x0b\x32\x1c.gengate.v1.GenerateResponseH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\x08\n\x06result\"\x13\n\x11ListModelsRequest\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.gengate.v1.ModelInfo2\xda\x02\n\x11GenerationService\x12\x45\n\x08Generate\x12\x1b.gengate.v1.GenerateRequest\x1a\x1c.gengate.v1.GenerateResponse\x12Y\n\x0eGenerateStream\x12!.gengate.v1.GenerateStreamRequest\x1a\".gengate.v1.GenerateStreamResponse0\x01\x12V\n\rBatchGenerate\x12 .gengate.v1.BatchGenerateRequest\x1a!.gengate.v1.BatchGenerateResponse0\x01\x12K\n\nListModels\x12\x1d.gengate.v1.ListModelsRequest\x1a\x1e.gengate.v1.ListModelsResponseB@Z>github.com/gengate/gengate/clients/go/gen/gengate/v1;gengatev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgengate/v1/generation.proto\x12\ngengate.v1\x1a\x16gengate/v1/types.proto\x1a\x17google/rpc/status.proto\"\xf1\x05\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12,\n\x08messages\x18\x03 \x01(\x0b\x32\x18.gengate.v1.ChatMessagesH\x00\x12$\n\x06magpie\x18\x0b \x01(\x0b\x32\x12.gengate.v1.MagpieH\x00\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.gengate.v1.SamplingParams\x12.\n\x08stopping\x18\x05 \x01(\x0b\x32\x1c.gengate.v1.StoppingCriteria\x12\x0e\n\x01n\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x15\n\x08logprobs\x18\x07 \x01(\rH\x02\x88\x01\x01\x12\x37\n\x11structured_output\x18\x08 \x01(\x0b\x32\x1c.gengate.v1.StructuredOutput\x12H\n\x0f\x62\x61\x63kend_options\x18\t \x03(\x0b\x32/.gengate.v1.GenerateRequest.BackendOptionsEntry\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x1f\n\x05tools\x18\x0c \x03(\x0b\x32\x10.gengate.v1.Tool\x12+\n\x0btool_choice\x18\r \x01(\x0b\x32\x16.gengate.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x0e \x01(\x08H\x03\x88\x01\x01\x12/\n\treasoning\x18\x0f \x01(\x0b\x32\x1c.gengate.v1.ReasoningControl\x12!\n\x19\x63hat_template_kwargs_json\x18\x10 \x01(\t\x1aU\n\x13\x42\x61\x63kendOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12-\n\x05value\x18\x02 \x01(\x0b\x32\x1e.gengate.v1.BackendOptionValue:\x02\x38\x01\x42\x07\n\x05inputB\x04\n\x02_nB\x0b\n\t_logprobsB\x16\n\x14_parallel_tool_calls\"\xca\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12+\n\x0bgenerations\x18\x03 \x03(\x0b\x32\x16.gengate.v1.Generation\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.gengate.v1.Usage\x12,\n\x0b\x65nforcement\x18\x05 \x01(\x0e\x32\x17.gengate.v1.Enforcement\x12\x36\n\x12\x65\x66\x66\x65\x63tive_sampling\x18\x06 \x01(\x0b\x32\x1a.gengate.v1.SamplingParams\x12\x38\n\x12\x65\x66\x66\x65\x63tive_stopping\x18\x07 \x01(\x0b\x32\x1c.gengate.v1.StoppingCriteria\x12$\n\x07timings\x18\x08 \x01(\x0b\x32\x13.gengate.v1.Timings\"E\n\x15GenerateStreamRequest\x12,\n\x07request\x18\x01 \x01(\x0b\x32\x1b.gengate.v1.GenerateRequest\"\xa3\x01\n\x16GenerateStreamResponse\x12(\n\x05start\x18\x01 \x01(\x0b\x32\x17.gengate.v1.StreamStartH\x00\x12,\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x1b.gengate.v1.GenerationDeltaH\x00\x12(\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x19.gengate.v1.GenerationEndH\x00\x42\x07\n\x05\x66rame\"E\n\x14\x42\x61tchGenerateRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.gengate.v1.GenerateRequest\"\x87\x01\n\x15\x42\x61tchGenerateResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x30\n\x08response\x18\x02 \x01(\x0b\x32\x1c.gengate.v1.GenerateResponseH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\x08\n\x06result\"\x13\n\x11ListModelsRequest\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.gengate.v1.ModelInfo2\xda\x02\n\x11GenerationService\x12\x45\n\x08Generate\x12\x1b.gengate.v1.GenerateRequest\x1a\x1c.gengate.v1.GenerateResponse\x12Y\n\x0eGenerateStream\x12!.gengate.v1.GenerateStreamRequest\x1a\".gengate.v1.GenerateStreamResponse0\x01\x12V\n\rBatchGenerate\x12 .gengate.v1.BatchGenerateRequest\x1a!.gengate.v1.BatchGenerateResponse0\x01\x12K\n\nListModels\x12\x1d.gengate.v1.ListModelsRequest\x1a\x1e.gengate.v1.ListModelsResponseB@Z>github.com/gengate/gengate/clients/go/gen/gengate/v1;gengatev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,23 +37,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST_BACKENDOPTIONSENTRY']._loaded_options = None
   _globals['_GENERATEREQUEST_BACKENDOPTIONSENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=93
-  _globals['_GENERATEREQUEST']._serialized_end=626
-  _globals['_GENERATEREQUEST_BACKENDOPTIONSENTRY']._serialized_start=513
-  _globals['_GENERATEREQUEST_BACKENDOPTIONSENTRY']._serialized_end=598
-  _globals['_GENERATERESPONSE']._serialized_start=629
-  _globals['_GENERATERESPONSE']._serialized_end=959
-  _globals['_GENERATESTREAMREQUEST']._serialized_start=961
-  _globals['_GENERATESTREAMREQUEST']._serialized_end=1030
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1033
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1196
-  _globals['_BATCHGENERATEREQUEST']._serialized_start=1198
-  _globals['_BATCHGENERATEREQUEST']._serialized_end=1267
-  _globals['_BATCHGENERATERESPONSE']._serialized_start=1270
-  _globals['_BATCHGENERATERESPONSE']._serialized_end=1405
-  _globals['_LISTMODELSREQUEST']._serialized_start=1407
-  _globals['_LISTMODELSREQUEST']._serialized_end=1426
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1428
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1487
-  _globals['_GENERATIONSERVICE']._serialized_start=1490
-  _globals['_GENERATIONSERVICE']._serialized_end=1836
+  _globals['_GENERATEREQUEST']._serialized_end=846
+  _globals['_GENERATEREQUEST_BACKENDOPTIONSENTRY']._serialized_start=709
+  _globals['_GENERATEREQUEST_BACKENDOPTIONSENTRY']._serialized_end=794
+  _globals['_GENERATERESPONSE']._serialized_start=849
+  _globals['_GENERATERESPONSE']._serialized_end=1179
+  _globals['_GENERATESTREAMREQUEST']._serialized_start=1181
+  _globals['_GENERATESTREAMREQUEST']._serialized_end=1250
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1253
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1416
+  _globals['_BATCHGENERATEREQUEST']._serialized_start=1418
+  _globals['_BATCHGENERATEREQUEST']._serialized_end=1487
+  _globals['_BATCHGENERATERESPONSE']._serialized_start=1490
+  _globals['_BATCHGENERATERESPONSE']._serialized_end=1625
+  _globals['_LISTMODELSREQUEST']._serialized_start=1627
+  _globals['_LISTMODELSREQUEST']._serialized_end=1646
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1648
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1707
+  _globals['_GENERATIONSERVICE']._serialized_start=1710
+  _globals['_GENERATIONSERVICE']._serialized_end=2056
 # @@protoc_insertion_point(module_scope)

@@ -58,6 +58,11 @@ class GenerateRequest(_message.Message):
     STRUCTURED_OUTPUT_FIELD_NUMBER: _builtins.int
     BACKEND_OPTIONS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
+    CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Name of a served model, as listed by ListModels."""
     prompt: _builtins.str
@@ -69,6 +74,10 @@ class GenerateRequest(_message.Message):
     """
     request_id: _builtins.str
     """Caller-chosen id echoed in the response and in traces; the server makes one if empty."""
+    parallel_tool_calls: _builtins.bool
+    """Whether the model may make several calls in one turn (default: the backend's)."""
+    chat_template_kwargs_json: _builtins.str
+    """Extra variables for a local engine's chat template (e.g. enable_thinking), as a JSON object."""
     @_builtins.property
     def messages(self) -> _types_pb2.ChatMessages: ...
     @_builtins.property
@@ -85,6 +94,18 @@ class GenerateRequest(_message.Message):
     def backend_options(self) -> _containers.MessageMap[_builtins.str, _types_pb2.BackendOptionValue]:
         """Backend-specific options, passed to the backend as given. Unknown keys are refused."""
 
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.Tool]:
+        """Functions the model may call (at most 128)."""
+
+    @_builtins.property
+    def tool_choice(self) -> _types_pb2.ToolChoice:
+        """Whether and which tool must be called (default: auto when tools are given)."""
+
+    @_builtins.property
+    def reasoning(self) -> _types_pb2.ReasoningControl:
+        """A reasoning model's thinking control."""
+
     def __init__(
         self,
         *,
@@ -99,21 +120,30 @@ class GenerateRequest(_message.Message):
         structured_output: _types_pb2.StructuredOutput | None = ...,
         backend_options: _abc.Mapping[_builtins.str, _types_pb2.BackendOptionValue] | None = ...,
         request_id: _builtins.str = ...,
+        tools: _abc.Iterable[_types_pb2.Tool] | None = ...,
+        tool_choice: _types_pb2.ToolChoice | None = ...,
+        parallel_tool_calls: _builtins.bool | None = ...,
+        reasoning: _types_pb2.ReasoningControl | None = ...,
+        chat_template_kwargs_json: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_n", b"_n", "input", b"input", "logprobs", b"logprobs", "magpie", b"magpie", "messages", b"messages", "n", b"n", "prompt", b"prompt", "sampling", b"sampling", "stopping", b"stopping", "structured_output", b"structured_output"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_n", b"_n", "_parallel_tool_calls", b"_parallel_tool_calls", "input", b"input", "logprobs", b"logprobs", "magpie", b"magpie", "messages", b"messages", "n", b"n", "parallel_tool_calls", b"parallel_tool_calls", "prompt", b"prompt", "reasoning", b"reasoning", "sampling", b"sampling", "stopping", b"stopping", "structured_output", b"structured_output", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_n", b"_n", "backend_options", b"backend_options", "input", b"input", "logprobs", b"logprobs", "magpie", b"magpie", "messages", b"messages", "model", b"model", "n", b"n", "prompt", b"prompt", "request_id", b"request_id", "sampling", b"sampling", "stopping", b"stopping", "structured_output", b"structured_output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs", "_n", b"_n", "_parallel_tool_calls", b"_parallel_tool_calls", "backend_options", b"backend_options", "chat_template_kwargs_json", b"chat_template_kwargs_json", "input", b"input", "logprobs", b"logprobs", "magpie", b"magpie", "messages", b"messages", "model", b"model", "n", b"n", "parallel_tool_calls", b"parallel_tool_calls", "prompt", b"prompt", "reasoning", b"reasoning", "request_id", b"request_id", "sampling", b"sampling", "stopping", b"stopping", "structured_output", b"structured_output", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__logprobs: _TypeAlias = _typing.Literal["logprobs"]  # noqa: Y015
     _WhichOneofArgType__logprobs: _TypeAlias = _typing.Literal["_logprobs", b"_logprobs"]  # noqa: Y015
     _WhichOneofReturnType__n: _TypeAlias = _typing.Literal["n"]  # noqa: Y015
     _WhichOneofArgType__n: _TypeAlias = _typing.Literal["_n", b"_n"]  # noqa: Y015
+    _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
     _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["prompt", "messages", "magpie"]  # noqa: Y015
     _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__logprobs) -> _WhichOneofReturnType__logprobs | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__n) -> _WhichOneofReturnType__n | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parallel_tool_calls) -> _WhichOneofReturnType__parallel_tool_calls | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType_input) -> _WhichOneofReturnType_input | None: ...
 

@@ -31,6 +31,8 @@ class _RoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Role.ValueType],
     ROLE_SYSTEM: _Role.ValueType  # 1
     ROLE_USER: _Role.ValueType  # 2
     ROLE_ASSISTANT: _Role.ValueType  # 3
+    ROLE_TOOL: _Role.ValueType  # 4
+    """The result of a tool call; the message carries tool_call_id."""
 
 class Role(_Role, metaclass=_RoleEnumTypeWrapper):
     """Role of a chat message's author."""
@@ -39,7 +41,55 @@ ROLE_UNSPECIFIED: Role.ValueType  # 0
 ROLE_SYSTEM: Role.ValueType  # 1
 ROLE_USER: Role.ValueType  # 2
 ROLE_ASSISTANT: Role.ValueType  # 3
+ROLE_TOOL: Role.ValueType  # 4
+"""The result of a tool call; the message carries tool_call_id."""
 Global___Role: _TypeAlias = Role  # noqa: Y015
+
+class _ToolChoiceMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolChoiceModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolChoiceMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ToolChoiceMode.ValueType  # 0
+    TOOL_CHOICE_MODE_AUTO: _ToolChoiceMode.ValueType  # 1
+    """Free text or tool calls, as the model decides (the default when tools are given)."""
+    TOOL_CHOICE_MODE_NONE: _ToolChoiceMode.ValueType  # 2
+    """No tool call: the tools are context only."""
+    TOOL_CHOICE_MODE_REQUIRED: _ToolChoiceMode.ValueType  # 3
+    """At least one tool call."""
+
+class ToolChoiceMode(_ToolChoiceMode, metaclass=_ToolChoiceModeEnumTypeWrapper):
+    """ToolChoiceMode is the tool choice that names no tool."""
+
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode.ValueType  # 0
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode.ValueType  # 1
+"""Free text or tool calls, as the model decides (the default when tools are given)."""
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode.ValueType  # 2
+"""No tool call: the tools are context only."""
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode.ValueType  # 3
+"""At least one tool call."""
+Global___ToolChoiceMode: _TypeAlias = ToolChoiceMode  # noqa: Y015
+
+class _ReasoningEffort:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReasoningEffortEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReasoningEffort.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REASONING_EFFORT_UNSPECIFIED: _ReasoningEffort.ValueType  # 0
+    REASONING_EFFORT_LOW: _ReasoningEffort.ValueType  # 1
+    REASONING_EFFORT_MEDIUM: _ReasoningEffort.ValueType  # 2
+    REASONING_EFFORT_HIGH: _ReasoningEffort.ValueType  # 3
+
+class ReasoningEffort(_ReasoningEffort, metaclass=_ReasoningEffortEnumTypeWrapper):
+    """ReasoningEffort is the coarse thinking control (OpenAI's reasoning_effort and its kin)."""
+
+REASONING_EFFORT_UNSPECIFIED: ReasoningEffort.ValueType  # 0
+REASONING_EFFORT_LOW: ReasoningEffort.ValueType  # 1
+REASONING_EFFORT_MEDIUM: ReasoningEffort.ValueType  # 2
+REASONING_EFFORT_HIGH: ReasoningEffort.ValueType  # 3
+Global___ReasoningEffort: _TypeAlias = ReasoningEffort  # noqa: Y015
 
 class _MagpiePreset:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -142,6 +192,8 @@ class _FinishReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FinishRe
     """The backend failed part-way."""
     FINISH_REASON_REFUSAL: _FinishReason.ValueType  # 8
     """The model refused to answer (providers that report refusals)."""
+    FINISH_REASON_TOOL_CALLS: _FinishReason.ValueType  # 9
+    """The model called tools (Generation.tool_calls)."""
 
 class FinishReason(_FinishReason, metaclass=_FinishReasonEnumTypeWrapper):
     """FinishReason is why a generation ended, the same for every backend."""
@@ -163,6 +215,8 @@ FINISH_REASON_ERROR: FinishReason.ValueType  # 7
 """The backend failed part-way."""
 FINISH_REASON_REFUSAL: FinishReason.ValueType  # 8
 """The model refused to answer (providers that report refusals)."""
+FINISH_REASON_TOOL_CALLS: FinishReason.ValueType  # 9
+"""The model called tools (Generation.tool_calls)."""
 Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
 
 class _Enforcement:
@@ -272,25 +326,235 @@ class ChatMessage(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
     role: Global___Role.ValueType
     name: _builtins.str
     """Optional participant name, for providers that support it."""
+    tool_call_id: _builtins.str
+    """On a tool message (ROLE_TOOL): the id of the call whose result `content` is."""
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentPart]: ...
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
+        """On an assistant message: the tool calls it made (so a conversation round-trips)."""
+
+    @_builtins.property
+    def reasoning(self) -> Global___Reasoning:
+        """On an assistant message: the reasoning it produced, sent back where a provider requires it
+        (signatures included).
+        """
+
     def __init__(
         self,
         *,
         role: Global___Role.ValueType = ...,
         content: _abc.Iterable[Global___ContentPart] | None = ...,
         name: _builtins.str = ...,
+        tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
+        tool_call_id: _builtins.str = ...,
+        reasoning: Global___Reasoning | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reasoning", b"reasoning"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "name", b"name", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "name", b"name", "reasoning", b"reasoning", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
+
+@_typing.final
+class Tool(_message.Message):
+    """Tool is a function the model may call. A returned call always names an offered tool and its
+    arguments always validate against `parameters_json`, or the request fails (never a success).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    PARAMETERS_JSON_FIELD_NUMBER: _builtins.int
+    STRICT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """1-64 characters of [A-Za-z0-9_-], unique within the request."""
+    description: _builtins.str
+    parameters_json: _builtins.str
+    """The arguments' JSON Schema, as JSON text (an object schema; empty: no arguments)."""
+    strict: _builtins.bool
+    """Ask the provider for its strict mode where it has one (validation happens either way)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        parameters_json: _builtins.str = ...,
+        strict: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "parameters_json", b"parameters_json", "strict", b"strict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Tool: _TypeAlias = Tool  # noqa: Y015
+
+@_typing.final
+class ToolChoice(_message.Message):
+    """ToolChoice says whether and which tool the model must call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    mode: Global___ToolChoiceMode.ValueType
+    name: _builtins.str
+    """Exactly this tool must be called (it must be one of `tools`)."""
+    def __init__(
+        self,
+        *,
+        mode: Global___ToolChoiceMode.ValueType = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "mode", b"mode", "name", b"name"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "mode", b"mode", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_choice: _TypeAlias = _typing.Literal["mode", "name"]  # noqa: Y015
+    _WhichOneofArgType_choice: _TypeAlias = _typing.Literal["choice", b"choice"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_choice) -> _WhichOneofReturnType_choice | None: ...
+
+Global___ToolChoice: _TypeAlias = ToolChoice  # noqa: Y015
+
+@_typing.final
+class ToolCall(_message.Message):
+    """ToolCall is one call a model made: validated before it is returned."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """The call's id (the provider's, or made by the server), quoted by the tool message answering it."""
+    name: _builtins.str
+    arguments_json: _builtins.str
+    """The arguments as JSON text, valid against the tool's parameters."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "id", b"id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCall: _TypeAlias = ToolCall  # noqa: Y015
+
+@_typing.final
+class ToolCallDelta(_message.Message):
+    """ToolCallDelta is a fragment of a tool call in a stream; the end frame carries the complete,
+    validated calls.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FRAGMENT_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Position of the call within its generation."""
+    id: _builtins.str
+    """Set on the call's first fragment."""
+    name: _builtins.str
+    arguments_fragment: _builtins.str
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments_fragment: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_fragment", b"arguments_fragment", "id", b"id", "index", b"index", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallDelta: _TypeAlias = ToolCallDelta  # noqa: Y015
+
+@_typing.final
+class Reasoning(_message.Message):
+    """Reasoning is what a reasoning model thought before answering."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    SIGNATURES_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    @_builtins.property
+    def signatures(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Provider-opaque signatures (e.g. Anthropic's thinking signatures, redacted thinking blocks),
+        to be sent back unchanged with the assistant message.
+        """
+
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        signatures: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["signatures", b"signatures", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Reasoning: _TypeAlias = Reasoning  # noqa: Y015
+
+@_typing.final
+class ReasoningControl(_message.Message):
+    """ReasoningControl sets a reasoning model's thinking, mapped per backend (refused where the
+    backend has no such control).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    EFFORT_FIELD_NUMBER: _builtins.int
+    BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    """Thinking on or off."""
+    effort: Global___ReasoningEffort.ValueType
+    budget_tokens: _builtins.int
+    """The most tokens the model may spend thinking."""
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool | None = ...,
+        effort: Global___ReasoningEffort.ValueType = ...,
+        budget_tokens: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_tokens", b"_budget_tokens", "_enabled", b"_enabled", "budget_tokens", b"budget_tokens", "enabled", b"enabled"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_tokens", b"_budget_tokens", "_enabled", b"_enabled", "budget_tokens", b"budget_tokens", "effort", b"effort", "enabled", b"enabled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__budget_tokens: _TypeAlias = _typing.Literal["budget_tokens"]  # noqa: Y015
+    _WhichOneofArgType__budget_tokens: _TypeAlias = _typing.Literal["_budget_tokens", b"_budget_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__enabled: _TypeAlias = _typing.Literal["enabled"]  # noqa: Y015
+    _WhichOneofArgType__enabled: _TypeAlias = _typing.Literal["_enabled", b"_enabled"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__budget_tokens) -> _WhichOneofReturnType__budget_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__enabled) -> _WhichOneofReturnType__enabled | None: ...
+
+Global___ReasoningControl: _TypeAlias = ReasoningControl  # noqa: Y015
 
 @_typing.final
 class Magpie(_message.Message):
@@ -793,6 +1057,8 @@ class Generation(_message.Message):
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     CONVERSATION_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     text: _builtins.str
     finish_reason: Global___FinishReason.ValueType
@@ -808,6 +1074,14 @@ class Generation(_message.Message):
     def conversation(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConversationTurn]:
         """A Magpie request's turns, oldest first (the given conversation, then the written turns)."""
 
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
+        """The tool calls the model made (finish_reason TOOL_CALLS), each validated."""
+
+    @_builtins.property
+    def reasoning(self) -> Global___Reasoning:
+        """A reasoning model's thinking, when the backend returns it."""
+
     def __init__(
         self,
         *,
@@ -818,10 +1092,12 @@ class Generation(_message.Message):
         output_tokens: _builtins.int = ...,
         logprobs: Global___Logprobs | None = ...,
         conversation: _abc.Iterable[Global___ConversationTurn] | None = ...,
+        tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
+        reasoning: Global___Reasoning | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop", "logprobs", b"logprobs", "matched_stop", b"matched_stop"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop", "logprobs", b"logprobs", "matched_stop", b"matched_stop", "reasoning", b"reasoning"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop", "conversation", b"conversation", "finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "matched_stop", b"matched_stop", "output_tokens", b"output_tokens", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop", "conversation", b"conversation", "finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "matched_stop", b"matched_stop", "output_tokens", b"output_tokens", "reasoning", b"reasoning", "text", b"text", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__matched_stop: _TypeAlias = _typing.Literal["matched_stop"]  # noqa: Y015
     _WhichOneofArgType__matched_stop: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop"]  # noqa: Y015
@@ -1027,13 +1303,21 @@ class GenerationDelta(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     TOKEN_COUNT_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     text: _builtins.str
     token_count: _builtins.int
     """Tokens this delta covers."""
+    reasoning: _builtins.str
+    """A fragment of the model's reasoning."""
     @_builtins.property
     def logprobs(self) -> Global___Logprobs:
         """Present when the request asked for logprobs."""
+
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCallDelta]:
+        """Fragments of tool calls, in order."""
 
     def __init__(
         self,
@@ -1042,10 +1326,12 @@ class GenerationDelta(_message.Message):
         text: _builtins.str = ...,
         token_count: _builtins.int = ...,
         logprobs: Global___Logprobs | None = ...,
+        tool_calls: _abc.Iterable[Global___ToolCallDelta] | None = ...,
+        reasoning: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "logprobs", b"logprobs", "text", b"text", "token_count", b"token_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "logprobs", b"logprobs", "reasoning", b"reasoning", "text", b"text", "token_count", b"token_count", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1062,6 +1348,8 @@ class GenerationEnd(_message.Message):
     MATCHED_STOP_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     TIMINGS_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    REASONING_SIGNATURES_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     finish_reason: Global___FinishReason.ValueType
     matched_stop: _builtins.str
@@ -1071,6 +1359,14 @@ class GenerationEnd(_message.Message):
 
     @_builtins.property
     def timings(self) -> Global___Timings: ...
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
+        """The generation's complete tool calls, validated (finish_reason TOOL_CALLS)."""
+
+    @_builtins.property
+    def reasoning_signatures(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Provider-opaque reasoning signatures, complete (the text came in deltas)."""
+
     def __init__(
         self,
         *,
@@ -1079,10 +1375,12 @@ class GenerationEnd(_message.Message):
         matched_stop: _builtins.str | None = ...,
         usage: Global___Usage | None = ...,
         timings: Global___Timings | None = ...,
+        tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
+        reasoning_signatures: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop", "matched_stop", b"matched_stop", "timings", b"timings", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop", "finish_reason", b"finish_reason", "index", b"index", "matched_stop", b"matched_stop", "timings", b"timings", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop", "finish_reason", b"finish_reason", "index", b"index", "matched_stop", b"matched_stop", "reasoning_signatures", b"reasoning_signatures", "timings", b"timings", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__matched_stop: _TypeAlias = _typing.Literal["matched_stop"]  # noqa: Y015
     _WhichOneofArgType__matched_stop: _TypeAlias = _typing.Literal["_matched_stop", b"_matched_stop"]  # noqa: Y015
@@ -1137,6 +1435,9 @@ class ModelCapabilities(_message.Message):
     CHAT_FIELD_NUMBER: _builtins.int
     BACKEND_OPTIONS_FIELD_NUMBER: _builtins.int
     MAGPIE_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    REASONING_CONTROL_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
     max_n: _builtins.int
     logprobs: _builtins.bool
     max_top_logprobs: _builtins.int
@@ -1146,6 +1447,12 @@ class ModelCapabilities(_message.Message):
     chat: _builtins.bool
     magpie: _builtins.bool
     """Takes GenerateRequest.magpie (a model that takes raw prompts)."""
+    tools: Global___Enforcement.ValueType
+    """How tool calls are enforced (ENFORCEMENT_UNSPECIFIED: tools are refused with UNIMPLEMENTED)."""
+    reasoning_control: _builtins.bool
+    """Takes GenerateRequest.reasoning."""
+    reasoning: _builtins.bool
+    """Returns the model's reasoning in Generation.reasoning."""
     @_builtins.property
     def constraints(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConstraintSupport]:
         """Constraint kinds this model serves, with how each is enforced. A kind not listed is
@@ -1176,10 +1483,13 @@ class ModelCapabilities(_message.Message):
         chat: _builtins.bool = ...,
         backend_options: _abc.Iterable[_builtins.str] | None = ...,
         magpie: _builtins.bool = ...,
+        tools: Global___Enforcement.ValueType = ...,
+        reasoning_control: _builtins.bool = ...,
+        reasoning: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_options", b"backend_options", "chat", b"chat", "constraints", b"constraints", "context_length", b"context_length", "grammar_syntaxes", b"grammar_syntaxes", "input_modalities", b"input_modalities", "logprobs", b"logprobs", "magpie", b"magpie", "max_n", b"max_n", "max_top_logprobs", b"max_top_logprobs", "seed", b"seed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_options", b"backend_options", "chat", b"chat", "constraints", b"constraints", "context_length", b"context_length", "grammar_syntaxes", b"grammar_syntaxes", "input_modalities", b"input_modalities", "logprobs", b"logprobs", "magpie", b"magpie", "max_n", b"max_n", "max_top_logprobs", b"max_top_logprobs", "reasoning", b"reasoning", "reasoning_control", b"reasoning_control", "seed", b"seed", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -48,9 +48,19 @@ type GenerateRequest struct {
 	// Backend-specific options, passed to the backend as given. Unknown keys are refused.
 	BackendOptions map[string]*BackendOptionValue `protobuf:"bytes,9,rep,name=backend_options,json=backendOptions,proto3" json:"backend_options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Caller-chosen id echoed in the response and in traces; the server makes one if empty.
-	RequestId     string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RequestId string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Functions the model may call (at most 128).
+	Tools []*Tool `protobuf:"bytes,12,rep,name=tools,proto3" json:"tools,omitempty"`
+	// Whether and which tool must be called (default: auto when tools are given).
+	ToolChoice *ToolChoice `protobuf:"bytes,13,opt,name=tool_choice,json=toolChoice,proto3" json:"tool_choice,omitempty"`
+	// Whether the model may make several calls in one turn (default: the backend's).
+	ParallelToolCalls *bool `protobuf:"varint,14,opt,name=parallel_tool_calls,json=parallelToolCalls,proto3,oneof" json:"parallel_tool_calls,omitempty"`
+	// A reasoning model's thinking control.
+	Reasoning *ReasoningControl `protobuf:"bytes,15,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
+	// Extra variables for a local engine's chat template (e.g. enable_thinking), as a JSON object.
+	ChatTemplateKwargsJson string `protobuf:"bytes,16,opt,name=chat_template_kwargs_json,json=chatTemplateKwargsJson,proto3" json:"chat_template_kwargs_json,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -169,6 +179,41 @@ func (x *GenerateRequest) GetBackendOptions() map[string]*BackendOptionValue {
 func (x *GenerateRequest) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
+	}
+	return ""
+}
+
+func (x *GenerateRequest) GetTools() []*Tool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetToolChoice() *ToolChoice {
+	if x != nil {
+		return x.ToolChoice
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetParallelToolCalls() bool {
+	if x != nil && x.ParallelToolCalls != nil {
+		return *x.ParallelToolCalls
+	}
+	return false
+}
+
+func (x *GenerateRequest) GetReasoning() *ReasoningControl {
+	if x != nil {
+		return x.Reasoning
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetChatTemplateKwargsJson() string {
+	if x != nil {
+		return x.ChatTemplateKwargsJson
 	}
 	return ""
 }
@@ -669,7 +714,7 @@ var File_gengate_v1_generation_proto protoreflect.FileDescriptor
 const file_gengate_v1_generation_proto_rawDesc = "" +
 	"\n" +
 	"\x1bgengate/v1/generation.proto\x12\n" +
-	"gengate.v1\x1a\x16gengate/v1/types.proto\x1a\x17google/rpc/status.proto\"\x90\x05\n" +
+	"gengate.v1\x1a\x16gengate/v1/types.proto\x1a\x17google/rpc/status.proto\"\xb5\a\n" +
 	"\x0fGenerateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\x06prompt\x18\x02 \x01(\tH\x00R\x06prompt\x126\n" +
@@ -683,13 +728,20 @@ const file_gengate_v1_generation_proto_rawDesc = "" +
 	"\x0fbackend_options\x18\t \x03(\v2/.gengate.v1.GenerateRequest.BackendOptionsEntryR\x0ebackendOptions\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\n" +
-	" \x01(\tR\trequestId\x1aa\n" +
+	" \x01(\tR\trequestId\x12&\n" +
+	"\x05tools\x18\f \x03(\v2\x10.gengate.v1.ToolR\x05tools\x127\n" +
+	"\vtool_choice\x18\r \x01(\v2\x16.gengate.v1.ToolChoiceR\n" +
+	"toolChoice\x123\n" +
+	"\x13parallel_tool_calls\x18\x0e \x01(\bH\x03R\x11parallelToolCalls\x88\x01\x01\x12:\n" +
+	"\treasoning\x18\x0f \x01(\v2\x1c.gengate.v1.ReasoningControlR\treasoning\x129\n" +
+	"\x19chat_template_kwargs_json\x18\x10 \x01(\tR\x16chatTemplateKwargsJson\x1aa\n" +
 	"\x13BackendOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x124\n" +
 	"\x05value\x18\x02 \x01(\v2\x1e.gengate.v1.BackendOptionValueR\x05value:\x028\x01B\a\n" +
 	"\x05inputB\x04\n" +
 	"\x02_nB\v\n" +
-	"\t_logprobs\"\xac\x03\n" +
+	"\t_logprobsB\x16\n" +
+	"\x14_parallel_tool_calls\"\xac\x03\n" +
 	"\x10GenerateResponse\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -752,16 +804,19 @@ var file_gengate_v1_generation_proto_goTypes = []any{
 	(*SamplingParams)(nil),         // 11: gengate.v1.SamplingParams
 	(*StoppingCriteria)(nil),       // 12: gengate.v1.StoppingCriteria
 	(*StructuredOutput)(nil),       // 13: gengate.v1.StructuredOutput
-	(*Generation)(nil),             // 14: gengate.v1.Generation
-	(*Usage)(nil),                  // 15: gengate.v1.Usage
-	(Enforcement)(0),               // 16: gengate.v1.Enforcement
-	(*Timings)(nil),                // 17: gengate.v1.Timings
-	(*StreamStart)(nil),            // 18: gengate.v1.StreamStart
-	(*GenerationDelta)(nil),        // 19: gengate.v1.GenerationDelta
-	(*GenerationEnd)(nil),          // 20: gengate.v1.GenerationEnd
-	(*status.Status)(nil),          // 21: google.rpc.Status
-	(*ModelInfo)(nil),              // 22: gengate.v1.ModelInfo
-	(*BackendOptionValue)(nil),     // 23: gengate.v1.BackendOptionValue
+	(*Tool)(nil),                   // 14: gengate.v1.Tool
+	(*ToolChoice)(nil),             // 15: gengate.v1.ToolChoice
+	(*ReasoningControl)(nil),       // 16: gengate.v1.ReasoningControl
+	(*Generation)(nil),             // 17: gengate.v1.Generation
+	(*Usage)(nil),                  // 18: gengate.v1.Usage
+	(Enforcement)(0),               // 19: gengate.v1.Enforcement
+	(*Timings)(nil),                // 20: gengate.v1.Timings
+	(*StreamStart)(nil),            // 21: gengate.v1.StreamStart
+	(*GenerationDelta)(nil),        // 22: gengate.v1.GenerationDelta
+	(*GenerationEnd)(nil),          // 23: gengate.v1.GenerationEnd
+	(*status.Status)(nil),          // 24: google.rpc.Status
+	(*ModelInfo)(nil),              // 25: gengate.v1.ModelInfo
+	(*BackendOptionValue)(nil),     // 26: gengate.v1.BackendOptionValue
 }
 var file_gengate_v1_generation_proto_depIdxs = []int32{
 	9,  // 0: gengate.v1.GenerateRequest.messages:type_name -> gengate.v1.ChatMessages
@@ -770,34 +825,37 @@ var file_gengate_v1_generation_proto_depIdxs = []int32{
 	12, // 3: gengate.v1.GenerateRequest.stopping:type_name -> gengate.v1.StoppingCriteria
 	13, // 4: gengate.v1.GenerateRequest.structured_output:type_name -> gengate.v1.StructuredOutput
 	8,  // 5: gengate.v1.GenerateRequest.backend_options:type_name -> gengate.v1.GenerateRequest.BackendOptionsEntry
-	14, // 6: gengate.v1.GenerateResponse.generations:type_name -> gengate.v1.Generation
-	15, // 7: gengate.v1.GenerateResponse.usage:type_name -> gengate.v1.Usage
-	16, // 8: gengate.v1.GenerateResponse.enforcement:type_name -> gengate.v1.Enforcement
-	11, // 9: gengate.v1.GenerateResponse.effective_sampling:type_name -> gengate.v1.SamplingParams
-	12, // 10: gengate.v1.GenerateResponse.effective_stopping:type_name -> gengate.v1.StoppingCriteria
-	17, // 11: gengate.v1.GenerateResponse.timings:type_name -> gengate.v1.Timings
-	0,  // 12: gengate.v1.GenerateStreamRequest.request:type_name -> gengate.v1.GenerateRequest
-	18, // 13: gengate.v1.GenerateStreamResponse.start:type_name -> gengate.v1.StreamStart
-	19, // 14: gengate.v1.GenerateStreamResponse.delta:type_name -> gengate.v1.GenerationDelta
-	20, // 15: gengate.v1.GenerateStreamResponse.end:type_name -> gengate.v1.GenerationEnd
-	0,  // 16: gengate.v1.BatchGenerateRequest.requests:type_name -> gengate.v1.GenerateRequest
-	1,  // 17: gengate.v1.BatchGenerateResponse.response:type_name -> gengate.v1.GenerateResponse
-	21, // 18: gengate.v1.BatchGenerateResponse.error:type_name -> google.rpc.Status
-	22, // 19: gengate.v1.ListModelsResponse.models:type_name -> gengate.v1.ModelInfo
-	23, // 20: gengate.v1.GenerateRequest.BackendOptionsEntry.value:type_name -> gengate.v1.BackendOptionValue
-	0,  // 21: gengate.v1.GenerationService.Generate:input_type -> gengate.v1.GenerateRequest
-	2,  // 22: gengate.v1.GenerationService.GenerateStream:input_type -> gengate.v1.GenerateStreamRequest
-	4,  // 23: gengate.v1.GenerationService.BatchGenerate:input_type -> gengate.v1.BatchGenerateRequest
-	6,  // 24: gengate.v1.GenerationService.ListModels:input_type -> gengate.v1.ListModelsRequest
-	1,  // 25: gengate.v1.GenerationService.Generate:output_type -> gengate.v1.GenerateResponse
-	3,  // 26: gengate.v1.GenerationService.GenerateStream:output_type -> gengate.v1.GenerateStreamResponse
-	5,  // 27: gengate.v1.GenerationService.BatchGenerate:output_type -> gengate.v1.BatchGenerateResponse
-	7,  // 28: gengate.v1.GenerationService.ListModels:output_type -> gengate.v1.ListModelsResponse
-	25, // [25:29] is the sub-list for method output_type
-	21, // [21:25] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	14, // 6: gengate.v1.GenerateRequest.tools:type_name -> gengate.v1.Tool
+	15, // 7: gengate.v1.GenerateRequest.tool_choice:type_name -> gengate.v1.ToolChoice
+	16, // 8: gengate.v1.GenerateRequest.reasoning:type_name -> gengate.v1.ReasoningControl
+	17, // 9: gengate.v1.GenerateResponse.generations:type_name -> gengate.v1.Generation
+	18, // 10: gengate.v1.GenerateResponse.usage:type_name -> gengate.v1.Usage
+	19, // 11: gengate.v1.GenerateResponse.enforcement:type_name -> gengate.v1.Enforcement
+	11, // 12: gengate.v1.GenerateResponse.effective_sampling:type_name -> gengate.v1.SamplingParams
+	12, // 13: gengate.v1.GenerateResponse.effective_stopping:type_name -> gengate.v1.StoppingCriteria
+	20, // 14: gengate.v1.GenerateResponse.timings:type_name -> gengate.v1.Timings
+	0,  // 15: gengate.v1.GenerateStreamRequest.request:type_name -> gengate.v1.GenerateRequest
+	21, // 16: gengate.v1.GenerateStreamResponse.start:type_name -> gengate.v1.StreamStart
+	22, // 17: gengate.v1.GenerateStreamResponse.delta:type_name -> gengate.v1.GenerationDelta
+	23, // 18: gengate.v1.GenerateStreamResponse.end:type_name -> gengate.v1.GenerationEnd
+	0,  // 19: gengate.v1.BatchGenerateRequest.requests:type_name -> gengate.v1.GenerateRequest
+	1,  // 20: gengate.v1.BatchGenerateResponse.response:type_name -> gengate.v1.GenerateResponse
+	24, // 21: gengate.v1.BatchGenerateResponse.error:type_name -> google.rpc.Status
+	25, // 22: gengate.v1.ListModelsResponse.models:type_name -> gengate.v1.ModelInfo
+	26, // 23: gengate.v1.GenerateRequest.BackendOptionsEntry.value:type_name -> gengate.v1.BackendOptionValue
+	0,  // 24: gengate.v1.GenerationService.Generate:input_type -> gengate.v1.GenerateRequest
+	2,  // 25: gengate.v1.GenerationService.GenerateStream:input_type -> gengate.v1.GenerateStreamRequest
+	4,  // 26: gengate.v1.GenerationService.BatchGenerate:input_type -> gengate.v1.BatchGenerateRequest
+	6,  // 27: gengate.v1.GenerationService.ListModels:input_type -> gengate.v1.ListModelsRequest
+	1,  // 28: gengate.v1.GenerationService.Generate:output_type -> gengate.v1.GenerateResponse
+	3,  // 29: gengate.v1.GenerationService.GenerateStream:output_type -> gengate.v1.GenerateStreamResponse
+	5,  // 30: gengate.v1.GenerationService.BatchGenerate:output_type -> gengate.v1.BatchGenerateResponse
+	7,  // 31: gengate.v1.GenerationService.ListModels:output_type -> gengate.v1.ListModelsResponse
+	28, // [28:32] is the sub-list for method output_type
+	24, // [24:28] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_gengate_v1_generation_proto_init() }

@@ -31,6 +31,8 @@ const (
 	Role_ROLE_SYSTEM      Role = 1
 	Role_ROLE_USER        Role = 2
 	Role_ROLE_ASSISTANT   Role = 3
+	// The result of a tool call; the message carries tool_call_id.
+	Role_ROLE_TOOL Role = 4
 )
 
 // Enum value maps for Role.
@@ -40,12 +42,14 @@ var (
 		1: "ROLE_SYSTEM",
 		2: "ROLE_USER",
 		3: "ROLE_ASSISTANT",
+		4: "ROLE_TOOL",
 	}
 	Role_value = map[string]int32{
 		"ROLE_UNSPECIFIED": 0,
 		"ROLE_SYSTEM":      1,
 		"ROLE_USER":        2,
 		"ROLE_ASSISTANT":   3,
+		"ROLE_TOOL":        4,
 	}
 )
 
@@ -74,6 +78,115 @@ func (x Role) Number() protoreflect.EnumNumber {
 // Deprecated: Use Role.Descriptor instead.
 func (Role) EnumDescriptor() ([]byte, []int) {
 	return file_gengate_v1_types_proto_rawDescGZIP(), []int{0}
+}
+
+// ToolChoiceMode is the tool choice that names no tool.
+type ToolChoiceMode int32
+
+const (
+	ToolChoiceMode_TOOL_CHOICE_MODE_UNSPECIFIED ToolChoiceMode = 0
+	// Free text or tool calls, as the model decides (the default when tools are given).
+	ToolChoiceMode_TOOL_CHOICE_MODE_AUTO ToolChoiceMode = 1
+	// No tool call: the tools are context only.
+	ToolChoiceMode_TOOL_CHOICE_MODE_NONE ToolChoiceMode = 2
+	// At least one tool call.
+	ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED ToolChoiceMode = 3
+)
+
+// Enum value maps for ToolChoiceMode.
+var (
+	ToolChoiceMode_name = map[int32]string{
+		0: "TOOL_CHOICE_MODE_UNSPECIFIED",
+		1: "TOOL_CHOICE_MODE_AUTO",
+		2: "TOOL_CHOICE_MODE_NONE",
+		3: "TOOL_CHOICE_MODE_REQUIRED",
+	}
+	ToolChoiceMode_value = map[string]int32{
+		"TOOL_CHOICE_MODE_UNSPECIFIED": 0,
+		"TOOL_CHOICE_MODE_AUTO":        1,
+		"TOOL_CHOICE_MODE_NONE":        2,
+		"TOOL_CHOICE_MODE_REQUIRED":    3,
+	}
+)
+
+func (x ToolChoiceMode) Enum() *ToolChoiceMode {
+	p := new(ToolChoiceMode)
+	*p = x
+	return p
+}
+
+func (x ToolChoiceMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ToolChoiceMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_gengate_v1_types_proto_enumTypes[1].Descriptor()
+}
+
+func (ToolChoiceMode) Type() protoreflect.EnumType {
+	return &file_gengate_v1_types_proto_enumTypes[1]
+}
+
+func (x ToolChoiceMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ToolChoiceMode.Descriptor instead.
+func (ToolChoiceMode) EnumDescriptor() ([]byte, []int) {
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{1}
+}
+
+// ReasoningEffort is the coarse thinking control (OpenAI's reasoning_effort and its kin).
+type ReasoningEffort int32
+
+const (
+	ReasoningEffort_REASONING_EFFORT_UNSPECIFIED ReasoningEffort = 0
+	ReasoningEffort_REASONING_EFFORT_LOW         ReasoningEffort = 1
+	ReasoningEffort_REASONING_EFFORT_MEDIUM      ReasoningEffort = 2
+	ReasoningEffort_REASONING_EFFORT_HIGH        ReasoningEffort = 3
+)
+
+// Enum value maps for ReasoningEffort.
+var (
+	ReasoningEffort_name = map[int32]string{
+		0: "REASONING_EFFORT_UNSPECIFIED",
+		1: "REASONING_EFFORT_LOW",
+		2: "REASONING_EFFORT_MEDIUM",
+		3: "REASONING_EFFORT_HIGH",
+	}
+	ReasoningEffort_value = map[string]int32{
+		"REASONING_EFFORT_UNSPECIFIED": 0,
+		"REASONING_EFFORT_LOW":         1,
+		"REASONING_EFFORT_MEDIUM":      2,
+		"REASONING_EFFORT_HIGH":        3,
+	}
+)
+
+func (x ReasoningEffort) Enum() *ReasoningEffort {
+	p := new(ReasoningEffort)
+	*p = x
+	return p
+}
+
+func (x ReasoningEffort) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReasoningEffort) Descriptor() protoreflect.EnumDescriptor {
+	return file_gengate_v1_types_proto_enumTypes[2].Descriptor()
+}
+
+func (ReasoningEffort) Type() protoreflect.EnumType {
+	return &file_gengate_v1_types_proto_enumTypes[2]
+}
+
+func (x ReasoningEffort) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReasoningEffort.Descriptor instead.
+func (ReasoningEffort) EnumDescriptor() ([]byte, []int) {
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{2}
 }
 
 // MagpiePreset names the pre-query text of a chat format (the exact text is in the README).
@@ -120,11 +233,11 @@ func (x MagpiePreset) String() string {
 }
 
 func (MagpiePreset) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[1].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[3].Descriptor()
 }
 
 func (MagpiePreset) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[1]
+	return &file_gengate_v1_types_proto_enumTypes[3]
 }
 
 func (x MagpiePreset) Number() protoreflect.EnumNumber {
@@ -133,7 +246,7 @@ func (x MagpiePreset) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MagpiePreset.Descriptor instead.
 func (MagpiePreset) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{1}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
 // GrammarSyntax names the notation of a grammar definition.
@@ -176,11 +289,11 @@ func (x GrammarSyntax) String() string {
 }
 
 func (GrammarSyntax) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[2].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[4].Descriptor()
 }
 
 func (GrammarSyntax) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[2]
+	return &file_gengate_v1_types_proto_enumTypes[4]
 }
 
 func (x GrammarSyntax) Number() protoreflect.EnumNumber {
@@ -189,7 +302,7 @@ func (x GrammarSyntax) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GrammarSyntax.Descriptor instead.
 func (GrammarSyntax) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 // Whitespace says how much whitespace JSON output may contain.
@@ -228,11 +341,11 @@ func (x Whitespace) String() string {
 }
 
 func (Whitespace) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[3].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[5].Descriptor()
 }
 
 func (Whitespace) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[3]
+	return &file_gengate_v1_types_proto_enumTypes[5]
 }
 
 func (x Whitespace) Number() protoreflect.EnumNumber {
@@ -241,7 +354,7 @@ func (x Whitespace) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Whitespace.Descriptor instead.
 func (Whitespace) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 // FinishReason is why a generation ended, the same for every backend.
@@ -265,6 +378,8 @@ const (
 	FinishReason_FINISH_REASON_ERROR FinishReason = 7
 	// The model refused to answer (providers that report refusals).
 	FinishReason_FINISH_REASON_REFUSAL FinishReason = 8
+	// The model called tools (Generation.tool_calls).
+	FinishReason_FINISH_REASON_TOOL_CALLS FinishReason = 9
 )
 
 // Enum value maps for FinishReason.
@@ -279,6 +394,7 @@ var (
 		6: "FINISH_REASON_TIME_LIMIT",
 		7: "FINISH_REASON_ERROR",
 		8: "FINISH_REASON_REFUSAL",
+		9: "FINISH_REASON_TOOL_CALLS",
 	}
 	FinishReason_value = map[string]int32{
 		"FINISH_REASON_UNSPECIFIED":    0,
@@ -290,6 +406,7 @@ var (
 		"FINISH_REASON_TIME_LIMIT":     6,
 		"FINISH_REASON_ERROR":          7,
 		"FINISH_REASON_REFUSAL":        8,
+		"FINISH_REASON_TOOL_CALLS":     9,
 	}
 )
 
@@ -304,11 +421,11 @@ func (x FinishReason) String() string {
 }
 
 func (FinishReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[4].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[6].Descriptor()
 }
 
 func (FinishReason) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[4]
+	return &file_gengate_v1_types_proto_enumTypes[6]
 }
 
 func (x FinishReason) Number() protoreflect.EnumNumber {
@@ -317,7 +434,7 @@ func (x FinishReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FinishReason.Descriptor instead.
 func (FinishReason) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 // Enforcement says how a structured-output constraint was (or can be) enforced.
@@ -365,11 +482,11 @@ func (x Enforcement) String() string {
 }
 
 func (Enforcement) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[5].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[7].Descriptor()
 }
 
 func (Enforcement) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[5]
+	return &file_gengate_v1_types_proto_enumTypes[7]
 }
 
 func (x Enforcement) Number() protoreflect.EnumNumber {
@@ -378,7 +495,7 @@ func (x Enforcement) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Enforcement.Descriptor instead.
 func (Enforcement) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 // ConstraintKind names a structured-output kind.
@@ -424,11 +541,11 @@ func (x ConstraintKind) String() string {
 }
 
 func (ConstraintKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[6].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[8].Descriptor()
 }
 
 func (ConstraintKind) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[6]
+	return &file_gengate_v1_types_proto_enumTypes[8]
 }
 
 func (x ConstraintKind) Number() protoreflect.EnumNumber {
@@ -437,7 +554,7 @@ func (x ConstraintKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ConstraintKind.Descriptor instead.
 func (ConstraintKind) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 // Modality names an input type.
@@ -474,11 +591,11 @@ func (x Modality) String() string {
 }
 
 func (Modality) Descriptor() protoreflect.EnumDescriptor {
-	return file_gengate_v1_types_proto_enumTypes[7].Descriptor()
+	return file_gengate_v1_types_proto_enumTypes[9].Descriptor()
 }
 
 func (Modality) Type() protoreflect.EnumType {
-	return &file_gengate_v1_types_proto_enumTypes[7]
+	return &file_gengate_v1_types_proto_enumTypes[9]
 }
 
 func (x Modality) Number() protoreflect.EnumNumber {
@@ -487,7 +604,7 @@ func (x Modality) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Modality.Descriptor instead.
 func (Modality) EnumDescriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 // ChatMessages is a conversation, oldest message first.
@@ -541,7 +658,14 @@ type ChatMessage struct {
 	Role    Role                   `protobuf:"varint,1,opt,name=role,proto3,enum=gengate.v1.Role" json:"role,omitempty"`
 	Content []*ContentPart         `protobuf:"bytes,2,rep,name=content,proto3" json:"content,omitempty"`
 	// Optional participant name, for providers that support it.
-	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// On an assistant message: the tool calls it made (so a conversation round-trips).
+	ToolCalls []*ToolCall `protobuf:"bytes,4,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// On a tool message (ROLE_TOOL): the id of the call whose result `content` is.
+	ToolCallId string `protobuf:"bytes,5,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
+	// On an assistant message: the reasoning it produced, sent back where a provider requires it
+	// (signatures included).
+	Reasoning     *Reasoning `protobuf:"bytes,6,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -597,6 +721,438 @@ func (x *ChatMessage) GetName() string {
 	return ""
 }
 
+func (x *ChatMessage) GetToolCalls() []*ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+func (x *ChatMessage) GetToolCallId() string {
+	if x != nil {
+		return x.ToolCallId
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetReasoning() *Reasoning {
+	if x != nil {
+		return x.Reasoning
+	}
+	return nil
+}
+
+// Tool is a function the model may call. A returned call always names an offered tool and its
+// arguments always validate against `parameters_json`, or the request fails (never a success).
+type Tool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1-64 characters of [A-Za-z0-9_-], unique within the request.
+	Name        string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// The arguments' JSON Schema, as JSON text (an object schema; empty: no arguments).
+	ParametersJson string `protobuf:"bytes,3,opt,name=parameters_json,json=parametersJson,proto3" json:"parameters_json,omitempty"`
+	// Ask the provider for its strict mode where it has one (validation happens either way).
+	Strict        bool `protobuf:"varint,4,opt,name=strict,proto3" json:"strict,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tool) Reset() {
+	*x = Tool{}
+	mi := &file_gengate_v1_types_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tool) ProtoMessage() {}
+
+func (x *Tool) ProtoReflect() protoreflect.Message {
+	mi := &file_gengate_v1_types_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tool.ProtoReflect.Descriptor instead.
+func (*Tool) Descriptor() ([]byte, []int) {
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Tool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Tool) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *Tool) GetParametersJson() string {
+	if x != nil {
+		return x.ParametersJson
+	}
+	return ""
+}
+
+func (x *Tool) GetStrict() bool {
+	if x != nil {
+		return x.Strict
+	}
+	return false
+}
+
+// ToolChoice says whether and which tool the model must call.
+type ToolChoice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Choice:
+	//
+	//	*ToolChoice_Mode
+	//	*ToolChoice_Name
+	Choice        isToolChoice_Choice `protobuf_oneof:"choice"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolChoice) Reset() {
+	*x = ToolChoice{}
+	mi := &file_gengate_v1_types_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolChoice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolChoice) ProtoMessage() {}
+
+func (x *ToolChoice) ProtoReflect() protoreflect.Message {
+	mi := &file_gengate_v1_types_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolChoice.ProtoReflect.Descriptor instead.
+func (*ToolChoice) Descriptor() ([]byte, []int) {
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ToolChoice) GetChoice() isToolChoice_Choice {
+	if x != nil {
+		return x.Choice
+	}
+	return nil
+}
+
+func (x *ToolChoice) GetMode() ToolChoiceMode {
+	if x != nil {
+		if x, ok := x.Choice.(*ToolChoice_Mode); ok {
+			return x.Mode
+		}
+	}
+	return ToolChoiceMode_TOOL_CHOICE_MODE_UNSPECIFIED
+}
+
+func (x *ToolChoice) GetName() string {
+	if x != nil {
+		if x, ok := x.Choice.(*ToolChoice_Name); ok {
+			return x.Name
+		}
+	}
+	return ""
+}
+
+type isToolChoice_Choice interface {
+	isToolChoice_Choice()
+}
+
+type ToolChoice_Mode struct {
+	Mode ToolChoiceMode `protobuf:"varint,1,opt,name=mode,proto3,enum=gengate.v1.ToolChoiceMode,oneof"`
+}
+
+type ToolChoice_Name struct {
+	// Exactly this tool must be called (it must be one of `tools`).
+	Name string `protobuf:"bytes,2,opt,name=name,proto3,oneof"`
+}
+
+func (*ToolChoice_Mode) isToolChoice_Choice() {}
+
+func (*ToolChoice_Name) isToolChoice_Choice() {}
+
+// ToolCall is one call a model made: validated before it is returned.
+type ToolCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The call's id (the provider's, or made by the server), quoted by the tool message answering it.
+	Id   string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The arguments as JSON text, valid against the tool's parameters.
+	ArgumentsJson string `protobuf:"bytes,3,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCall) Reset() {
+	*x = ToolCall{}
+	mi := &file_gengate_v1_types_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCall) ProtoMessage() {}
+
+func (x *ToolCall) ProtoReflect() protoreflect.Message {
+	mi := &file_gengate_v1_types_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
+func (*ToolCall) Descriptor() ([]byte, []int) {
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ToolCall) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ToolCall) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ToolCall) GetArgumentsJson() string {
+	if x != nil {
+		return x.ArgumentsJson
+	}
+	return ""
+}
+
+// ToolCallDelta is a fragment of a tool call in a stream; the end frame carries the complete,
+// validated calls.
+type ToolCallDelta struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Position of the call within its generation.
+	Index uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// Set on the call's first fragment.
+	Id                string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Name              string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	ArgumentsFragment string `protobuf:"bytes,4,opt,name=arguments_fragment,json=argumentsFragment,proto3" json:"arguments_fragment,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ToolCallDelta) Reset() {
+	*x = ToolCallDelta{}
+	mi := &file_gengate_v1_types_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCallDelta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCallDelta) ProtoMessage() {}
+
+func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
+	mi := &file_gengate_v1_types_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
+func (*ToolCallDelta) Descriptor() ([]byte, []int) {
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ToolCallDelta) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ToolCallDelta) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ToolCallDelta) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ToolCallDelta) GetArgumentsFragment() string {
+	if x != nil {
+		return x.ArgumentsFragment
+	}
+	return ""
+}
+
+// Reasoning is what a reasoning model thought before answering.
+type Reasoning struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Text  string                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
+	// Provider-opaque signatures (e.g. Anthropic's thinking signatures, redacted thinking blocks),
+	// to be sent back unchanged with the assistant message.
+	Signatures    []string `protobuf:"bytes,2,rep,name=signatures,proto3" json:"signatures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Reasoning) Reset() {
+	*x = Reasoning{}
+	mi := &file_gengate_v1_types_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Reasoning) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Reasoning) ProtoMessage() {}
+
+func (x *Reasoning) ProtoReflect() protoreflect.Message {
+	mi := &file_gengate_v1_types_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Reasoning.ProtoReflect.Descriptor instead.
+func (*Reasoning) Descriptor() ([]byte, []int) {
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Reasoning) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *Reasoning) GetSignatures() []string {
+	if x != nil {
+		return x.Signatures
+	}
+	return nil
+}
+
+// ReasoningControl sets a reasoning model's thinking, mapped per backend (refused where the
+// backend has no such control).
+type ReasoningControl struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Thinking on or off.
+	Enabled *bool           `protobuf:"varint,1,opt,name=enabled,proto3,oneof" json:"enabled,omitempty"`
+	Effort  ReasoningEffort `protobuf:"varint,2,opt,name=effort,proto3,enum=gengate.v1.ReasoningEffort" json:"effort,omitempty"`
+	// The most tokens the model may spend thinking.
+	BudgetTokens  *uint32 `protobuf:"varint,3,opt,name=budget_tokens,json=budgetTokens,proto3,oneof" json:"budget_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReasoningControl) Reset() {
+	*x = ReasoningControl{}
+	mi := &file_gengate_v1_types_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReasoningControl) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReasoningControl) ProtoMessage() {}
+
+func (x *ReasoningControl) ProtoReflect() protoreflect.Message {
+	mi := &file_gengate_v1_types_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReasoningControl.ProtoReflect.Descriptor instead.
+func (*ReasoningControl) Descriptor() ([]byte, []int) {
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ReasoningControl) GetEnabled() bool {
+	if x != nil && x.Enabled != nil {
+		return *x.Enabled
+	}
+	return false
+}
+
+func (x *ReasoningControl) GetEffort() ReasoningEffort {
+	if x != nil {
+		return x.Effort
+	}
+	return ReasoningEffort_REASONING_EFFORT_UNSPECIFIED
+}
+
+func (x *ReasoningControl) GetBudgetTokens() uint32 {
+	if x != nil && x.BudgetTokens != nil {
+		return *x.BudgetTokens
+	}
+	return 0
+}
+
 // Magpie asks an instruction-tuned model to write the user's turn itself: the conversation so
 // far is rendered in the model's chat format and ended with the pre-query text (the header of a
 // user turn), so the model continues as the user. Each turn then gets the model's answer, for
@@ -625,7 +1181,7 @@ type Magpie struct {
 
 func (x *Magpie) Reset() {
 	*x = Magpie{}
-	mi := &file_gengate_v1_types_proto_msgTypes[2]
+	mi := &file_gengate_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -637,7 +1193,7 @@ func (x *Magpie) String() string {
 func (*Magpie) ProtoMessage() {}
 
 func (x *Magpie) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[2]
+	mi := &file_gengate_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -650,7 +1206,7 @@ func (x *Magpie) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Magpie.ProtoReflect.Descriptor instead.
 func (*Magpie) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Magpie) GetPreQuery() isMagpie_PreQuery {
@@ -744,7 +1300,7 @@ type ConversationTurn struct {
 
 func (x *ConversationTurn) Reset() {
 	*x = ConversationTurn{}
-	mi := &file_gengate_v1_types_proto_msgTypes[3]
+	mi := &file_gengate_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +1312,7 @@ func (x *ConversationTurn) String() string {
 func (*ConversationTurn) ProtoMessage() {}
 
 func (x *ConversationTurn) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[3]
+	mi := &file_gengate_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +1325,7 @@ func (x *ConversationTurn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConversationTurn.ProtoReflect.Descriptor instead.
 func (*ConversationTurn) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ConversationTurn) GetRole() Role {
@@ -807,7 +1363,7 @@ type ContentPart struct {
 
 func (x *ContentPart) Reset() {
 	*x = ContentPart{}
-	mi := &file_gengate_v1_types_proto_msgTypes[4]
+	mi := &file_gengate_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -819,7 +1375,7 @@ func (x *ContentPart) String() string {
 func (*ContentPart) ProtoMessage() {}
 
 func (x *ContentPart) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[4]
+	mi := &file_gengate_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -832,7 +1388,7 @@ func (x *ContentPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContentPart.ProtoReflect.Descriptor instead.
 func (*ContentPart) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ContentPart) GetPart() isContentPart_Part {
@@ -892,7 +1448,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_gengate_v1_types_proto_msgTypes[5]
+	mi := &file_gengate_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1460,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[5]
+	mi := &file_gengate_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1473,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Image) GetSource() isImage_Source {
@@ -987,7 +1543,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_gengate_v1_types_proto_msgTypes[6]
+	mi := &file_gengate_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1555,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[6]
+	mi := &file_gengate_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1568,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -1084,7 +1640,7 @@ type StoppingCriteria struct {
 
 func (x *StoppingCriteria) Reset() {
 	*x = StoppingCriteria{}
-	mi := &file_gengate_v1_types_proto_msgTypes[7]
+	mi := &file_gengate_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1652,7 @@ func (x *StoppingCriteria) String() string {
 func (*StoppingCriteria) ProtoMessage() {}
 
 func (x *StoppingCriteria) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[7]
+	mi := &file_gengate_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1665,7 @@ func (x *StoppingCriteria) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoppingCriteria.ProtoReflect.Descriptor instead.
 func (*StoppingCriteria) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StoppingCriteria) GetMaxTokens() uint32 {
@@ -1144,7 +1700,7 @@ type StructuredOutput struct {
 
 func (x *StructuredOutput) Reset() {
 	*x = StructuredOutput{}
-	mi := &file_gengate_v1_types_proto_msgTypes[8]
+	mi := &file_gengate_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1156,7 +1712,7 @@ func (x *StructuredOutput) String() string {
 func (*StructuredOutput) ProtoMessage() {}
 
 func (x *StructuredOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[8]
+	mi := &file_gengate_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1169,7 +1725,7 @@ func (x *StructuredOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StructuredOutput.ProtoReflect.Descriptor instead.
 func (*StructuredOutput) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StructuredOutput) GetKind() isStructuredOutput_Kind {
@@ -1285,7 +1841,7 @@ type JsonSchema struct {
 
 func (x *JsonSchema) Reset() {
 	*x = JsonSchema{}
-	mi := &file_gengate_v1_types_proto_msgTypes[9]
+	mi := &file_gengate_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1297,7 +1853,7 @@ func (x *JsonSchema) String() string {
 func (*JsonSchema) ProtoMessage() {}
 
 func (x *JsonSchema) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[9]
+	mi := &file_gengate_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1310,7 +1866,7 @@ func (x *JsonSchema) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JsonSchema.ProtoReflect.Descriptor instead.
 func (*JsonSchema) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *JsonSchema) GetSchema() *structpb.Struct {
@@ -1352,7 +1908,7 @@ type Regex struct {
 
 func (x *Regex) Reset() {
 	*x = Regex{}
-	mi := &file_gengate_v1_types_proto_msgTypes[10]
+	mi := &file_gengate_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1920,7 @@ func (x *Regex) String() string {
 func (*Regex) ProtoMessage() {}
 
 func (x *Regex) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[10]
+	mi := &file_gengate_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1933,7 @@ func (x *Regex) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Regex.ProtoReflect.Descriptor instead.
 func (*Regex) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Regex) GetPattern() string {
@@ -1397,7 +1953,7 @@ type Choice struct {
 
 func (x *Choice) Reset() {
 	*x = Choice{}
-	mi := &file_gengate_v1_types_proto_msgTypes[11]
+	mi := &file_gengate_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +1965,7 @@ func (x *Choice) String() string {
 func (*Choice) ProtoMessage() {}
 
 func (x *Choice) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[11]
+	mi := &file_gengate_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +1978,7 @@ func (x *Choice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Choice.ProtoReflect.Descriptor instead.
 func (*Choice) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Choice) GetChoices() []string {
@@ -1443,7 +1999,7 @@ type Grammar struct {
 
 func (x *Grammar) Reset() {
 	*x = Grammar{}
-	mi := &file_gengate_v1_types_proto_msgTypes[12]
+	mi := &file_gengate_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +2011,7 @@ func (x *Grammar) String() string {
 func (*Grammar) ProtoMessage() {}
 
 func (x *Grammar) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[12]
+	mi := &file_gengate_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +2024,7 @@ func (x *Grammar) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grammar.ProtoReflect.Descriptor instead.
 func (*Grammar) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Grammar) GetSyntax() GrammarSyntax {
@@ -1494,7 +2050,7 @@ type JsonObject struct {
 
 func (x *JsonObject) Reset() {
 	*x = JsonObject{}
-	mi := &file_gengate_v1_types_proto_msgTypes[13]
+	mi := &file_gengate_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +2062,7 @@ func (x *JsonObject) String() string {
 func (*JsonObject) ProtoMessage() {}
 
 func (x *JsonObject) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[13]
+	mi := &file_gengate_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +2075,7 @@ func (x *JsonObject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JsonObject.ProtoReflect.Descriptor instead.
 func (*JsonObject) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 // StructuredOutputOptions tunes how a constraint is compiled.
@@ -1537,7 +2093,7 @@ type StructuredOutputOptions struct {
 
 func (x *StructuredOutputOptions) Reset() {
 	*x = StructuredOutputOptions{}
-	mi := &file_gengate_v1_types_proto_msgTypes[14]
+	mi := &file_gengate_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +2105,7 @@ func (x *StructuredOutputOptions) String() string {
 func (*StructuredOutputOptions) ProtoMessage() {}
 
 func (x *StructuredOutputOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[14]
+	mi := &file_gengate_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +2118,7 @@ func (x *StructuredOutputOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StructuredOutputOptions.ProtoReflect.Descriptor instead.
 func (*StructuredOutputOptions) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StructuredOutputOptions) GetWhitespace() Whitespace {
@@ -1595,7 +2151,7 @@ type BackendOptionValue struct {
 
 func (x *BackendOptionValue) Reset() {
 	*x = BackendOptionValue{}
-	mi := &file_gengate_v1_types_proto_msgTypes[15]
+	mi := &file_gengate_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +2163,7 @@ func (x *BackendOptionValue) String() string {
 func (*BackendOptionValue) ProtoMessage() {}
 
 func (x *BackendOptionValue) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[15]
+	mi := &file_gengate_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +2176,7 @@ func (x *BackendOptionValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendOptionValue.ProtoReflect.Descriptor instead.
 func (*BackendOptionValue) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BackendOptionValue) GetValue() isBackendOptionValue_Value {
@@ -1707,14 +2263,18 @@ type Generation struct {
 	// Present when the request asked for logprobs.
 	Logprobs *Logprobs `protobuf:"bytes,6,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
 	// A Magpie request's turns, oldest first (the given conversation, then the written turns).
-	Conversation  []*ConversationTurn `protobuf:"bytes,7,rep,name=conversation,proto3" json:"conversation,omitempty"`
+	Conversation []*ConversationTurn `protobuf:"bytes,7,rep,name=conversation,proto3" json:"conversation,omitempty"`
+	// The tool calls the model made (finish_reason TOOL_CALLS), each validated.
+	ToolCalls []*ToolCall `protobuf:"bytes,8,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// A reasoning model's thinking, when the backend returns it.
+	Reasoning     *Reasoning `protobuf:"bytes,9,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Generation) Reset() {
 	*x = Generation{}
-	mi := &file_gengate_v1_types_proto_msgTypes[16]
+	mi := &file_gengate_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +2286,7 @@ func (x *Generation) String() string {
 func (*Generation) ProtoMessage() {}
 
 func (x *Generation) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[16]
+	mi := &file_gengate_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +2299,7 @@ func (x *Generation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Generation.ProtoReflect.Descriptor instead.
 func (*Generation) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Generation) GetIndex() uint32 {
@@ -1791,6 +2351,20 @@ func (x *Generation) GetConversation() []*ConversationTurn {
 	return nil
 }
 
+func (x *Generation) GetToolCalls() []*ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+func (x *Generation) GetReasoning() *Reasoning {
+	if x != nil {
+		return x.Reasoning
+	}
+	return nil
+}
+
 // Logprobs lists the log-probability of each generated token.
 type Logprobs struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1801,7 +2375,7 @@ type Logprobs struct {
 
 func (x *Logprobs) Reset() {
 	*x = Logprobs{}
-	mi := &file_gengate_v1_types_proto_msgTypes[17]
+	mi := &file_gengate_v1_types_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +2387,7 @@ func (x *Logprobs) String() string {
 func (*Logprobs) ProtoMessage() {}
 
 func (x *Logprobs) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[17]
+	mi := &file_gengate_v1_types_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +2400,7 @@ func (x *Logprobs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Logprobs.ProtoReflect.Descriptor instead.
 func (*Logprobs) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Logprobs) GetTokens() []*TokenLogprob {
@@ -1849,7 +2423,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_gengate_v1_types_proto_msgTypes[18]
+	mi := &file_gengate_v1_types_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1861,7 +2435,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[18]
+	mi := &file_gengate_v1_types_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1874,7 +2448,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TokenLogprob) GetToken() string {
@@ -1917,7 +2491,7 @@ type TopLogprob struct {
 
 func (x *TopLogprob) Reset() {
 	*x = TopLogprob{}
-	mi := &file_gengate_v1_types_proto_msgTypes[19]
+	mi := &file_gengate_v1_types_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2503,7 @@ func (x *TopLogprob) String() string {
 func (*TopLogprob) ProtoMessage() {}
 
 func (x *TopLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[19]
+	mi := &file_gengate_v1_types_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2516,7 @@ func (x *TopLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLogprob.ProtoReflect.Descriptor instead.
 func (*TopLogprob) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TopLogprob) GetToken() string {
@@ -1980,7 +2554,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_gengate_v1_types_proto_msgTypes[20]
+	mi := &file_gengate_v1_types_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1992,7 +2566,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[20]
+	mi := &file_gengate_v1_types_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2005,7 +2579,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Usage) GetInputTokens() uint32 {
@@ -2044,7 +2618,7 @@ type Timings struct {
 
 func (x *Timings) Reset() {
 	*x = Timings{}
-	mi := &file_gengate_v1_types_proto_msgTypes[21]
+	mi := &file_gengate_v1_types_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2056,7 +2630,7 @@ func (x *Timings) String() string {
 func (*Timings) ProtoMessage() {}
 
 func (x *Timings) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[21]
+	mi := &file_gengate_v1_types_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2069,7 +2643,7 @@ func (x *Timings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Timings.ProtoReflect.Descriptor instead.
 func (*Timings) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{21}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Timings) GetQueue() *durationpb.Duration {
@@ -2108,7 +2682,7 @@ type StreamStart struct {
 
 func (x *StreamStart) Reset() {
 	*x = StreamStart{}
-	mi := &file_gengate_v1_types_proto_msgTypes[22]
+	mi := &file_gengate_v1_types_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2120,7 +2694,7 @@ func (x *StreamStart) String() string {
 func (*StreamStart) ProtoMessage() {}
 
 func (x *StreamStart) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[22]
+	mi := &file_gengate_v1_types_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2133,7 +2707,7 @@ func (x *StreamStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamStart.ProtoReflect.Descriptor instead.
 func (*StreamStart) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{22}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StreamStart) GetRequestId() string {
@@ -2186,14 +2760,18 @@ type GenerationDelta struct {
 	// Tokens this delta covers.
 	TokenCount uint32 `protobuf:"varint,3,opt,name=token_count,json=tokenCount,proto3" json:"token_count,omitempty"`
 	// Present when the request asked for logprobs.
-	Logprobs      *Logprobs `protobuf:"bytes,4,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	Logprobs *Logprobs `protobuf:"bytes,4,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// Fragments of tool calls, in order.
+	ToolCalls []*ToolCallDelta `protobuf:"bytes,5,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// A fragment of the model's reasoning.
+	Reasoning     string `protobuf:"bytes,6,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerationDelta) Reset() {
 	*x = GenerationDelta{}
-	mi := &file_gengate_v1_types_proto_msgTypes[23]
+	mi := &file_gengate_v1_types_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2205,7 +2783,7 @@ func (x *GenerationDelta) String() string {
 func (*GenerationDelta) ProtoMessage() {}
 
 func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[23]
+	mi := &file_gengate_v1_types_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2218,7 +2796,7 @@ func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationDelta.ProtoReflect.Descriptor instead.
 func (*GenerationDelta) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{23}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GenerationDelta) GetIndex() uint32 {
@@ -2249,6 +2827,20 @@ func (x *GenerationDelta) GetLogprobs() *Logprobs {
 	return nil
 }
 
+func (x *GenerationDelta) GetToolCalls() []*ToolCallDelta {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+func (x *GenerationDelta) GetReasoning() string {
+	if x != nil {
+		return x.Reasoning
+	}
+	return ""
+}
+
 // GenerationEnd is the last frame for one generation index.
 type GenerationEnd struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -2256,15 +2848,19 @@ type GenerationEnd struct {
 	FinishReason FinishReason           `protobuf:"varint,2,opt,name=finish_reason,json=finishReason,proto3,enum=gengate.v1.FinishReason" json:"finish_reason,omitempty"`
 	MatchedStop  *string                `protobuf:"bytes,3,opt,name=matched_stop,json=matchedStop,proto3,oneof" json:"matched_stop,omitempty"`
 	// input_tokens of the request and output_tokens of this generation.
-	Usage         *Usage   `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
-	Timings       *Timings `protobuf:"bytes,5,opt,name=timings,proto3" json:"timings,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Usage   *Usage   `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
+	Timings *Timings `protobuf:"bytes,5,opt,name=timings,proto3" json:"timings,omitempty"`
+	// The generation's complete tool calls, validated (finish_reason TOOL_CALLS).
+	ToolCalls []*ToolCall `protobuf:"bytes,6,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// Provider-opaque reasoning signatures, complete (the text came in deltas).
+	ReasoningSignatures []string `protobuf:"bytes,7,rep,name=reasoning_signatures,json=reasoningSignatures,proto3" json:"reasoning_signatures,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *GenerationEnd) Reset() {
 	*x = GenerationEnd{}
-	mi := &file_gengate_v1_types_proto_msgTypes[24]
+	mi := &file_gengate_v1_types_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2276,7 +2872,7 @@ func (x *GenerationEnd) String() string {
 func (*GenerationEnd) ProtoMessage() {}
 
 func (x *GenerationEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[24]
+	mi := &file_gengate_v1_types_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2289,7 +2885,7 @@ func (x *GenerationEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationEnd.ProtoReflect.Descriptor instead.
 func (*GenerationEnd) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{24}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GenerationEnd) GetIndex() uint32 {
@@ -2327,6 +2923,20 @@ func (x *GenerationEnd) GetTimings() *Timings {
 	return nil
 }
 
+func (x *GenerationEnd) GetToolCalls() []*ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+func (x *GenerationEnd) GetReasoningSignatures() []string {
+	if x != nil {
+		return x.ReasoningSignatures
+	}
+	return nil
+}
+
 // ModelInfo describes one served model.
 type ModelInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2341,7 +2951,7 @@ type ModelInfo struct {
 
 func (x *ModelInfo) Reset() {
 	*x = ModelInfo{}
-	mi := &file_gengate_v1_types_proto_msgTypes[25]
+	mi := &file_gengate_v1_types_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2353,7 +2963,7 @@ func (x *ModelInfo) String() string {
 func (*ModelInfo) ProtoMessage() {}
 
 func (x *ModelInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[25]
+	mi := &file_gengate_v1_types_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2366,7 +2976,7 @@ func (x *ModelInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelInfo.ProtoReflect.Descriptor instead.
 func (*ModelInfo) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{25}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ModelInfo) GetName() string {
@@ -2409,14 +3019,20 @@ type ModelCapabilities struct {
 	// with INVALID_ARGUMENT. Local engines: min_tokens, ignore_eos.
 	BackendOptions []string `protobuf:"bytes,10,rep,name=backend_options,json=backendOptions,proto3" json:"backend_options,omitempty"`
 	// Takes GenerateRequest.magpie (a model that takes raw prompts).
-	Magpie        bool `protobuf:"varint,11,opt,name=magpie,proto3" json:"magpie,omitempty"`
+	Magpie bool `protobuf:"varint,11,opt,name=magpie,proto3" json:"magpie,omitempty"`
+	// How tool calls are enforced (ENFORCEMENT_UNSPECIFIED: tools are refused with UNIMPLEMENTED).
+	Tools Enforcement `protobuf:"varint,12,opt,name=tools,proto3,enum=gengate.v1.Enforcement" json:"tools,omitempty"`
+	// Takes GenerateRequest.reasoning.
+	ReasoningControl bool `protobuf:"varint,13,opt,name=reasoning_control,json=reasoningControl,proto3" json:"reasoning_control,omitempty"`
+	// Returns the model's reasoning in Generation.reasoning.
+	Reasoning     bool `protobuf:"varint,14,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelCapabilities) Reset() {
 	*x = ModelCapabilities{}
-	mi := &file_gengate_v1_types_proto_msgTypes[26]
+	mi := &file_gengate_v1_types_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2428,7 +3044,7 @@ func (x *ModelCapabilities) String() string {
 func (*ModelCapabilities) ProtoMessage() {}
 
 func (x *ModelCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[26]
+	mi := &file_gengate_v1_types_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2441,7 +3057,7 @@ func (x *ModelCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelCapabilities.ProtoReflect.Descriptor instead.
 func (*ModelCapabilities) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{26}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ModelCapabilities) GetConstraints() []*ConstraintSupport {
@@ -2521,6 +3137,27 @@ func (x *ModelCapabilities) GetMagpie() bool {
 	return false
 }
 
+func (x *ModelCapabilities) GetTools() Enforcement {
+	if x != nil {
+		return x.Tools
+	}
+	return Enforcement_ENFORCEMENT_UNSPECIFIED
+}
+
+func (x *ModelCapabilities) GetReasoningControl() bool {
+	if x != nil {
+		return x.ReasoningControl
+	}
+	return false
+}
+
+func (x *ModelCapabilities) GetReasoning() bool {
+	if x != nil {
+		return x.Reasoning
+	}
+	return false
+}
+
 // ConstraintSupport pairs a constraint kind with its enforcement level.
 type ConstraintSupport struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2532,7 +3169,7 @@ type ConstraintSupport struct {
 
 func (x *ConstraintSupport) Reset() {
 	*x = ConstraintSupport{}
-	mi := &file_gengate_v1_types_proto_msgTypes[27]
+	mi := &file_gengate_v1_types_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2544,7 +3181,7 @@ func (x *ConstraintSupport) String() string {
 func (*ConstraintSupport) ProtoMessage() {}
 
 func (x *ConstraintSupport) ProtoReflect() protoreflect.Message {
-	mi := &file_gengate_v1_types_proto_msgTypes[27]
+	mi := &file_gengate_v1_types_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2557,7 +3194,7 @@ func (x *ConstraintSupport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConstraintSupport.ProtoReflect.Descriptor instead.
 func (*ConstraintSupport) Descriptor() ([]byte, []int) {
-	return file_gengate_v1_types_proto_rawDescGZIP(), []int{27}
+	return file_gengate_v1_types_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ConstraintSupport) GetKind() ConstraintKind {
@@ -2581,11 +3218,47 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\x16gengate/v1/types.proto\x12\n" +
 	"gengate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"C\n" +
 	"\fChatMessages\x123\n" +
-	"\bmessages\x18\x01 \x03(\v2\x17.gengate.v1.ChatMessageR\bmessages\"z\n" +
+	"\bmessages\x18\x01 \x03(\v2\x17.gengate.v1.ChatMessageR\bmessages\"\x86\x02\n" +
 	"\vChatMessage\x12$\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x10.gengate.v1.RoleR\x04role\x121\n" +
 	"\acontent\x18\x02 \x03(\v2\x17.gengate.v1.ContentPartR\acontent\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"\xd9\x02\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x123\n" +
+	"\n" +
+	"tool_calls\x18\x04 \x03(\v2\x14.gengate.v1.ToolCallR\ttoolCalls\x12 \n" +
+	"\ftool_call_id\x18\x05 \x01(\tR\n" +
+	"toolCallId\x123\n" +
+	"\treasoning\x18\x06 \x01(\v2\x15.gengate.v1.ReasoningR\treasoning\"}\n" +
+	"\x04Tool\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12'\n" +
+	"\x0fparameters_json\x18\x03 \x01(\tR\x0eparametersJson\x12\x16\n" +
+	"\x06strict\x18\x04 \x01(\bR\x06strict\"^\n" +
+	"\n" +
+	"ToolChoice\x120\n" +
+	"\x04mode\x18\x01 \x01(\x0e2\x1a.gengate.v1.ToolChoiceModeH\x00R\x04mode\x12\x14\n" +
+	"\x04name\x18\x02 \x01(\tH\x00R\x04nameB\b\n" +
+	"\x06choice\"U\n" +
+	"\bToolCall\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12%\n" +
+	"\x0earguments_json\x18\x03 \x01(\tR\rargumentsJson\"x\n" +
+	"\rToolCallDelta\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12-\n" +
+	"\x12arguments_fragment\x18\x04 \x01(\tR\x11argumentsFragment\"?\n" +
+	"\tReasoning\x12\x12\n" +
+	"\x04text\x18\x01 \x01(\tR\x04text\x12\x1e\n" +
+	"\n" +
+	"signatures\x18\x02 \x03(\tR\n" +
+	"signatures\"\xae\x01\n" +
+	"\x10ReasoningControl\x12\x1d\n" +
+	"\aenabled\x18\x01 \x01(\bH\x00R\aenabled\x88\x01\x01\x123\n" +
+	"\x06effort\x18\x02 \x01(\x0e2\x1b.gengate.v1.ReasoningEffortR\x06effort\x12(\n" +
+	"\rbudget_tokens\x18\x03 \x01(\rH\x01R\fbudgetTokens\x88\x01\x01B\n" +
+	"\n" +
+	"\b_enabledB\x10\n" +
+	"\x0e_budget_tokens\"\xd9\x02\n" +
 	"\x06Magpie\x122\n" +
 	"\x06preset\x18\x01 \x01(\x0e2\x18.gengate.v1.MagpiePresetH\x00R\x06preset\x12\x1c\n" +
 	"\btemplate\x18\x02 \x01(\tH\x00R\btemplate\x12(\n" +
@@ -2673,7 +3346,7 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\fdouble_value\x18\x03 \x01(\x01H\x00R\vdoubleValue\x12\x1f\n" +
 	"\n" +
 	"bool_value\x18\x04 \x01(\bH\x00R\tboolValueB\a\n" +
-	"\x05value\"\xc7\x02\n" +
+	"\x05value\"\xb1\x03\n" +
 	"\n" +
 	"Generation\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
@@ -2682,7 +3355,10 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\fmatched_stop\x18\x04 \x01(\tH\x00R\vmatchedStop\x88\x01\x01\x12#\n" +
 	"\routput_tokens\x18\x05 \x01(\rR\foutputTokens\x120\n" +
 	"\blogprobs\x18\x06 \x01(\v2\x14.gengate.v1.LogprobsR\blogprobs\x12@\n" +
-	"\fconversation\x18\a \x03(\v2\x1c.gengate.v1.ConversationTurnR\fconversationB\x0f\n" +
+	"\fconversation\x18\a \x03(\v2\x1c.gengate.v1.ConversationTurnR\fconversation\x123\n" +
+	"\n" +
+	"tool_calls\x18\b \x03(\v2\x14.gengate.v1.ToolCallR\ttoolCalls\x123\n" +
+	"\treasoning\x18\t \x01(\v2\x15.gengate.v1.ReasoningR\treasoningB\x0f\n" +
 	"\r_matched_stop\"<\n" +
 	"\bLogprobs\x120\n" +
 	"\x06tokens\x18\x01 \x03(\v2\x18.gengate.v1.TokenLogprobR\x06tokens\"\x95\x01\n" +
@@ -2713,24 +3389,30 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\finput_tokens\x18\x03 \x01(\rR\vinputTokens\x129\n" +
 	"\venforcement\x18\x04 \x01(\x0e2\x17.gengate.v1.EnforcementR\venforcement\x12I\n" +
 	"\x12effective_sampling\x18\x05 \x01(\v2\x1a.gengate.v1.SamplingParamsR\x11effectiveSampling\x12K\n" +
-	"\x12effective_stopping\x18\x06 \x01(\v2\x1c.gengate.v1.StoppingCriteriaR\x11effectiveStopping\"\x8e\x01\n" +
+	"\x12effective_stopping\x18\x06 \x01(\v2\x1c.gengate.v1.StoppingCriteriaR\x11effectiveStopping\"\xe6\x01\n" +
 	"\x0fGenerationDelta\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x1f\n" +
 	"\vtoken_count\x18\x03 \x01(\rR\n" +
 	"tokenCount\x120\n" +
-	"\blogprobs\x18\x04 \x01(\v2\x14.gengate.v1.LogprobsR\blogprobs\"\xf5\x01\n" +
+	"\blogprobs\x18\x04 \x01(\v2\x14.gengate.v1.LogprobsR\blogprobs\x128\n" +
+	"\n" +
+	"tool_calls\x18\x05 \x03(\v2\x19.gengate.v1.ToolCallDeltaR\ttoolCalls\x12\x1c\n" +
+	"\treasoning\x18\x06 \x01(\tR\treasoning\"\xdd\x02\n" +
 	"\rGenerationEnd\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12=\n" +
 	"\rfinish_reason\x18\x02 \x01(\x0e2\x18.gengate.v1.FinishReasonR\ffinishReason\x12&\n" +
 	"\fmatched_stop\x18\x03 \x01(\tH\x00R\vmatchedStop\x88\x01\x01\x12'\n" +
 	"\x05usage\x18\x04 \x01(\v2\x11.gengate.v1.UsageR\x05usage\x12-\n" +
-	"\atimings\x18\x05 \x01(\v2\x13.gengate.v1.TimingsR\atimingsB\x0f\n" +
+	"\atimings\x18\x05 \x01(\v2\x13.gengate.v1.TimingsR\atimings\x123\n" +
+	"\n" +
+	"tool_calls\x18\x06 \x03(\v2\x14.gengate.v1.ToolCallR\ttoolCalls\x121\n" +
+	"\x14reasoning_signatures\x18\a \x03(\tR\x13reasoningSignaturesB\x0f\n" +
 	"\r_matched_stop\"|\n" +
 	"\tModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12A\n" +
-	"\fcapabilities\x18\x03 \x01(\v2\x1d.gengate.v1.ModelCapabilitiesR\fcapabilities\"\xc6\x03\n" +
+	"\fcapabilities\x18\x03 \x01(\v2\x1d.gengate.v1.ModelCapabilitiesR\fcapabilities\"\xc0\x04\n" +
 	"\x11ModelCapabilities\x12?\n" +
 	"\vconstraints\x18\x01 \x03(\v2\x1d.gengate.v1.ConstraintSupportR\vconstraints\x12D\n" +
 	"\x10grammar_syntaxes\x18\x02 \x03(\x0e2\x19.gengate.v1.GrammarSyntaxR\x0fgrammarSyntaxes\x12\x13\n" +
@@ -2743,15 +3425,29 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\x04chat\x18\t \x01(\bR\x04chat\x12'\n" +
 	"\x0fbackend_options\x18\n" +
 	" \x03(\tR\x0ebackendOptions\x12\x16\n" +
-	"\x06magpie\x18\v \x01(\bR\x06magpie\"~\n" +
+	"\x06magpie\x18\v \x01(\bR\x06magpie\x12-\n" +
+	"\x05tools\x18\f \x01(\x0e2\x17.gengate.v1.EnforcementR\x05tools\x12+\n" +
+	"\x11reasoning_control\x18\r \x01(\bR\x10reasoningControl\x12\x1c\n" +
+	"\treasoning\x18\x0e \x01(\bR\treasoning\"~\n" +
 	"\x11ConstraintSupport\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.gengate.v1.ConstraintKindR\x04kind\x129\n" +
-	"\venforcement\x18\x02 \x01(\x0e2\x17.gengate.v1.EnforcementR\venforcement*P\n" +
+	"\venforcement\x18\x02 \x01(\x0e2\x17.gengate.v1.EnforcementR\venforcement*_\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_SYSTEM\x10\x01\x12\r\n" +
 	"\tROLE_USER\x10\x02\x12\x12\n" +
-	"\x0eROLE_ASSISTANT\x10\x03*\x91\x01\n" +
+	"\x0eROLE_ASSISTANT\x10\x03\x12\r\n" +
+	"\tROLE_TOOL\x10\x04*\x87\x01\n" +
+	"\x0eToolChoiceMode\x12 \n" +
+	"\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n" +
+	"\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n" +
+	"\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03*\x85\x01\n" +
+	"\x0fReasoningEffort\x12 \n" +
+	"\x1cREASONING_EFFORT_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14REASONING_EFFORT_LOW\x10\x01\x12\x1b\n" +
+	"\x17REASONING_EFFORT_MEDIUM\x10\x02\x12\x19\n" +
+	"\x15REASONING_EFFORT_HIGH\x10\x03*\x91\x01\n" +
 	"\fMagpiePreset\x12\x1d\n" +
 	"\x19MAGPIE_PRESET_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14MAGPIE_PRESET_LLAMA3\x10\x01\x12\x17\n" +
@@ -2767,7 +3463,7 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"Whitespace\x12\x1a\n" +
 	"\x16WHITESPACE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12WHITESPACE_COMPACT\x10\x01\x12\x17\n" +
-	"\x13WHITESPACE_FLEXIBLE\x10\x02*\x91\x02\n" +
+	"\x13WHITESPACE_FLEXIBLE\x10\x02*\xaf\x02\n" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
@@ -2777,7 +3473,8 @@ const file_gengate_v1_types_proto_rawDesc = "" +
 	"\x17FINISH_REASON_CANCELLED\x10\x05\x12\x1c\n" +
 	"\x18FINISH_REASON_TIME_LIMIT\x10\x06\x12\x17\n" +
 	"\x13FINISH_REASON_ERROR\x10\a\x12\x19\n" +
-	"\x15FINISH_REASON_REFUSAL\x10\b*\x8b\x01\n" +
+	"\x15FINISH_REASON_REFUSAL\x10\b\x12\x1c\n" +
+	"\x18FINISH_REASON_TOOL_CALLS\x10\t*\x8b\x01\n" +
 	"\vEnforcement\x12\x1b\n" +
 	"\x17ENFORCEMENT_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10ENFORCEMENT_NONE\x10\x01\x12\x16\n" +
@@ -2808,91 +3505,108 @@ func file_gengate_v1_types_proto_rawDescGZIP() []byte {
 	return file_gengate_v1_types_proto_rawDescData
 }
 
-var file_gengate_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_gengate_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_gengate_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
+var file_gengate_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_gengate_v1_types_proto_goTypes = []any{
 	(Role)(0),                       // 0: gengate.v1.Role
-	(MagpiePreset)(0),               // 1: gengate.v1.MagpiePreset
-	(GrammarSyntax)(0),              // 2: gengate.v1.GrammarSyntax
-	(Whitespace)(0),                 // 3: gengate.v1.Whitespace
-	(FinishReason)(0),               // 4: gengate.v1.FinishReason
-	(Enforcement)(0),                // 5: gengate.v1.Enforcement
-	(ConstraintKind)(0),             // 6: gengate.v1.ConstraintKind
-	(Modality)(0),                   // 7: gengate.v1.Modality
-	(*ChatMessages)(nil),            // 8: gengate.v1.ChatMessages
-	(*ChatMessage)(nil),             // 9: gengate.v1.ChatMessage
-	(*Magpie)(nil),                  // 10: gengate.v1.Magpie
-	(*ConversationTurn)(nil),        // 11: gengate.v1.ConversationTurn
-	(*ContentPart)(nil),             // 12: gengate.v1.ContentPart
-	(*Image)(nil),                   // 13: gengate.v1.Image
-	(*SamplingParams)(nil),          // 14: gengate.v1.SamplingParams
-	(*StoppingCriteria)(nil),        // 15: gengate.v1.StoppingCriteria
-	(*StructuredOutput)(nil),        // 16: gengate.v1.StructuredOutput
-	(*JsonSchema)(nil),              // 17: gengate.v1.JsonSchema
-	(*Regex)(nil),                   // 18: gengate.v1.Regex
-	(*Choice)(nil),                  // 19: gengate.v1.Choice
-	(*Grammar)(nil),                 // 20: gengate.v1.Grammar
-	(*JsonObject)(nil),              // 21: gengate.v1.JsonObject
-	(*StructuredOutputOptions)(nil), // 22: gengate.v1.StructuredOutputOptions
-	(*BackendOptionValue)(nil),      // 23: gengate.v1.BackendOptionValue
-	(*Generation)(nil),              // 24: gengate.v1.Generation
-	(*Logprobs)(nil),                // 25: gengate.v1.Logprobs
-	(*TokenLogprob)(nil),            // 26: gengate.v1.TokenLogprob
-	(*TopLogprob)(nil),              // 27: gengate.v1.TopLogprob
-	(*Usage)(nil),                   // 28: gengate.v1.Usage
-	(*Timings)(nil),                 // 29: gengate.v1.Timings
-	(*StreamStart)(nil),             // 30: gengate.v1.StreamStart
-	(*GenerationDelta)(nil),         // 31: gengate.v1.GenerationDelta
-	(*GenerationEnd)(nil),           // 32: gengate.v1.GenerationEnd
-	(*ModelInfo)(nil),               // 33: gengate.v1.ModelInfo
-	(*ModelCapabilities)(nil),       // 34: gengate.v1.ModelCapabilities
-	(*ConstraintSupport)(nil),       // 35: gengate.v1.ConstraintSupport
-	(*structpb.Struct)(nil),         // 36: google.protobuf.Struct
-	(*durationpb.Duration)(nil),     // 37: google.protobuf.Duration
+	(ToolChoiceMode)(0),             // 1: gengate.v1.ToolChoiceMode
+	(ReasoningEffort)(0),            // 2: gengate.v1.ReasoningEffort
+	(MagpiePreset)(0),               // 3: gengate.v1.MagpiePreset
+	(GrammarSyntax)(0),              // 4: gengate.v1.GrammarSyntax
+	(Whitespace)(0),                 // 5: gengate.v1.Whitespace
+	(FinishReason)(0),               // 6: gengate.v1.FinishReason
+	(Enforcement)(0),                // 7: gengate.v1.Enforcement
+	(ConstraintKind)(0),             // 8: gengate.v1.ConstraintKind
+	(Modality)(0),                   // 9: gengate.v1.Modality
+	(*ChatMessages)(nil),            // 10: gengate.v1.ChatMessages
+	(*ChatMessage)(nil),             // 11: gengate.v1.ChatMessage
+	(*Tool)(nil),                    // 12: gengate.v1.Tool
+	(*ToolChoice)(nil),              // 13: gengate.v1.ToolChoice
+	(*ToolCall)(nil),                // 14: gengate.v1.ToolCall
+	(*ToolCallDelta)(nil),           // 15: gengate.v1.ToolCallDelta
+	(*Reasoning)(nil),               // 16: gengate.v1.Reasoning
+	(*ReasoningControl)(nil),        // 17: gengate.v1.ReasoningControl
+	(*Magpie)(nil),                  // 18: gengate.v1.Magpie
+	(*ConversationTurn)(nil),        // 19: gengate.v1.ConversationTurn
+	(*ContentPart)(nil),             // 20: gengate.v1.ContentPart
+	(*Image)(nil),                   // 21: gengate.v1.Image
+	(*SamplingParams)(nil),          // 22: gengate.v1.SamplingParams
+	(*StoppingCriteria)(nil),        // 23: gengate.v1.StoppingCriteria
+	(*StructuredOutput)(nil),        // 24: gengate.v1.StructuredOutput
+	(*JsonSchema)(nil),              // 25: gengate.v1.JsonSchema
+	(*Regex)(nil),                   // 26: gengate.v1.Regex
+	(*Choice)(nil),                  // 27: gengate.v1.Choice
+	(*Grammar)(nil),                 // 28: gengate.v1.Grammar
+	(*JsonObject)(nil),              // 29: gengate.v1.JsonObject
+	(*StructuredOutputOptions)(nil), // 30: gengate.v1.StructuredOutputOptions
+	(*BackendOptionValue)(nil),      // 31: gengate.v1.BackendOptionValue
+	(*Generation)(nil),              // 32: gengate.v1.Generation
+	(*Logprobs)(nil),                // 33: gengate.v1.Logprobs
+	(*TokenLogprob)(nil),            // 34: gengate.v1.TokenLogprob
+	(*TopLogprob)(nil),              // 35: gengate.v1.TopLogprob
+	(*Usage)(nil),                   // 36: gengate.v1.Usage
+	(*Timings)(nil),                 // 37: gengate.v1.Timings
+	(*StreamStart)(nil),             // 38: gengate.v1.StreamStart
+	(*GenerationDelta)(nil),         // 39: gengate.v1.GenerationDelta
+	(*GenerationEnd)(nil),           // 40: gengate.v1.GenerationEnd
+	(*ModelInfo)(nil),               // 41: gengate.v1.ModelInfo
+	(*ModelCapabilities)(nil),       // 42: gengate.v1.ModelCapabilities
+	(*ConstraintSupport)(nil),       // 43: gengate.v1.ConstraintSupport
+	(*structpb.Struct)(nil),         // 44: google.protobuf.Struct
+	(*durationpb.Duration)(nil),     // 45: google.protobuf.Duration
 }
 var file_gengate_v1_types_proto_depIdxs = []int32{
-	9,  // 0: gengate.v1.ChatMessages.messages:type_name -> gengate.v1.ChatMessage
+	11, // 0: gengate.v1.ChatMessages.messages:type_name -> gengate.v1.ChatMessage
 	0,  // 1: gengate.v1.ChatMessage.role:type_name -> gengate.v1.Role
-	12, // 2: gengate.v1.ChatMessage.content:type_name -> gengate.v1.ContentPart
-	1,  // 3: gengate.v1.Magpie.preset:type_name -> gengate.v1.MagpiePreset
-	9,  // 4: gengate.v1.Magpie.conversation:type_name -> gengate.v1.ChatMessage
-	0,  // 5: gengate.v1.ConversationTurn.role:type_name -> gengate.v1.Role
-	13, // 6: gengate.v1.ContentPart.image:type_name -> gengate.v1.Image
-	17, // 7: gengate.v1.StructuredOutput.json_schema:type_name -> gengate.v1.JsonSchema
-	18, // 8: gengate.v1.StructuredOutput.regex:type_name -> gengate.v1.Regex
-	19, // 9: gengate.v1.StructuredOutput.choice:type_name -> gengate.v1.Choice
-	20, // 10: gengate.v1.StructuredOutput.grammar:type_name -> gengate.v1.Grammar
-	21, // 11: gengate.v1.StructuredOutput.json_object:type_name -> gengate.v1.JsonObject
-	22, // 12: gengate.v1.StructuredOutput.options:type_name -> gengate.v1.StructuredOutputOptions
-	36, // 13: gengate.v1.JsonSchema.schema:type_name -> google.protobuf.Struct
-	2,  // 14: gengate.v1.Grammar.syntax:type_name -> gengate.v1.GrammarSyntax
-	3,  // 15: gengate.v1.StructuredOutputOptions.whitespace:type_name -> gengate.v1.Whitespace
-	4,  // 16: gengate.v1.Generation.finish_reason:type_name -> gengate.v1.FinishReason
-	25, // 17: gengate.v1.Generation.logprobs:type_name -> gengate.v1.Logprobs
-	11, // 18: gengate.v1.Generation.conversation:type_name -> gengate.v1.ConversationTurn
-	26, // 19: gengate.v1.Logprobs.tokens:type_name -> gengate.v1.TokenLogprob
-	27, // 20: gengate.v1.TokenLogprob.top:type_name -> gengate.v1.TopLogprob
-	37, // 21: gengate.v1.Timings.queue:type_name -> google.protobuf.Duration
-	37, // 22: gengate.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
-	37, // 23: gengate.v1.Timings.total:type_name -> google.protobuf.Duration
-	5,  // 24: gengate.v1.StreamStart.enforcement:type_name -> gengate.v1.Enforcement
-	14, // 25: gengate.v1.StreamStart.effective_sampling:type_name -> gengate.v1.SamplingParams
-	15, // 26: gengate.v1.StreamStart.effective_stopping:type_name -> gengate.v1.StoppingCriteria
-	25, // 27: gengate.v1.GenerationDelta.logprobs:type_name -> gengate.v1.Logprobs
-	4,  // 28: gengate.v1.GenerationEnd.finish_reason:type_name -> gengate.v1.FinishReason
-	28, // 29: gengate.v1.GenerationEnd.usage:type_name -> gengate.v1.Usage
-	29, // 30: gengate.v1.GenerationEnd.timings:type_name -> gengate.v1.Timings
-	34, // 31: gengate.v1.ModelInfo.capabilities:type_name -> gengate.v1.ModelCapabilities
-	35, // 32: gengate.v1.ModelCapabilities.constraints:type_name -> gengate.v1.ConstraintSupport
-	2,  // 33: gengate.v1.ModelCapabilities.grammar_syntaxes:type_name -> gengate.v1.GrammarSyntax
-	7,  // 34: gengate.v1.ModelCapabilities.input_modalities:type_name -> gengate.v1.Modality
-	6,  // 35: gengate.v1.ConstraintSupport.kind:type_name -> gengate.v1.ConstraintKind
-	5,  // 36: gengate.v1.ConstraintSupport.enforcement:type_name -> gengate.v1.Enforcement
-	37, // [37:37] is the sub-list for method output_type
-	37, // [37:37] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	20, // 2: gengate.v1.ChatMessage.content:type_name -> gengate.v1.ContentPart
+	14, // 3: gengate.v1.ChatMessage.tool_calls:type_name -> gengate.v1.ToolCall
+	16, // 4: gengate.v1.ChatMessage.reasoning:type_name -> gengate.v1.Reasoning
+	1,  // 5: gengate.v1.ToolChoice.mode:type_name -> gengate.v1.ToolChoiceMode
+	2,  // 6: gengate.v1.ReasoningControl.effort:type_name -> gengate.v1.ReasoningEffort
+	3,  // 7: gengate.v1.Magpie.preset:type_name -> gengate.v1.MagpiePreset
+	11, // 8: gengate.v1.Magpie.conversation:type_name -> gengate.v1.ChatMessage
+	0,  // 9: gengate.v1.ConversationTurn.role:type_name -> gengate.v1.Role
+	21, // 10: gengate.v1.ContentPart.image:type_name -> gengate.v1.Image
+	25, // 11: gengate.v1.StructuredOutput.json_schema:type_name -> gengate.v1.JsonSchema
+	26, // 12: gengate.v1.StructuredOutput.regex:type_name -> gengate.v1.Regex
+	27, // 13: gengate.v1.StructuredOutput.choice:type_name -> gengate.v1.Choice
+	28, // 14: gengate.v1.StructuredOutput.grammar:type_name -> gengate.v1.Grammar
+	29, // 15: gengate.v1.StructuredOutput.json_object:type_name -> gengate.v1.JsonObject
+	30, // 16: gengate.v1.StructuredOutput.options:type_name -> gengate.v1.StructuredOutputOptions
+	44, // 17: gengate.v1.JsonSchema.schema:type_name -> google.protobuf.Struct
+	4,  // 18: gengate.v1.Grammar.syntax:type_name -> gengate.v1.GrammarSyntax
+	5,  // 19: gengate.v1.StructuredOutputOptions.whitespace:type_name -> gengate.v1.Whitespace
+	6,  // 20: gengate.v1.Generation.finish_reason:type_name -> gengate.v1.FinishReason
+	33, // 21: gengate.v1.Generation.logprobs:type_name -> gengate.v1.Logprobs
+	19, // 22: gengate.v1.Generation.conversation:type_name -> gengate.v1.ConversationTurn
+	14, // 23: gengate.v1.Generation.tool_calls:type_name -> gengate.v1.ToolCall
+	16, // 24: gengate.v1.Generation.reasoning:type_name -> gengate.v1.Reasoning
+	34, // 25: gengate.v1.Logprobs.tokens:type_name -> gengate.v1.TokenLogprob
+	35, // 26: gengate.v1.TokenLogprob.top:type_name -> gengate.v1.TopLogprob
+	45, // 27: gengate.v1.Timings.queue:type_name -> google.protobuf.Duration
+	45, // 28: gengate.v1.Timings.time_to_first_token:type_name -> google.protobuf.Duration
+	45, // 29: gengate.v1.Timings.total:type_name -> google.protobuf.Duration
+	7,  // 30: gengate.v1.StreamStart.enforcement:type_name -> gengate.v1.Enforcement
+	22, // 31: gengate.v1.StreamStart.effective_sampling:type_name -> gengate.v1.SamplingParams
+	23, // 32: gengate.v1.StreamStart.effective_stopping:type_name -> gengate.v1.StoppingCriteria
+	33, // 33: gengate.v1.GenerationDelta.logprobs:type_name -> gengate.v1.Logprobs
+	15, // 34: gengate.v1.GenerationDelta.tool_calls:type_name -> gengate.v1.ToolCallDelta
+	6,  // 35: gengate.v1.GenerationEnd.finish_reason:type_name -> gengate.v1.FinishReason
+	36, // 36: gengate.v1.GenerationEnd.usage:type_name -> gengate.v1.Usage
+	37, // 37: gengate.v1.GenerationEnd.timings:type_name -> gengate.v1.Timings
+	14, // 38: gengate.v1.GenerationEnd.tool_calls:type_name -> gengate.v1.ToolCall
+	42, // 39: gengate.v1.ModelInfo.capabilities:type_name -> gengate.v1.ModelCapabilities
+	43, // 40: gengate.v1.ModelCapabilities.constraints:type_name -> gengate.v1.ConstraintSupport
+	4,  // 41: gengate.v1.ModelCapabilities.grammar_syntaxes:type_name -> gengate.v1.GrammarSyntax
+	9,  // 42: gengate.v1.ModelCapabilities.input_modalities:type_name -> gengate.v1.Modality
+	7,  // 43: gengate.v1.ModelCapabilities.tools:type_name -> gengate.v1.Enforcement
+	8,  // 44: gengate.v1.ConstraintSupport.kind:type_name -> gengate.v1.ConstraintKind
+	7,  // 45: gengate.v1.ConstraintSupport.enforcement:type_name -> gengate.v1.Enforcement
+	46, // [46:46] is the sub-list for method output_type
+	46, // [46:46] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_gengate_v1_types_proto_init() }
@@ -2900,45 +3614,50 @@ func file_gengate_v1_types_proto_init() {
 	if File_gengate_v1_types_proto != nil {
 		return
 	}
-	file_gengate_v1_types_proto_msgTypes[2].OneofWrappers = []any{
+	file_gengate_v1_types_proto_msgTypes[3].OneofWrappers = []any{
+		(*ToolChoice_Mode)(nil),
+		(*ToolChoice_Name)(nil),
+	}
+	file_gengate_v1_types_proto_msgTypes[7].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[8].OneofWrappers = []any{
 		(*Magpie_Preset)(nil),
 		(*Magpie_Template)(nil),
 	}
-	file_gengate_v1_types_proto_msgTypes[4].OneofWrappers = []any{
+	file_gengate_v1_types_proto_msgTypes[10].OneofWrappers = []any{
 		(*ContentPart_Text)(nil),
 		(*ContentPart_Image)(nil),
 	}
-	file_gengate_v1_types_proto_msgTypes[5].OneofWrappers = []any{
+	file_gengate_v1_types_proto_msgTypes[11].OneofWrappers = []any{
 		(*Image_Data)(nil),
 		(*Image_Url)(nil),
 	}
-	file_gengate_v1_types_proto_msgTypes[6].OneofWrappers = []any{}
-	file_gengate_v1_types_proto_msgTypes[7].OneofWrappers = []any{}
-	file_gengate_v1_types_proto_msgTypes[8].OneofWrappers = []any{
+	file_gengate_v1_types_proto_msgTypes[12].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[13].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[14].OneofWrappers = []any{
 		(*StructuredOutput_JsonSchema)(nil),
 		(*StructuredOutput_Regex)(nil),
 		(*StructuredOutput_Choice)(nil),
 		(*StructuredOutput_Grammar)(nil),
 		(*StructuredOutput_JsonObject)(nil),
 	}
-	file_gengate_v1_types_proto_msgTypes[14].OneofWrappers = []any{}
-	file_gengate_v1_types_proto_msgTypes[15].OneofWrappers = []any{
+	file_gengate_v1_types_proto_msgTypes[20].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[21].OneofWrappers = []any{
 		(*BackendOptionValue_StringValue)(nil),
 		(*BackendOptionValue_IntValue)(nil),
 		(*BackendOptionValue_DoubleValue)(nil),
 		(*BackendOptionValue_BoolValue)(nil),
 	}
-	file_gengate_v1_types_proto_msgTypes[16].OneofWrappers = []any{}
-	file_gengate_v1_types_proto_msgTypes[18].OneofWrappers = []any{}
-	file_gengate_v1_types_proto_msgTypes[19].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[22].OneofWrappers = []any{}
 	file_gengate_v1_types_proto_msgTypes[24].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[25].OneofWrappers = []any{}
+	file_gengate_v1_types_proto_msgTypes[30].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gengate_v1_types_proto_rawDesc), len(file_gengate_v1_types_proto_rawDesc)),
-			NumEnums:      8,
-			NumMessages:   28,
+			NumEnums:      10,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -12,7 +12,7 @@ import type { JsonObject as JsonObject$1, Message } from "@bufbuild/protobuf";
  * Describes the file gengate/v1/types.proto.
  */
 export const file_gengate_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChZnZW5nYXRlL3YxL3R5cGVzLnByb3RvEgpnZW5nYXRlLnYxIjkKDENoYXRNZXNzYWdlcxIpCghtZXNzYWdlcxgBIAMoCzIXLmdlbmdhdGUudjEuQ2hhdE1lc3NhZ2UiZQoLQ2hhdE1lc3NhZ2USHgoEcm9sZRgBIAEoDjIQLmdlbmdhdGUudjEuUm9sZRIoCgdjb250ZW50GAIgAygLMhcuZ2VuZ2F0ZS52MS5Db250ZW50UGFydBIMCgRuYW1lGAMgASgJIoUCCgZNYWdwaWUSKgoGcHJlc2V0GAEgASgOMhguZ2VuZ2F0ZS52MS5NYWdwaWVQcmVzZXRIABISCgh0ZW1wbGF0ZRgCIAEoCUgAEhoKDXN5c3RlbV9wcm9tcHQYAyABKAlIAYgBARItCgxjb252ZXJzYXRpb24YBCADKAsyFy5nZW5nYXRlLnYxLkNoYXRNZXNzYWdlEhQKB25fdHVybnMYBSABKA1IAogBARIYChBvbmx5X2luc3RydWN0aW9uGAYgASgIEhUKDWVuZF93aXRoX3VzZXIYByABKAhCCwoJcHJlX3F1ZXJ5QhAKDl9zeXN0ZW1fcHJvbXB0QgoKCF9uX3R1cm5zIlcKEENvbnZlcnNhdGlvblR1cm4SHgoEcm9sZRgBIAEoDjIQLmdlbmdhdGUudjEuUm9sZRIMCgR0ZXh0GAIgASgJEhUKDW91dHB1dF90b2tlbnMYAyABKA0iSQoLQ29udGVudFBhcnQSDgoEdGV4dBgBIAEoCUgAEiIKBWltYWdlGAIgASgLMhEuZ2VuZ2F0ZS52MS5JbWFnZUgAQgYKBHBhcnQiQwoFSW1hZ2USDgoEZGF0YRgBIAEoDEgAEg0KA3VybBgCIAEoCUgAEhEKCW1pbWVfdHlwZRgDIAEoCUIICgZzb3VyY2Ui0gIKDlNhbXBsaW5nUGFyYW1zEhgKC3RlbXBlcmF0dXJlGAEgASgCSACIAQESEgoFdG9wX3AYAiABKAJIAYgBARISCgV0b3BfaxgDIAEoDUgCiAEBEhIKBW1pbl9wGAQgASgCSAOIAQESHwoScmVwZXRpdGlvbl9wZW5hbHR5GAUgASgCSASIAQESHgoRZnJlcXVlbmN5X3BlbmFsdHkYBiABKAJIBYgBARIdChBwcmVzZW5jZV9wZW5hbHR5GAcgASgCSAaIAQESEQoEc2VlZBgIIAEoBEgHiAEBQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX3BCCAoGX3RvcF9rQggKBl9taW5fcEIVChNfcmVwZXRpdGlvbl9wZW5hbHR5QhQKEl9mcmVxdWVuY3lfcGVuYWx0eUITChFfcHJlc2VuY2VfcGVuYWx0eUIHCgVfc2VlZCJIChBTdG9wcGluZ0NyaXRlcmlhEhcKCm1heF90b2tlbnMYASABKA1IAIgBARIMCgRzdG9wGAIgAygJQg0KC19tYXhfdG9rZW5zIqACChBTdHJ1Y3R1cmVkT3V0cHV0Ei0KC2pzb25fc2NoZW1hGAEgASgLMhYuZ2VuZ2F0ZS52MS5Kc29uU2NoZW1hSAASIgoFcmVnZXgYAiABKAsyES5nZW5nYXRlLnYxLlJlZ2V4SAASJAoGY2hvaWNlGAMgASgLMhIuZ2VuZ2F0ZS52MS5DaG9pY2VIABImCgdncmFtbWFyGAQgASgLMhMuZ2VuZ2F0ZS52MS5HcmFtbWFySAASLQoLanNvbl9vYmplY3QYBSABKAsyFi5nZW5nYXRlLnYxLkpzb25PYmplY3RIABI0CgdvcHRpb25zGAYgASgLMiMuZ2VuZ2F0ZS52MS5TdHJ1Y3R1cmVkT3V0cHV0T3B0aW9uc0IGCgRraW5kImgKCkpzb25TY2hlbWESJwoGc2NoZW1hGAEgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIMCgRuYW1lGAIgASgJEg4KBnN0cmljdBgDIAEoCBITCgtzY2hlbWFfanNvbhgEIAEoCSIYCgVSZWdleBIPCgdwYXR0ZXJuGAEgASgJIhkKBkNob2ljZRIPCgdjaG9pY2VzGAEgAygJIkgKB0dyYW1tYXISKQoGc3ludGF4GAEgASgOMhkuZ2VuZ2F0ZS52MS5HcmFtbWFyU3ludGF4EhIKCmRlZmluaXRpb24YAiABKAkiDAoKSnNvbk9iamVjdCKDAQoXU3RydWN0dXJlZE91dHB1dE9wdGlvbnMSKgoKd2hpdGVzcGFjZRgBIAEoDjIWLmdlbmdhdGUudjEuV2hpdGVzcGFjZRIiChVhZGRpdGlvbmFsX3Byb3BlcnRpZXMYAiABKAhIAIgBAUIYChZfYWRkaXRpb25hbF9wcm9wZXJ0aWVzIngKEkJhY2tlbmRPcHRpb25WYWx1ZRIWCgxzdHJpbmdfdmFsdWUYASABKAlIABITCglpbnRfdmFsdWUYAiABKANIABIWCgxkb3VibGVfdmFsdWUYAyABKAFIABIUCgpib29sX3ZhbHVlGAQgASgISABCBwoFdmFsdWUi+QEKCkdlbmVyYXRpb24SDQoFaW5kZXgYASABKA0SDAoEdGV4dBgCIAEoCRIvCg1maW5pc2hfcmVhc29uGAMgASgOMhguZ2VuZ2F0ZS52MS5GaW5pc2hSZWFzb24SGQoMbWF0Y2hlZF9zdG9wGAQgASgJSACIAQESFQoNb3V0cHV0X3Rva2VucxgFIAEoDRImCghsb2dwcm9icxgGIAEoCzIULmdlbmdhdGUudjEuTG9ncHJvYnMSMgoMY29udmVyc2F0aW9uGAcgAygLMhwuZ2VuZ2F0ZS52MS5Db252ZXJzYXRpb25UdXJuQg8KDV9tYXRjaGVkX3N0b3AiNAoITG9ncHJvYnMSKAoGdG9rZW5zGAEgAygLMhguZ2VuZ2F0ZS52MS5Ub2tlbkxvZ3Byb2IidwoMVG9rZW5Mb2dwcm9iEg0KBXRva2VuGAEgASgJEg8KB2xvZ3Byb2IYAiABKAISFQoIdG9rZW5faWQYAyABKA1IAIgBARIjCgN0b3AYBCADKAsyFi5nZW5nYXRlLnYxLlRvcExvZ3Byb2JCCwoJX3Rva2VuX2lkIlAKClRvcExvZ3Byb2ISDQoFdG9rZW4YASABKAkSDwoHbG9ncHJvYhgCIAEoAhIVCgh0b2tlbl9pZBgDIAEoDUgAiAEBQgsKCV90b2tlbl9pZCJRCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKA0SFQoNb3V0cHV0X3Rva2VucxgCIAEoDRIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGAMgASgNIpUBCgdUaW1pbmdzEigKBXF1ZXVlGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjYKE3RpbWVfdG9fZmlyc3RfdG9rZW4YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFdG90YWwYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i5gEKC1N0cmVhbVN0YXJ0EhIKCnJlcXVlc3RfaWQYASABKAkSDQoFbW9kZWwYAiABKAkSFAoMaW5wdXRfdG9rZW5zGAMgASgNEiwKC2VuZm9yY2VtZW50GAQgASgOMhcuZ2VuZ2F0ZS52MS5FbmZvcmNlbWVudBI2ChJlZmZlY3RpdmVfc2FtcGxpbmcYBSABKAsyGi5nZW5nYXRlLnYxLlNhbXBsaW5nUGFyYW1zEjgKEmVmZmVjdGl2ZV9zdG9wcGluZxgGIAEoCzIcLmdlbmdhdGUudjEuU3RvcHBpbmdDcml0ZXJpYSJrCg9HZW5lcmF0aW9uRGVsdGESDQoFaW5kZXgYASABKA0SDAoEdGV4dBgCIAEoCRITCgt0b2tlbl9jb3VudBgDIAEoDRImCghsb2dwcm9icxgEIAEoCzIULmdlbmdhdGUudjEuTG9ncHJvYnMiwwEKDUdlbmVyYXRpb25FbmQSDQoFaW5kZXgYASABKA0SLwoNZmluaXNoX3JlYXNvbhgCIAEoDjIYLmdlbmdhdGUudjEuRmluaXNoUmVhc29uEhkKDG1hdGNoZWRfc3RvcBgDIAEoCUgAiAEBEiAKBXVzYWdlGAQgASgLMhEuZ2VuZ2F0ZS52MS5Vc2FnZRIkCgd0aW1pbmdzGAUgASgLMhMuZ2VuZ2F0ZS52MS5UaW1pbmdzQg8KDV9tYXRjaGVkX3N0b3AiXwoJTW9kZWxJbmZvEgwKBG5hbWUYASABKAkSDwoHYmFja2VuZBgCIAEoCRIzCgxjYXBhYmlsaXRpZXMYAyABKAsyHS5nZW5nYXRlLnYxLk1vZGVsQ2FwYWJpbGl0aWVzIsQCChFNb2RlbENhcGFiaWxpdGllcxIyCgtjb25zdHJhaW50cxgBIAMoCzIdLmdlbmdhdGUudjEuQ29uc3RyYWludFN1cHBvcnQSMwoQZ3JhbW1hcl9zeW50YXhlcxgCIAMoDjIZLmdlbmdhdGUudjEuR3JhbW1hclN5bnRheBINCgVtYXhfbhgDIAEoDRIQCghsb2dwcm9icxgEIAEoCBIYChBtYXhfdG9wX2xvZ3Byb2JzGAUgASgNEi4KEGlucHV0X21vZGFsaXRpZXMYBiADKA4yFC5nZW5nYXRlLnYxLk1vZGFsaXR5EhYKDmNvbnRleHRfbGVuZ3RoGAcgASgNEgwKBHNlZWQYCCABKAgSDAoEY2hhdBgJIAEoCBIXCg9iYWNrZW5kX29wdGlvbnMYCiADKAkSDgoGbWFncGllGAsgASgIImsKEUNvbnN0cmFpbnRTdXBwb3J0EigKBGtpbmQYASABKA4yGi5nZW5nYXRlLnYxLkNvbnN0cmFpbnRLaW5kEiwKC2VuZm9yY2VtZW50GAIgASgOMhcuZ2VuZ2F0ZS52MS5FbmZvcmNlbWVudCpQCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIPCgtST0xFX1NZU1RFTRABEg0KCVJPTEVfVVNFUhACEhIKDlJPTEVfQVNTSVNUQU5UEAMqkQEKDE1hZ3BpZVByZXNldBIdChlNQUdQSUVfUFJFU0VUX1VOU1BFQ0lGSUVEEAASGAoUTUFHUElFX1BSRVNFVF9MTEFNQTMQARIXChNNQUdQSUVfUFJFU0VUX1FXRU4yEAISFgoSTUFHUElFX1BSRVNFVF9QSEkzEAMSFwoTTUFHUElFX1BSRVNFVF9HRU1NQRAEKnoKDUdyYW1tYXJTeW50YXgSHgoaR1JBTU1BUl9TWU5UQVhfVU5TUEVDSUZJRUQQABIXChNHUkFNTUFSX1NZTlRBWF9MQVJLEAESFwoTR1JBTU1BUl9TWU5UQVhfR0JORhACEhcKE0dSQU1NQVJfU1lOVEFYX0VCTkYQAypZCgpXaGl0ZXNwYWNlEhoKFldISVRFU1BBQ0VfVU5TUEVDSUZJRUQQABIWChJXSElURVNQQUNFX0NPTVBBQ1QQARIXChNXSElURVNQQUNFX0ZMRVhJQkxFEAIqkQIKDEZpbmlzaFJlYXNvbhIdChlGSU5JU0hfUkVBU09OX1VOU1BFQ0lGSUVEEAASFgoSRklOSVNIX1JFQVNPTl9TVE9QEAESGAoURklOSVNIX1JFQVNPTl9MRU5HVEgQAhIfChtGSU5JU0hfUkVBU09OX1NUT1BfU0VRVUVOQ0UQAxIgChxGSU5JU0hfUkVBU09OX0NPTlRFTlRfRklMVEVSEAQSGwoXRklOSVNIX1JFQVNPTl9DQU5DRUxMRUQQBRIcChhGSU5JU0hfUkVBU09OX1RJTUVfTElNSVQQBhIXChNGSU5JU0hfUkVBU09OX0VSUk9SEAcSGQoVRklOSVNIX1JFQVNPTl9SRUZVU0FMEAgqiwEKC0VuZm9yY2VtZW50EhsKF0VORk9SQ0VNRU5UX1VOU1BFQ0lGSUVEEAASFAoQRU5GT1JDRU1FTlRfTk9ORRABEhYKEkVORk9SQ0VNRU5UX0VOR0lORRACEhYKEkVORk9SQ0VNRU5UX05BVElWRRADEhkKFUVORk9SQ0VNRU5UX1ZBTElEQVRFRBAEKscBCg5Db25zdHJhaW50S2luZBIfChtDT05TVFJBSU5UX0tJTkRfVU5TUEVDSUZJRUQQABIfChtDT05TVFJBSU5UX0tJTkRfSlNPTl9TQ0hFTUEQARIZChVDT05TVFJBSU5UX0tJTkRfUkVHRVgQAhIaChZDT05TVFJBSU5UX0tJTkRfQ0hPSUNFEAMSGwoXQ09OU1RSQUlOVF9LSU5EX0dSQU1NQVIQBBIfChtDT05TVFJBSU5UX0tJTkRfSlNPTl9PQkpFQ1QQBSpLCghNb2RhbGl0eRIYChRNT0RBTElUWV9VTlNQRUNJRklFRBAAEhEKDU1PREFMSVRZX1RFWFQQARISCg5NT0RBTElUWV9JTUFHRRACQkBaPmdpdGh1Yi5jb20vZ2VuZ2F0ZS9nZW5nYXRlL2NsaWVudHMvZ28vZ2VuL2dlbmdhdGUvdjE7Z2VuZ2F0ZXYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct]);
+  fileDesc("ChZnZW5nYXRlL3YxL3R5cGVzLnByb3RvEgpnZW5nYXRlLnYxIjkKDENoYXRNZXNzYWdlcxIpCghtZXNzYWdlcxgBIAMoCzIXLmdlbmdhdGUudjEuQ2hhdE1lc3NhZ2UizwEKC0NoYXRNZXNzYWdlEh4KBHJvbGUYASABKA4yEC5nZW5nYXRlLnYxLlJvbGUSKAoHY29udGVudBgCIAMoCzIXLmdlbmdhdGUudjEuQ29udGVudFBhcnQSDAoEbmFtZRgDIAEoCRIoCgp0b29sX2NhbGxzGAQgAygLMhQuZ2VuZ2F0ZS52MS5Ub29sQ2FsbBIUCgx0b29sX2NhbGxfaWQYBSABKAkSKAoJcmVhc29uaW5nGAYgASgLMhUuZ2VuZ2F0ZS52MS5SZWFzb25pbmciUgoEVG9vbBIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhcKD3BhcmFtZXRlcnNfanNvbhgDIAEoCRIOCgZzdHJpY3QYBCABKAgiUgoKVG9vbENob2ljZRIqCgRtb2RlGAEgASgOMhouZ2VuZ2F0ZS52MS5Ub29sQ2hvaWNlTW9kZUgAEg4KBG5hbWUYAiABKAlIAEIICgZjaG9pY2UiPAoIVG9vbENhbGwSCgoCaWQYASABKAkSDAoEbmFtZRgCIAEoCRIWCg5hcmd1bWVudHNfanNvbhgDIAEoCSJUCg1Ub29sQ2FsbERlbHRhEg0KBWluZGV4GAEgASgNEgoKAmlkGAIgASgJEgwKBG5hbWUYAyABKAkSGgoSYXJndW1lbnRzX2ZyYWdtZW50GAQgASgJIi0KCVJlYXNvbmluZxIMCgR0ZXh0GAEgASgJEhIKCnNpZ25hdHVyZXMYAiADKAkijwEKEFJlYXNvbmluZ0NvbnRyb2wSFAoHZW5hYmxlZBgBIAEoCEgAiAEBEisKBmVmZm9ydBgCIAEoDjIbLmdlbmdhdGUudjEuUmVhc29uaW5nRWZmb3J0EhoKDWJ1ZGdldF90b2tlbnMYAyABKA1IAYgBAUIKCghfZW5hYmxlZEIQCg5fYnVkZ2V0X3Rva2VucyKFAgoGTWFncGllEioKBnByZXNldBgBIAEoDjIYLmdlbmdhdGUudjEuTWFncGllUHJlc2V0SAASEgoIdGVtcGxhdGUYAiABKAlIABIaCg1zeXN0ZW1fcHJvbXB0GAMgASgJSAGIAQESLQoMY29udmVyc2F0aW9uGAQgAygLMhcuZ2VuZ2F0ZS52MS5DaGF0TWVzc2FnZRIUCgduX3R1cm5zGAUgASgNSAKIAQESGAoQb25seV9pbnN0cnVjdGlvbhgGIAEoCBIVCg1lbmRfd2l0aF91c2VyGAcgASgIQgsKCXByZV9xdWVyeUIQCg5fc3lzdGVtX3Byb21wdEIKCghfbl90dXJucyJXChBDb252ZXJzYXRpb25UdXJuEh4KBHJvbGUYASABKA4yEC5nZW5nYXRlLnYxLlJvbGUSDAoEdGV4dBgCIAEoCRIVCg1vdXRwdXRfdG9rZW5zGAMgASgNIkkKC0NvbnRlbnRQYXJ0Eg4KBHRleHQYASABKAlIABIiCgVpbWFnZRgCIAEoCzIRLmdlbmdhdGUudjEuSW1hZ2VIAEIGCgRwYXJ0IkMKBUltYWdlEg4KBGRhdGEYASABKAxIABINCgN1cmwYAiABKAlIABIRCgltaW1lX3R5cGUYAyABKAlCCAoGc291cmNlItICCg5TYW1wbGluZ1BhcmFtcxIYCgt0ZW1wZXJhdHVyZRgBIAEoAkgAiAEBEhIKBXRvcF9wGAIgASgCSAGIAQESEgoFdG9wX2sYAyABKA1IAogBARISCgVtaW5fcBgEIAEoAkgDiAEBEh8KEnJlcGV0aXRpb25fcGVuYWx0eRgFIAEoAkgEiAEBEh4KEWZyZXF1ZW5jeV9wZW5hbHR5GAYgASgCSAWIAQESHQoQcHJlc2VuY2VfcGVuYWx0eRgHIAEoAkgGiAEBEhEKBHNlZWQYCCABKARIB4gBAUIOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9wQggKBl90b3Bfa0IICgZfbWluX3BCFQoTX3JlcGV0aXRpb25fcGVuYWx0eUIUChJfZnJlcXVlbmN5X3BlbmFsdHlCEwoRX3ByZXNlbmNlX3BlbmFsdHlCBwoFX3NlZWQiSAoQU3RvcHBpbmdDcml0ZXJpYRIXCgptYXhfdG9rZW5zGAEgASgNSACIAQESDAoEc3RvcBgCIAMoCUINCgtfbWF4X3Rva2VucyKgAgoQU3RydWN0dXJlZE91dHB1dBItCgtqc29uX3NjaGVtYRgBIAEoCzIWLmdlbmdhdGUudjEuSnNvblNjaGVtYUgAEiIKBXJlZ2V4GAIgASgLMhEuZ2VuZ2F0ZS52MS5SZWdleEgAEiQKBmNob2ljZRgDIAEoCzISLmdlbmdhdGUudjEuQ2hvaWNlSAASJgoHZ3JhbW1hchgEIAEoCzITLmdlbmdhdGUudjEuR3JhbW1hckgAEi0KC2pzb25fb2JqZWN0GAUgASgLMhYuZ2VuZ2F0ZS52MS5Kc29uT2JqZWN0SAASNAoHb3B0aW9ucxgGIAEoCzIjLmdlbmdhdGUudjEuU3RydWN0dXJlZE91dHB1dE9wdGlvbnNCBgoEa2luZCJoCgpKc29uU2NoZW1hEicKBnNjaGVtYRgBIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDAoEbmFtZRgCIAEoCRIOCgZzdHJpY3QYAyABKAgSEwoLc2NoZW1hX2pzb24YBCABKAkiGAoFUmVnZXgSDwoHcGF0dGVybhgBIAEoCSIZCgZDaG9pY2USDwoHY2hvaWNlcxgBIAMoCSJICgdHcmFtbWFyEikKBnN5bnRheBgBIAEoDjIZLmdlbmdhdGUudjEuR3JhbW1hclN5bnRheBISCgpkZWZpbml0aW9uGAIgASgJIgwKCkpzb25PYmplY3QigwEKF1N0cnVjdHVyZWRPdXRwdXRPcHRpb25zEioKCndoaXRlc3BhY2UYASABKA4yFi5nZW5nYXRlLnYxLldoaXRlc3BhY2USIgoVYWRkaXRpb25hbF9wcm9wZXJ0aWVzGAIgASgISACIAQFCGAoWX2FkZGl0aW9uYWxfcHJvcGVydGllcyJ4ChJCYWNrZW5kT3B0aW9uVmFsdWUSFgoMc3RyaW5nX3ZhbHVlGAEgASgJSAASEwoJaW50X3ZhbHVlGAIgASgDSAASFgoMZG91YmxlX3ZhbHVlGAMgASgBSAASFAoKYm9vbF92YWx1ZRgEIAEoCEgAQgcKBXZhbHVlIs0CCgpHZW5lcmF0aW9uEg0KBWluZGV4GAEgASgNEgwKBHRleHQYAiABKAkSLwoNZmluaXNoX3JlYXNvbhgDIAEoDjIYLmdlbmdhdGUudjEuRmluaXNoUmVhc29uEhkKDG1hdGNoZWRfc3RvcBgEIAEoCUgAiAEBEhUKDW91dHB1dF90b2tlbnMYBSABKA0SJgoIbG9ncHJvYnMYBiABKAsyFC5nZW5nYXRlLnYxLkxvZ3Byb2JzEjIKDGNvbnZlcnNhdGlvbhgHIAMoCzIcLmdlbmdhdGUudjEuQ29udmVyc2F0aW9uVHVybhIoCgp0b29sX2NhbGxzGAggAygLMhQuZ2VuZ2F0ZS52MS5Ub29sQ2FsbBIoCglyZWFzb25pbmcYCSABKAsyFS5nZW5nYXRlLnYxLlJlYXNvbmluZ0IPCg1fbWF0Y2hlZF9zdG9wIjQKCExvZ3Byb2JzEigKBnRva2VucxgBIAMoCzIYLmdlbmdhdGUudjEuVG9rZW5Mb2dwcm9iIncKDFRva2VuTG9ncHJvYhINCgV0b2tlbhgBIAEoCRIPCgdsb2dwcm9iGAIgASgCEhUKCHRva2VuX2lkGAMgASgNSACIAQESIwoDdG9wGAQgAygLMhYuZ2VuZ2F0ZS52MS5Ub3BMb2dwcm9iQgsKCV90b2tlbl9pZCJQCgpUb3BMb2dwcm9iEg0KBXRva2VuGAEgASgJEg8KB2xvZ3Byb2IYAiABKAISFQoIdG9rZW5faWQYAyABKA1IAIgBAUILCglfdG9rZW5faWQiUQoFVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgNEhUKDW91dHB1dF90b2tlbnMYAiABKA0SGwoTY2FjaGVkX2lucHV0X3Rva2VucxgDIAEoDSKVAQoHVGltaW5ncxIoCgVxdWV1ZRgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhI2ChN0aW1lX3RvX2ZpcnN0X3Rva2VuGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEigKBXRvdGFsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIuYBCgtTdHJlYW1TdGFydBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhQKDGlucHV0X3Rva2VucxgDIAEoDRIsCgtlbmZvcmNlbWVudBgEIAEoDjIXLmdlbmdhdGUudjEuRW5mb3JjZW1lbnQSNgoSZWZmZWN0aXZlX3NhbXBsaW5nGAUgASgLMhouZ2VuZ2F0ZS52MS5TYW1wbGluZ1BhcmFtcxI4ChJlZmZlY3RpdmVfc3RvcHBpbmcYBiABKAsyHC5nZW5nYXRlLnYxLlN0b3BwaW5nQ3JpdGVyaWEirQEKD0dlbmVyYXRpb25EZWx0YRINCgVpbmRleBgBIAEoDRIMCgR0ZXh0GAIgASgJEhMKC3Rva2VuX2NvdW50GAMgASgNEiYKCGxvZ3Byb2JzGAQgASgLMhQuZ2VuZ2F0ZS52MS5Mb2dwcm9icxItCgp0b29sX2NhbGxzGAUgAygLMhkuZ2VuZ2F0ZS52MS5Ub29sQ2FsbERlbHRhEhEKCXJlYXNvbmluZxgGIAEoCSKLAgoNR2VuZXJhdGlvbkVuZBINCgVpbmRleBgBIAEoDRIvCg1maW5pc2hfcmVhc29uGAIgASgOMhguZ2VuZ2F0ZS52MS5GaW5pc2hSZWFzb24SGQoMbWF0Y2hlZF9zdG9wGAMgASgJSACIAQESIAoFdXNhZ2UYBCABKAsyES5nZW5nYXRlLnYxLlVzYWdlEiQKB3RpbWluZ3MYBSABKAsyEy5nZW5nYXRlLnYxLlRpbWluZ3MSKAoKdG9vbF9jYWxscxgGIAMoCzIULmdlbmdhdGUudjEuVG9vbENhbGwSHAoUcmVhc29uaW5nX3NpZ25hdHVyZXMYByADKAlCDwoNX21hdGNoZWRfc3RvcCJfCglNb2RlbEluZm8SDAoEbmFtZRgBIAEoCRIPCgdiYWNrZW5kGAIgASgJEjMKDGNhcGFiaWxpdGllcxgDIAEoCzIdLmdlbmdhdGUudjEuTW9kZWxDYXBhYmlsaXRpZXMimgMKEU1vZGVsQ2FwYWJpbGl0aWVzEjIKC2NvbnN0cmFpbnRzGAEgAygLMh0uZ2VuZ2F0ZS52MS5Db25zdHJhaW50U3VwcG9ydBIzChBncmFtbWFyX3N5bnRheGVzGAIgAygOMhkuZ2VuZ2F0ZS52MS5HcmFtbWFyU3ludGF4Eg0KBW1heF9uGAMgASgNEhAKCGxvZ3Byb2JzGAQgASgIEhgKEG1heF90b3BfbG9ncHJvYnMYBSABKA0SLgoQaW5wdXRfbW9kYWxpdGllcxgGIAMoDjIULmdlbmdhdGUudjEuTW9kYWxpdHkSFgoOY29udGV4dF9sZW5ndGgYByABKA0SDAoEc2VlZBgIIAEoCBIMCgRjaGF0GAkgASgIEhcKD2JhY2tlbmRfb3B0aW9ucxgKIAMoCRIOCgZtYWdwaWUYCyABKAgSJgoFdG9vbHMYDCABKA4yFy5nZW5nYXRlLnYxLkVuZm9yY2VtZW50EhkKEXJlYXNvbmluZ19jb250cm9sGA0gASgIEhEKCXJlYXNvbmluZxgOIAEoCCJrChFDb25zdHJhaW50U3VwcG9ydBIoCgRraW5kGAEgASgOMhouZ2VuZ2F0ZS52MS5Db25zdHJhaW50S2luZBIsCgtlbmZvcmNlbWVudBgCIAEoDjIXLmdlbmdhdGUudjEuRW5mb3JjZW1lbnQqXwoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASDwoLUk9MRV9TWVNURU0QARINCglST0xFX1VTRVIQAhISCg5ST0xFX0FTU0lTVEFOVBADEg0KCVJPTEVfVE9PTBAEKocBCg5Ub29sQ2hvaWNlTW9kZRIgChxUT09MX0NIT0lDRV9NT0RFX1VOU1BFQ0lGSUVEEAASGQoVVE9PTF9DSE9JQ0VfTU9ERV9BVVRPEAESGQoVVE9PTF9DSE9JQ0VfTU9ERV9OT05FEAISHQoZVE9PTF9DSE9JQ0VfTU9ERV9SRVFVSVJFRBADKoUBCg9SZWFzb25pbmdFZmZvcnQSIAocUkVBU09OSU5HX0VGRk9SVF9VTlNQRUNJRklFRBAAEhgKFFJFQVNPTklOR19FRkZPUlRfTE9XEAESGwoXUkVBU09OSU5HX0VGRk9SVF9NRURJVU0QAhIZChVSRUFTT05JTkdfRUZGT1JUX0hJR0gQAyqRAQoMTWFncGllUHJlc2V0Eh0KGU1BR1BJRV9QUkVTRVRfVU5TUEVDSUZJRUQQABIYChRNQUdQSUVfUFJFU0VUX0xMQU1BMxABEhcKE01BR1BJRV9QUkVTRVRfUVdFTjIQAhIWChJNQUdQSUVfUFJFU0VUX1BISTMQAxIXChNNQUdQSUVfUFJFU0VUX0dFTU1BEAQqegoNR3JhbW1hclN5bnRheBIeChpHUkFNTUFSX1NZTlRBWF9VTlNQRUNJRklFRBAAEhcKE0dSQU1NQVJfU1lOVEFYX0xBUksQARIXChNHUkFNTUFSX1NZTlRBWF9HQk5GEAISFwoTR1JBTU1BUl9TWU5UQVhfRUJORhADKlkKCldoaXRlc3BhY2USGgoWV0hJVEVTUEFDRV9VTlNQRUNJRklFRBAAEhYKEldISVRFU1BBQ0VfQ09NUEFDVBABEhcKE1dISVRFU1BBQ0VfRkxFWElCTEUQAiqvAgoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIWChJGSU5JU0hfUkVBU09OX1NUT1AQARIYChRGSU5JU0hfUkVBU09OX0xFTkdUSBACEh8KG0ZJTklTSF9SRUFTT05fU1RPUF9TRVFVRU5DRRADEiAKHEZJTklTSF9SRUFTT05fQ09OVEVOVF9GSUxURVIQBBIbChdGSU5JU0hfUkVBU09OX0NBTkNFTExFRBAFEhwKGEZJTklTSF9SRUFTT05fVElNRV9MSU1JVBAGEhcKE0ZJTklTSF9SRUFTT05fRVJST1IQBxIZChVGSU5JU0hfUkVBU09OX1JFRlVTQUwQCBIcChhGSU5JU0hfUkVBU09OX1RPT0xfQ0FMTFMQCSqLAQoLRW5mb3JjZW1lbnQSGwoXRU5GT1JDRU1FTlRfVU5TUEVDSUZJRUQQABIUChBFTkZPUkNFTUVOVF9OT05FEAESFgoSRU5GT1JDRU1FTlRfRU5HSU5FEAISFgoSRU5GT1JDRU1FTlRfTkFUSVZFEAMSGQoVRU5GT1JDRU1FTlRfVkFMSURBVEVEEAQqxwEKDkNvbnN0cmFpbnRLaW5kEh8KG0NPTlNUUkFJTlRfS0lORF9VTlNQRUNJRklFRBAAEh8KG0NPTlNUUkFJTlRfS0lORF9KU09OX1NDSEVNQRABEhkKFUNPTlNUUkFJTlRfS0lORF9SRUdFWBACEhoKFkNPTlNUUkFJTlRfS0lORF9DSE9JQ0UQAxIbChdDT05TVFJBSU5UX0tJTkRfR1JBTU1BUhAEEh8KG0NPTlNUUkFJTlRfS0lORF9KU09OX09CSkVDVBAFKksKCE1vZGFsaXR5EhgKFE1PREFMSVRZX1VOU1BFQ0lGSUVEEAASEQoNTU9EQUxJVFlfVEVYVBABEhIKDk1PREFMSVRZX0lNQUdFEAJCQFo+Z2l0aHViLmNvbS9nZW5nYXRlL2dlbmdhdGUvY2xpZW50cy9nby9nZW4vZ2VuZ2F0ZS92MTtnZW5nYXRldjFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct]);
 
 /**
  * ChatMessages is a conversation, oldest message first.
@@ -55,6 +55,28 @@ export type ChatMessage = Message<"gengate.v1.ChatMessage"> & {
    * @generated from field: string name = 3;
    */
   name: string;
+
+  /**
+   * On an assistant message: the tool calls it made (so a conversation round-trips).
+   *
+   * @generated from field: repeated gengate.v1.ToolCall tool_calls = 4;
+   */
+  toolCalls: ToolCall[];
+
+  /**
+   * On a tool message (ROLE_TOOL): the id of the call whose result `content` is.
+   *
+   * @generated from field: string tool_call_id = 5;
+   */
+  toolCallId: string;
+
+  /**
+   * On an assistant message: the reasoning it produced, sent back where a provider requires it
+   * (signatures included).
+   *
+   * @generated from field: gengate.v1.Reasoning reasoning = 6;
+   */
+  reasoning?: Reasoning | undefined;
 };
 
 /**
@@ -63,6 +85,213 @@ export type ChatMessage = Message<"gengate.v1.ChatMessage"> & {
  */
 export const ChatMessageSchema: GenMessage<ChatMessage> = /*@__PURE__*/
   messageDesc(file_gengate_v1_types, 1);
+
+/**
+ * Tool is a function the model may call. A returned call always names an offered tool and its
+ * arguments always validate against `parameters_json`, or the request fails (never a success).
+ *
+ * @generated from message gengate.v1.Tool
+ */
+export type Tool = Message<"gengate.v1.Tool"> & {
+  /**
+   * 1-64 characters of [A-Za-z0-9_-], unique within the request.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: string description = 2;
+   */
+  description: string;
+
+  /**
+   * The arguments' JSON Schema, as JSON text (an object schema; empty: no arguments).
+   *
+   * @generated from field: string parameters_json = 3;
+   */
+  parametersJson: string;
+
+  /**
+   * Ask the provider for its strict mode where it has one (validation happens either way).
+   *
+   * @generated from field: bool strict = 4;
+   */
+  strict: boolean;
+};
+
+/**
+ * Describes the message gengate.v1.Tool.
+ * Use `create(ToolSchema)` to create a new message.
+ */
+export const ToolSchema: GenMessage<Tool> = /*@__PURE__*/
+  messageDesc(file_gengate_v1_types, 2);
+
+/**
+ * ToolChoice says whether and which tool the model must call.
+ *
+ * @generated from message gengate.v1.ToolChoice
+ */
+export type ToolChoice = Message<"gengate.v1.ToolChoice"> & {
+  /**
+   * @generated from oneof gengate.v1.ToolChoice.choice
+   */
+  choice: {
+    /**
+     * @generated from field: gengate.v1.ToolChoiceMode mode = 1;
+     */
+    value: ToolChoiceMode;
+    case: "mode";
+  } | {
+    /**
+     * Exactly this tool must be called (it must be one of `tools`).
+     *
+     * @generated from field: string name = 2;
+     */
+    value: string;
+    case: "name";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message gengate.v1.ToolChoice.
+ * Use `create(ToolChoiceSchema)` to create a new message.
+ */
+export const ToolChoiceSchema: GenMessage<ToolChoice> = /*@__PURE__*/
+  messageDesc(file_gengate_v1_types, 3);
+
+/**
+ * ToolCall is one call a model made: validated before it is returned.
+ *
+ * @generated from message gengate.v1.ToolCall
+ */
+export type ToolCall = Message<"gengate.v1.ToolCall"> & {
+  /**
+   * The call's id (the provider's, or made by the server), quoted by the tool message answering it.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * The arguments as JSON text, valid against the tool's parameters.
+   *
+   * @generated from field: string arguments_json = 3;
+   */
+  argumentsJson: string;
+};
+
+/**
+ * Describes the message gengate.v1.ToolCall.
+ * Use `create(ToolCallSchema)` to create a new message.
+ */
+export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
+  messageDesc(file_gengate_v1_types, 4);
+
+/**
+ * ToolCallDelta is a fragment of a tool call in a stream; the end frame carries the complete,
+ * validated calls.
+ *
+ * @generated from message gengate.v1.ToolCallDelta
+ */
+export type ToolCallDelta = Message<"gengate.v1.ToolCallDelta"> & {
+  /**
+   * Position of the call within its generation.
+   *
+   * @generated from field: uint32 index = 1;
+   */
+  index: number;
+
+  /**
+   * Set on the call's first fragment.
+   *
+   * @generated from field: string id = 2;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string name = 3;
+   */
+  name: string;
+
+  /**
+   * @generated from field: string arguments_fragment = 4;
+   */
+  argumentsFragment: string;
+};
+
+/**
+ * Describes the message gengate.v1.ToolCallDelta.
+ * Use `create(ToolCallDeltaSchema)` to create a new message.
+ */
+export const ToolCallDeltaSchema: GenMessage<ToolCallDelta> = /*@__PURE__*/
+  messageDesc(file_gengate_v1_types, 5);
+
+/**
+ * Reasoning is what a reasoning model thought before answering.
+ *
+ * @generated from message gengate.v1.Reasoning
+ */
+export type Reasoning = Message<"gengate.v1.Reasoning"> & {
+  /**
+   * @generated from field: string text = 1;
+   */
+  text: string;
+
+  /**
+   * Provider-opaque signatures (e.g. Anthropic's thinking signatures, redacted thinking blocks),
+   * to be sent back unchanged with the assistant message.
+   *
+   * @generated from field: repeated string signatures = 2;
+   */
+  signatures: string[];
+};
+
+/**
+ * Describes the message gengate.v1.Reasoning.
+ * Use `create(ReasoningSchema)` to create a new message.
+ */
+export const ReasoningSchema: GenMessage<Reasoning> = /*@__PURE__*/
+  messageDesc(file_gengate_v1_types, 6);
+
+/**
+ * ReasoningControl sets a reasoning model's thinking, mapped per backend (refused where the
+ * backend has no such control).
+ *
+ * @generated from message gengate.v1.ReasoningControl
+ */
+export type ReasoningControl = Message<"gengate.v1.ReasoningControl"> & {
+  /**
+   * Thinking on or off.
+   *
+   * @generated from field: optional bool enabled = 1;
+   */
+  enabled?: boolean | undefined;
+
+  /**
+   * @generated from field: gengate.v1.ReasoningEffort effort = 2;
+   */
+  effort: ReasoningEffort;
+
+  /**
+   * The most tokens the model may spend thinking.
+   *
+   * @generated from field: optional uint32 budget_tokens = 3;
+   */
+  budgetTokens?: number | undefined;
+};
+
+/**
+ * Describes the message gengate.v1.ReasoningControl.
+ * Use `create(ReasoningControlSchema)` to create a new message.
+ */
+export const ReasoningControlSchema: GenMessage<ReasoningControl> = /*@__PURE__*/
+  messageDesc(file_gengate_v1_types, 7);
 
 /**
  * Magpie asks an instruction-tuned model to write the user's turn itself: the conversation so
@@ -136,7 +365,7 @@ export type Magpie = Message<"gengate.v1.Magpie"> & {
  * Use `create(MagpieSchema)` to create a new message.
  */
 export const MagpieSchema: GenMessage<Magpie> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 2);
+  messageDesc(file_gengate_v1_types, 8);
 
 /**
  * ConversationTurn is one turn a Magpie request wrote.
@@ -167,7 +396,7 @@ export type ConversationTurn = Message<"gengate.v1.ConversationTurn"> & {
  * Use `create(ConversationTurnSchema)` to create a new message.
  */
 export const ConversationTurnSchema: GenMessage<ConversationTurn> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 3);
+  messageDesc(file_gengate_v1_types, 9);
 
 /**
  * ContentPart is one piece of a message: text or an image.
@@ -198,7 +427,7 @@ export type ContentPart = Message<"gengate.v1.ContentPart"> & {
  * Use `create(ContentPartSchema)` to create a new message.
  */
 export const ContentPartSchema: GenMessage<ContentPart> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 4);
+  messageDesc(file_gengate_v1_types, 10);
 
 /**
  * Image is image input, inline bytes or a URL; used where the model accepts images.
@@ -236,7 +465,7 @@ export type Image = Message<"gengate.v1.Image"> & {
  * Use `create(ImageSchema)` to create a new message.
  */
 export const ImageSchema: GenMessage<Image> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 5);
+  messageDesc(file_gengate_v1_types, 11);
 
 /**
  * SamplingParams controls how tokens are drawn. Every field is optional: unset means the
@@ -293,7 +522,7 @@ export type SamplingParams = Message<"gengate.v1.SamplingParams"> & {
  * Use `create(SamplingParamsSchema)` to create a new message.
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 6);
+  messageDesc(file_gengate_v1_types, 12);
 
 /**
  * StoppingCriteria says when a generation ends.
@@ -321,7 +550,7 @@ export type StoppingCriteria = Message<"gengate.v1.StoppingCriteria"> & {
  * Use `create(StoppingCriteriaSchema)` to create a new message.
  */
 export const StoppingCriteriaSchema: GenMessage<StoppingCriteria> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 7);
+  messageDesc(file_gengate_v1_types, 13);
 
 /**
  * StructuredOutput is the shape the output must take: exactly one kind.
@@ -375,7 +604,7 @@ export type StructuredOutput = Message<"gengate.v1.StructuredOutput"> & {
  * Use `create(StructuredOutputSchema)` to create a new message.
  */
 export const StructuredOutputSchema: GenMessage<StructuredOutput> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 8);
+  messageDesc(file_gengate_v1_types, 14);
 
 /**
  * JsonSchema constrains output to JSON valid against a JSON Schema (Draft 2020-12).
@@ -419,7 +648,7 @@ export type JsonSchema = Message<"gengate.v1.JsonSchema"> & {
  * Use `create(JsonSchemaSchema)` to create a new message.
  */
 export const JsonSchemaSchema: GenMessage<JsonSchema> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 9);
+  messageDesc(file_gengate_v1_types, 15);
 
 /**
  * Regex constrains output to a full match of a regular expression. `\d` and `\w` are ASCII
@@ -439,7 +668,7 @@ export type Regex = Message<"gengate.v1.Regex"> & {
  * Use `create(RegexSchema)` to create a new message.
  */
 export const RegexSchema: GenMessage<Regex> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 10);
+  messageDesc(file_gengate_v1_types, 16);
 
 /**
  * Choice constrains output to exactly one of the given strings.
@@ -458,7 +687,7 @@ export type Choice = Message<"gengate.v1.Choice"> & {
  * Use `create(ChoiceSchema)` to create a new message.
  */
 export const ChoiceSchema: GenMessage<Choice> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 11);
+  messageDesc(file_gengate_v1_types, 17);
 
 /**
  * Grammar constrains output to a sentence of a formal grammar.
@@ -482,7 +711,7 @@ export type Grammar = Message<"gengate.v1.Grammar"> & {
  * Use `create(GrammarSchema)` to create a new message.
  */
 export const GrammarSchema: GenMessage<Grammar> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 12);
+  messageDesc(file_gengate_v1_types, 18);
 
 /**
  * JsonObject constrains output to any JSON object.
@@ -497,7 +726,7 @@ export type JsonObject = Message<"gengate.v1.JsonObject"> & {
  * Use `create(JsonObjectSchema)` to create a new message.
  */
 export const JsonObjectSchema: GenMessage<JsonObject> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 13);
+  messageDesc(file_gengate_v1_types, 19);
 
 /**
  * StructuredOutputOptions tunes how a constraint is compiled.
@@ -526,7 +755,7 @@ export type StructuredOutputOptions = Message<"gengate.v1.StructuredOutputOption
  * Use `create(StructuredOutputOptionsSchema)` to create a new message.
  */
 export const StructuredOutputOptionsSchema: GenMessage<StructuredOutputOptions> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 14);
+  messageDesc(file_gengate_v1_types, 20);
 
 /**
  * BackendOptionValue is a typed value of a backend-specific option.
@@ -569,7 +798,7 @@ export type BackendOptionValue = Message<"gengate.v1.BackendOptionValue"> & {
  * Use `create(BackendOptionValueSchema)` to create a new message.
  */
 export const BackendOptionValueSchema: GenMessage<BackendOptionValue> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 15);
+  messageDesc(file_gengate_v1_types, 21);
 
 /**
  * Generation is one finished generation.
@@ -619,6 +848,20 @@ export type Generation = Message<"gengate.v1.Generation"> & {
    * @generated from field: repeated gengate.v1.ConversationTurn conversation = 7;
    */
   conversation: ConversationTurn[];
+
+  /**
+   * The tool calls the model made (finish_reason TOOL_CALLS), each validated.
+   *
+   * @generated from field: repeated gengate.v1.ToolCall tool_calls = 8;
+   */
+  toolCalls: ToolCall[];
+
+  /**
+   * A reasoning model's thinking, when the backend returns it.
+   *
+   * @generated from field: gengate.v1.Reasoning reasoning = 9;
+   */
+  reasoning?: Reasoning | undefined;
 };
 
 /**
@@ -626,7 +869,7 @@ export type Generation = Message<"gengate.v1.Generation"> & {
  * Use `create(GenerationSchema)` to create a new message.
  */
 export const GenerationSchema: GenMessage<Generation> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 16);
+  messageDesc(file_gengate_v1_types, 22);
 
 /**
  * Logprobs lists the log-probability of each generated token.
@@ -645,7 +888,7 @@ export type Logprobs = Message<"gengate.v1.Logprobs"> & {
  * Use `create(LogprobsSchema)` to create a new message.
  */
 export const LogprobsSchema: GenMessage<Logprobs> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 17);
+  messageDesc(file_gengate_v1_types, 23);
 
 /**
  * TokenLogprob is one generated token with its log-probability and top alternatives.
@@ -679,7 +922,7 @@ export type TokenLogprob = Message<"gengate.v1.TokenLogprob"> & {
  * Use `create(TokenLogprobSchema)` to create a new message.
  */
 export const TokenLogprobSchema: GenMessage<TokenLogprob> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 18);
+  messageDesc(file_gengate_v1_types, 24);
 
 /**
  * TopLogprob is one alternative token at a position.
@@ -708,7 +951,7 @@ export type TopLogprob = Message<"gengate.v1.TopLogprob"> & {
  * Use `create(TopLogprobSchema)` to create a new message.
  */
 export const TopLogprobSchema: GenMessage<TopLogprob> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 19);
+  messageDesc(file_gengate_v1_types, 25);
 
 /**
  * Usage counts tokens.
@@ -740,7 +983,7 @@ export type Usage = Message<"gengate.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 20);
+  messageDesc(file_gengate_v1_types, 26);
 
 /**
  * Timings of one request or generation, measured by the server.
@@ -775,7 +1018,7 @@ export type Timings = Message<"gengate.v1.Timings"> & {
  * Use `create(TimingsSchema)` to create a new message.
  */
 export const TimingsSchema: GenMessage<Timings> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 21);
+  messageDesc(file_gengate_v1_types, 27);
 
 /**
  * StreamStart is the first frame of every stream.
@@ -819,7 +1062,7 @@ export type StreamStart = Message<"gengate.v1.StreamStart"> & {
  * Use `create(StreamStartSchema)` to create a new message.
  */
 export const StreamStartSchema: GenMessage<StreamStart> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 22);
+  messageDesc(file_gengate_v1_types, 28);
 
 /**
  * GenerationDelta is new text of one generation.
@@ -850,6 +1093,20 @@ export type GenerationDelta = Message<"gengate.v1.GenerationDelta"> & {
    * @generated from field: gengate.v1.Logprobs logprobs = 4;
    */
   logprobs?: Logprobs | undefined;
+
+  /**
+   * Fragments of tool calls, in order.
+   *
+   * @generated from field: repeated gengate.v1.ToolCallDelta tool_calls = 5;
+   */
+  toolCalls: ToolCallDelta[];
+
+  /**
+   * A fragment of the model's reasoning.
+   *
+   * @generated from field: string reasoning = 6;
+   */
+  reasoning: string;
 };
 
 /**
@@ -857,7 +1114,7 @@ export type GenerationDelta = Message<"gengate.v1.GenerationDelta"> & {
  * Use `create(GenerationDeltaSchema)` to create a new message.
  */
 export const GenerationDeltaSchema: GenMessage<GenerationDelta> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 23);
+  messageDesc(file_gengate_v1_types, 29);
 
 /**
  * GenerationEnd is the last frame for one generation index.
@@ -891,6 +1148,20 @@ export type GenerationEnd = Message<"gengate.v1.GenerationEnd"> & {
    * @generated from field: gengate.v1.Timings timings = 5;
    */
   timings?: Timings | undefined;
+
+  /**
+   * The generation's complete tool calls, validated (finish_reason TOOL_CALLS).
+   *
+   * @generated from field: repeated gengate.v1.ToolCall tool_calls = 6;
+   */
+  toolCalls: ToolCall[];
+
+  /**
+   * Provider-opaque reasoning signatures, complete (the text came in deltas).
+   *
+   * @generated from field: repeated string reasoning_signatures = 7;
+   */
+  reasoningSignatures: string[];
 };
 
 /**
@@ -898,7 +1169,7 @@ export type GenerationEnd = Message<"gengate.v1.GenerationEnd"> & {
  * Use `create(GenerationEndSchema)` to create a new message.
  */
 export const GenerationEndSchema: GenMessage<GenerationEnd> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 24);
+  messageDesc(file_gengate_v1_types, 30);
 
 /**
  * ModelInfo describes one served model.
@@ -931,7 +1202,7 @@ export type ModelInfo = Message<"gengate.v1.ModelInfo"> & {
  * Use `create(ModelInfoSchema)` to create a new message.
  */
 export const ModelInfoSchema: GenMessage<ModelInfo> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 25);
+  messageDesc(file_gengate_v1_types, 31);
 
 /**
  * ModelCapabilities is what a model can do, declared up front.
@@ -1003,6 +1274,27 @@ export type ModelCapabilities = Message<"gengate.v1.ModelCapabilities"> & {
    * @generated from field: bool magpie = 11;
    */
   magpie: boolean;
+
+  /**
+   * How tool calls are enforced (ENFORCEMENT_UNSPECIFIED: tools are refused with UNIMPLEMENTED).
+   *
+   * @generated from field: gengate.v1.Enforcement tools = 12;
+   */
+  tools: Enforcement;
+
+  /**
+   * Takes GenerateRequest.reasoning.
+   *
+   * @generated from field: bool reasoning_control = 13;
+   */
+  reasoningControl: boolean;
+
+  /**
+   * Returns the model's reasoning in Generation.reasoning.
+   *
+   * @generated from field: bool reasoning = 14;
+   */
+  reasoning: boolean;
 };
 
 /**
@@ -1010,7 +1302,7 @@ export type ModelCapabilities = Message<"gengate.v1.ModelCapabilities"> & {
  * Use `create(ModelCapabilitiesSchema)` to create a new message.
  */
 export const ModelCapabilitiesSchema: GenMessage<ModelCapabilities> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 26);
+  messageDesc(file_gengate_v1_types, 32);
 
 /**
  * ConstraintSupport pairs a constraint kind with its enforcement level.
@@ -1034,7 +1326,7 @@ export type ConstraintSupport = Message<"gengate.v1.ConstraintSupport"> & {
  * Use `create(ConstraintSupportSchema)` to create a new message.
  */
 export const ConstraintSupportSchema: GenMessage<ConstraintSupport> = /*@__PURE__*/
-  messageDesc(file_gengate_v1_types, 27);
+  messageDesc(file_gengate_v1_types, 33);
 
 /**
  * Role of a chat message's author.
@@ -1061,6 +1353,13 @@ export enum Role {
    * @generated from enum value: ROLE_ASSISTANT = 3;
    */
   ASSISTANT = 3,
+
+  /**
+   * The result of a tool call; the message carries tool_call_id.
+   *
+   * @generated from enum value: ROLE_TOOL = 4;
+   */
+  TOOL = 4,
 }
 
 /**
@@ -1068,6 +1367,78 @@ export enum Role {
  */
 export const RoleSchema: GenEnum<Role> = /*@__PURE__*/
   enumDesc(file_gengate_v1_types, 0);
+
+/**
+ * ToolChoiceMode is the tool choice that names no tool.
+ *
+ * @generated from enum gengate.v1.ToolChoiceMode
+ */
+export enum ToolChoiceMode {
+  /**
+   * @generated from enum value: TOOL_CHOICE_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Free text or tool calls, as the model decides (the default when tools are given).
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_AUTO = 1;
+   */
+  AUTO = 1,
+
+  /**
+   * No tool call: the tools are context only.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_NONE = 2;
+   */
+  NONE = 2,
+
+  /**
+   * At least one tool call.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_REQUIRED = 3;
+   */
+  REQUIRED = 3,
+}
+
+/**
+ * Describes the enum gengate.v1.ToolChoiceMode.
+ */
+export const ToolChoiceModeSchema: GenEnum<ToolChoiceMode> = /*@__PURE__*/
+  enumDesc(file_gengate_v1_types, 1);
+
+/**
+ * ReasoningEffort is the coarse thinking control (OpenAI's reasoning_effort and its kin).
+ *
+ * @generated from enum gengate.v1.ReasoningEffort
+ */
+export enum ReasoningEffort {
+  /**
+   * @generated from enum value: REASONING_EFFORT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: REASONING_EFFORT_LOW = 1;
+   */
+  LOW = 1,
+
+  /**
+   * @generated from enum value: REASONING_EFFORT_MEDIUM = 2;
+   */
+  MEDIUM = 2,
+
+  /**
+   * @generated from enum value: REASONING_EFFORT_HIGH = 3;
+   */
+  HIGH = 3,
+}
+
+/**
+ * Describes the enum gengate.v1.ReasoningEffort.
+ */
+export const ReasoningEffortSchema: GenEnum<ReasoningEffort> = /*@__PURE__*/
+  enumDesc(file_gengate_v1_types, 2);
 
 /**
  * MagpiePreset names the pre-query text of a chat format (the exact text is in the README).
@@ -1113,7 +1484,7 @@ export enum MagpiePreset {
  * Describes the enum gengate.v1.MagpiePreset.
  */
 export const MagpiePresetSchema: GenEnum<MagpiePreset> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 1);
+  enumDesc(file_gengate_v1_types, 3);
 
 /**
  * GrammarSyntax names the notation of a grammar definition.
@@ -1152,7 +1523,7 @@ export enum GrammarSyntax {
  * Describes the enum gengate.v1.GrammarSyntax.
  */
 export const GrammarSyntaxSchema: GenEnum<GrammarSyntax> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 2);
+  enumDesc(file_gengate_v1_types, 4);
 
 /**
  * Whitespace says how much whitespace JSON output may contain.
@@ -1184,7 +1555,7 @@ export enum Whitespace {
  * Describes the enum gengate.v1.Whitespace.
  */
 export const WhitespaceSchema: GenEnum<Whitespace> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 3);
+  enumDesc(file_gengate_v1_types, 5);
 
 /**
  * FinishReason is why a generation ended, the same for every backend.
@@ -1252,13 +1623,20 @@ export enum FinishReason {
    * @generated from enum value: FINISH_REASON_REFUSAL = 8;
    */
   REFUSAL = 8,
+
+  /**
+   * The model called tools (Generation.tool_calls).
+   *
+   * @generated from enum value: FINISH_REASON_TOOL_CALLS = 9;
+   */
+  TOOL_CALLS = 9,
 }
 
 /**
  * Describes the enum gengate.v1.FinishReason.
  */
 export const FinishReasonSchema: GenEnum<FinishReason> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 4);
+  enumDesc(file_gengate_v1_types, 6);
 
 /**
  * Enforcement says how a structured-output constraint was (or can be) enforced.
@@ -1305,7 +1683,7 @@ export enum Enforcement {
  * Describes the enum gengate.v1.Enforcement.
  */
 export const EnforcementSchema: GenEnum<Enforcement> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 5);
+  enumDesc(file_gengate_v1_types, 7);
 
 /**
  * ConstraintKind names a structured-output kind.
@@ -1348,7 +1726,7 @@ export enum ConstraintKind {
  * Describes the enum gengate.v1.ConstraintKind.
  */
 export const ConstraintKindSchema: GenEnum<ConstraintKind> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 6);
+  enumDesc(file_gengate_v1_types, 8);
 
 /**
  * Modality names an input type.
@@ -1376,5 +1754,5 @@ export enum Modality {
  * Describes the enum gengate.v1.Modality.
  */
 export const ModalitySchema: GenEnum<Modality> = /*@__PURE__*/
-  enumDesc(file_gengate_v1_types, 7);
+  enumDesc(file_gengate_v1_types, 9);
 
