@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 from gengate.callers.identity import Caller
-from gengate.callers.limits import Admission, LocalLimits, SlidingWindow
+from gengate.callers.limits import Admission, CallGate, LocalLimits, SlidingWindow
 from gengate.errors import ResourceExhausted
 
 
@@ -101,6 +101,48 @@ async def test_batch_items_wait_for_room_under_max_concurrency() -> None:
     assert not waiting.done()
     held.release()
     (await waiting).release()
+
+
+async def test_waiters_for_room_are_served_in_arrival_order() -> None:
+    gate = CallGate(1)
+    assert gate.try_take() and gate.full()
+    served: list[int] = []
+
+    async def wait(i: int) -> None:
+        await gate.take()
+        served.append(i)
+
+    waiters = [asyncio.create_task(wait(i)) for i in range(3)]
+    await asyncio.sleep(0)
+    assert not gate.try_take()  # someone is waiting: no jumping the queue
+    for _ in range(3):
+        gate.release()
+        await asyncio.sleep(0)
+    await asyncio.gather(*waiters)
+    assert served == [0, 1, 2] and gate.taken == 1
+    gate.release()
+    assert gate.taken == 0 and not gate.full()
+
+
+async def test_a_waiter_cancelled_after_being_handed_a_place_passes_it_on() -> None:
+    gate = CallGate(1)
+    gate.try_take()
+    first = asyncio.create_task(gate.take())
+    second = asyncio.create_task(gate.take())
+    await asyncio.sleep(0)
+    gate.release()  # hands the place to `first`...
+    first.cancel()  # ...which is cancelled before it runs
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await asyncio.wait_for(second, 1)  # the place reached `second`
+    assert gate.taken == 1
+    third = asyncio.create_task(gate.take())
+    await asyncio.sleep(0)
+    third.cancel()  # cancelled while waiting: it leaves the queue
+    with pytest.raises(asyncio.CancelledError):
+        await third
+    gate.release()
+    assert gate.taken == 0 and gate.try_take()
 
 
 async def test_over_a_rate_the_error_carries_retry_info_and_frees_the_concurrency_slot() -> None:

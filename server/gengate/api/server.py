@@ -119,6 +119,7 @@ def _interceptors(interceptor: CallerInterceptor) -> list[grpc.aio.ServerInterce
     tracing = tracing_interceptor()
     if tracing is not None:
         chain.append(tracing)
+    interceptor.spans = tracing is not None
     chain.append(interceptor)
     return chain
 

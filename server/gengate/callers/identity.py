@@ -4,7 +4,8 @@ subject of the client certificate (mutual TLS).
 Tokens are read once at start-up and registered for redaction, so no log line, span or error
 can carry one; a token configured only by its digest is registered the first time a caller
 presents it. A presented token is hashed and looked up by digest: nothing about a configured
-token can be learned from how long a wrong one takes.
+token can be learned from how long a wrong one takes (the values already identified are kept in a
+dict whose string hashes are randomized per process, so a wrong value misses it at the same speed).
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from gengate.callers.config import LEGACY_NAME, CallerConfig, normalize_subject
 from gengate.errors import ConfigError, Unauthenticated
 from gengate.redaction import MIN_SECRET_LENGTH, register_secret
 
-Metadata = Sequence[tuple[str, str | bytes]]
+Metadata = Iterable[tuple[str, str | bytes]]
 AuthContext = Mapping[str, Iterable[bytes]]
 _MAX_SUBJECTS_CACHED = 1024
+# Authorization values already identified (each a configured caller's token): a call presenting
+# one again skips parsing and hashing. Only known tokens enter, so its size is bounded by theirs
+# and by the spellings callers use ("Bearer x", "bearer x"); cleared when full.
+_MAX_KNOWN_VALUES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,7 @@ class CallerDirectory:
         self._by_subject: dict[str, Caller] = {}
         self._by_name: dict[str, Caller] = {}
         self._subjects_seen: dict[bytes, str | None] = {}
+        self._known_values: dict[str | bytes, Caller] = {}
         self._registered: set[str] = set()  # digests whose plaintext is registered for redaction
 
     @classmethod
@@ -147,8 +153,15 @@ class CallerDirectory:
         (MISSING_CREDENTIALS / INVALID_CREDENTIALS) otherwise. A wrong token is refused even
         when the certificate would name a caller."""
         for key, value in metadata or ():
-            if key.lower() == "authorization":
-                return self._by_token(value)
+            if key == "authorization" or key.lower() == "authorization":
+                known = self._known_values.get(value)
+                if known is not None:
+                    return known
+                found = self._by_token(value)
+                if len(self._known_values) >= _MAX_KNOWN_VALUES:
+                    self._known_values.clear()
+                self._known_values[value] = found
+                return found
         if self._by_subject and auth_context:
             caller = self._by_certificate(auth_context)
             if caller is not None:

@@ -62,6 +62,8 @@ class SlidingWindow:
 
     def wait_s(self, now: float, limit: int, cost: int) -> float:
         """Seconds until `cost` more fits under `limit` (0 when it fits now)."""
+        if self.total + cost <= limit:  # fits even before expiring anything: the common case
+            return 0.0
         excess = self.used(now) + cost - limit
         if excess <= 0:
             return 0.0
@@ -156,7 +158,9 @@ class LocalLimits:
                 if wait > 0:
                     return Refusal("tokens_per_minute", tokens_per_minute, wait)
         if requests_per_minute is not None:
-            window = self._requests.setdefault(caller, SlidingWindow())
+            window = self._requests.get(caller)
+            if window is None:
+                window = self._requests[caller] = SlidingWindow()
             wait = window.wait_s(now, requests_per_minute, 1)
             if wait > 0:
                 return Refusal("requests_per_minute", requests_per_minute, wait)
@@ -169,7 +173,10 @@ class LocalLimits:
         return self.admit_now(caller, requests_per_minute, tokens_per_minute)
 
     def charge_now(self, caller: str, tokens: int) -> None:
-        self._tokens.setdefault(caller, SlidingWindow()).add(self.clock(), tokens)
+        window = self._tokens.get(caller)
+        if window is None:
+            window = self._tokens[caller] = SlidingWindow()
+        window.add(self.clock(), tokens)
 
     async def charge_tokens(self, caller: str, tokens: int) -> None:
         self.charge_now(caller, tokens)
@@ -193,12 +200,59 @@ class LocalLimits:
         return None
 
 
+class CallGate:
+    """A caller's calls in flight in this process, under its max_concurrency: a counter taken
+    without awaiting while there is room (asyncio.Semaphore's fast path costs a coroutine and a
+    scan of its waiters per call), and a queue of waiters, served in order, when there is none."""
+
+    __slots__ = ("_waiters", "limit", "taken")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.taken = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def full(self) -> bool:
+        return self.taken >= self.limit
+
+    def try_take(self) -> bool:
+        if self.taken < self.limit and not self._waiters:
+            self.taken += 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        """Waits for room (a releasing call hands its place over directly)."""
+        if self.try_take():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed a place while being cancelled: pass it on
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the place goes to the waiter: `taken` stays
+                return
+        self.taken -= 1
+
+
 class Admission:
     """Admits a caller's calls under its quotas; the core asks it once per call (or batch item)."""
 
     def __init__(self, state: LimitState | None = None) -> None:
         self.state: LimitState = state if state is not None else LocalLimits()
-        self._running: dict[str, asyncio.Semaphore] = {}
+        # Windows in this process: admitted without awaiting anything.
+        self._local = self.state if isinstance(self.state, LocalLimits) else None
+        self._running: dict[str, CallGate] = {}
 
     async def admit(self, caller: Caller, *, wait: bool = False) -> Admitted:
         """A pass for one call of `caller`, or ResourceExhausted with RetryInfo. `wait`: wait for
@@ -208,13 +262,23 @@ class Admission:
         if caller.max_concurrency is not None:
             gate = self._running.get(caller.name)
             if gate is None:
-                gate = self._running[caller.name] = asyncio.Semaphore(caller.max_concurrency)
-            if gate.locked() and not wait:
-                raise concurrency_exceeded(caller)
-            await gate.acquire()
+                gate = self._running[caller.name] = CallGate(caller.max_concurrency)
+            if not gate.try_take():
+                if not wait:
+                    raise concurrency_exceeded(caller)
+                await gate.take()
         windows = caller.requests_per_minute is not None or caller.tokens_per_minute is not None
         try:
-            if caller.max_concurrency is not None:
+            if self._local is not None:
+                # In this process the gate is the whole count: only the windows are left.
+                refusal = (
+                    self._local.admit_now(caller.name, caller.requests_per_minute, caller.tokens_per_minute)
+                    if windows
+                    else None
+                )
+                if refusal is not None:
+                    raise over_quota(caller, refusal)
+            elif caller.max_concurrency is not None:
                 hold = await self._hold(caller, caller.max_concurrency, wait, windows=windows)
             elif windows:
                 refusal = await self.state.admit(
@@ -265,7 +329,7 @@ class Admitted:
         self,
         admission: Admission,
         caller: Caller,
-        gate: asyncio.Semaphore | None,
+        gate: CallGate | None,
         hold: CallHold | None = None,
     ) -> None:
         self._admission = admission
@@ -275,7 +339,11 @@ class Admitted:
 
     async def charge(self, tokens: int) -> None:
         if tokens > 0 and self.caller.tokens_per_minute is not None:
-            await self._admission.state.charge_tokens(self.caller.name, tokens)
+            local = self._admission._local
+            if local is not None:
+                local.charge_now(self.caller.name, tokens)
+            else:
+                await self._admission.state.charge_tokens(self.caller.name, tokens)
 
     def release(self) -> None:
         hold, self._hold = self._hold, None
