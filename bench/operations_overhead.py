@@ -7,11 +7,13 @@ fleet of replicas runs them.
 
 Ratios are req/s of each ÷ bare (1.00 = free), and each server process's CPU time per call
 (/proc; Redis's own CPU added for the Redis variant), which moves far less between sittings than
-req/s of separate processes. The scripted model does no work, so this is the
+req/s of separate processes: over the whole run, and as the median of paired rounds (each round
+runs the three one after the other; the median round is the estimate, so a burst of other work
+on the machine spoils a few rounds, not the result). The scripted model does no work, so this is the
 whole per-call cost over the server's fixed per-call cost (~1 ms); on a real model it is a
 fraction of that. Redis is the Debian `redis-server` (started in a temp dir, as the tests do).
 
-    .venv/bin/python bench/operations_overhead.py [--quick] [--requests 1000] [--rounds 3]
+    .venv/bin/python bench/operations_overhead.py [--quick] [--requests 1000] [--rounds 3] [--cpu-rounds 21]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from common import (
     gengate_server,
     print_ratios,
     print_table,
+    run_concurrent,
     run_interleaved,
     unary_calls,
 )
@@ -57,7 +60,7 @@ def redis_url() -> Any:
         server.close()
 
 
-async def run(requests: int, rounds: int) -> None:
+async def run(requests: int, rounds: int, cpu_rounds: int, cpu_requests: int) -> None:
     from gengate_client import AsyncClient
 
     os.environ[TOKEN_VARIABLE] = TOKEN
@@ -101,14 +104,16 @@ async def run(requests: int, rounds: int) -> None:
                     rows += [base, ops, ops_redis]
                     pairs += [(ops, base), (ops_redis, base)]
                 used = [cpu_seconds(pid) - b for pid, b in zip([*pids, redis_pid], cpu_before, strict=True)]
+                calls = [count[0] for count in made]  # the paired rounds below count apart
+                paired = await paired_cpu_ratios(variants, pids, redis_pid, cpu_rounds, cpu_requests)
         finally:
             stop.set()
             for thread in threads:
                 thread.join()
     print_table(f"unary echo, {requests * rounds} requests per variant", rows, tokens=False)
     summary = print_ratios(pairs, tokens=False)
-    per_call = [1e6 * used[i] / made[i][0] for i in range(3)]
-    redis_per_call = 1e6 * used[3] / made[2][0]
+    per_call = [1e6 * used[i] / calls[i] for i in range(3)]
+    redis_per_call = 1e6 * used[3] / calls[2]
     print("\nserver CPU per call (its process, all runs and warm-ups):")
     ratio = per_call[1] / per_call[0]
     print(f"  bare {per_call[0]:.0f} µs; callers+quotas+metrics {per_call[1]:.0f} µs ({ratio:.3f}x);")
@@ -116,7 +121,37 @@ async def run(requests: int, rounds: int) -> None:
         f"  quotas in Redis {per_call[2]:.0f} µs + redis-server {redis_per_call:.0f} µs "
         f"({(per_call[2] + redis_per_call) / per_call[0]:.3f}x)"
     )
+    for name, ratios in paired.items():
+        ratios.sort()
+        median = ratios[len(ratios) // 2]
+        print(
+            f"  paired rounds, {name} ÷ bare CPU per call: median {median:.3f}x "
+            f"(middle half {ratios[len(ratios) // 4]:.3f}-{ratios[3 * len(ratios) // 4]:.3f}, "
+            f"{len(ratios)} rounds of {cpu_requests} calls at c=8)"
+        )
     print(f"\nSUMMARY req/s ratios, 1.00 = as fast as bare: {', '.join(summary)}")
+    medians = [sorted(r)[len(r) // 2] for r in paired.values()]
+    print("SUMMARY CPU per call ÷ bare (paired medians): " + ", ".join(f"{m:.3f}" for m in medians))
+
+
+async def paired_cpu_ratios(
+    variants: list[tuple[str, Any]], pids: list[int], redis_pid: int, rounds: int, requests: int
+) -> dict[str, list[float]]:
+    """Each variant's server CPU per call ÷ bare's, round by round: the variants run right after
+    one another in each round (so a busy moment of the machine weighs on both of a pair), and
+    the median round is the estimate (a burst of other work on the machine spoils a few rounds,
+    not the result). The Redis variant counts redis-server's CPU too."""
+    ratios: dict[str, list[float]] = {name: [] for name, _ in variants[1:]}
+    for _ in range(rounds):
+        per_call: list[float] = []
+        for i, ((_, call), pid) in enumerate(zip(variants, pids, strict=True)):
+            watched = [pid, redis_pid] if i == 2 else [pid]
+            before = sum(cpu_seconds(p) for p in watched)
+            await run_concurrent("cpu", call, requests, 8)
+            per_call.append((sum(cpu_seconds(p) for p in watched) - before) / requests)
+        for (name, _), value in zip(variants[1:], per_call[1:], strict=True):
+            ratios[name].append(value / per_call[0])
+    return ratios
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,10 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     parser.add_argument("--requests", type=int, default=None, help="requests per round (1000)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per variant (3)")
+    parser.add_argument("--cpu-rounds", type=int, default=None, help="paired CPU rounds (21)")
     args = parser.parse_args(argv)
     requests = args.requests or (200 if args.quick else 1000)
     rounds = args.rounds or (1 if args.quick else 3)
-    asyncio.run(run(requests, rounds))
+    cpu_rounds = args.cpu_rounds or (5 if args.quick else 21)
+    asyncio.run(run(requests, rounds, cpu_rounds, 300 if args.quick else 1000))
     return 0
 
 
