@@ -151,6 +151,8 @@ class CallAssembly:
             fragment = replace(fragment, id="")  # the id went out with the first fragment
         if fragment.name and not call.name:
             call.name = fragment.name
+        elif fragment.name:
+            fragment = replace(fragment, name="")  # repeated on every fragment (llama-cpp-python)
         call.arguments.append(fragment.arguments)
         return fragment
 
