@@ -303,8 +303,8 @@ class OpenAIChatBackend(ProviderBackend):
         has it, and the strict form loses nothing (else None: sent as it is, not strict)."""
         if not (tool.strict and self.strict_schemas and self.options.strict):
             return None
-        wire, wrapped, relaxed = so.openai_strict_schema(dict(parameters_of(tool)))
-        return None if wrapped or relaxed else wire
+        strict, wrapped, relaxed = so.openai_strict_schema(dict(parameters_of(tool)))
+        return None if wrapped or relaxed else strict
 
     def _wire_tool(self, tool: Tool) -> dict[str, Any]:
         function: dict[str, Any] = {"name": tool.name}
