@@ -3,7 +3,13 @@
 /v1/completions (vLLM's and llama.cpp's raw route): JSON and SSE (`data: {chunk}` ... `data:
 [DONE]`), `n`, logprobs (each API's shape), usage (in streams only with
 stream_options.include_usage), Bearer or api-key auth and OpenAI's error body shape. Quirk
-switches mimic real compatible servers."""
+switches mimic real compatible servers.
+
+Tool calls: `calls` holds scripted calls, one list per choice (taken before `answers`; an empty
+list answers that choice with a text), answered
+as OpenAI does (`message.tool_calls`, content null, finish_reason `tool_calls`) and streamed as
+it does (a first fragment with id, type and name and empty arguments, then argument fragments).
+`reasoning` adds a compatible server's `reasoning_content` to every choice (streamed by words)."""
 
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ from fake_anthropic import words
 from fakehttp import FakeServer, Json, Recorded, Sse
 
 API_KEY = "sk-test-openai-0123456789abcdef"
+# Characters per streamed argument fragment (real fragments are a token or a few).
+ARGUMENT_FRAGMENT = 5
 
 
 class FakeOpenAI:
@@ -21,6 +29,8 @@ class FakeOpenAI:
 
     def __init__(self) -> None:
         self.answers: list[str] = []
+        # One entry per choice answered with calls: (name, arguments JSON text) pairs.
+        self.calls: list[list[tuple[str, str]]] = []
         self.server = FakeServer(auth=self._auth, unauthorized=self._unauthorized)
         for path in ("/v1/chat/completions", "/openai/deployments/{deployment}/chat/completions"):
             self.server.add_route("POST", path, self._chat)
@@ -34,6 +44,10 @@ class FakeOpenAI:
         self.stop_reason: str | None = None  # vLLM's extra field: the stop string that matched
         self.honour_structured_outputs = True  # vLLM canary: answer the first allowed choice
         self.refusal: str | None = None
+        self.call_ids = True  # False: calls come without ids (some compatible servers)
+        self.tool_finish_reason = "tool_calls"  # OpenAI says "stop" when a named tool is forced
+        self.reasoning: str | None = None  # reasoning_content of every choice
+        self.reasoning_field = "reasoning_content"  # "reasoning": Ollama's and newer vLLM's name
 
     def start(self) -> str:
         return self.server.start()
@@ -44,6 +58,7 @@ class FakeOpenAI:
     def reset(self) -> None:
         self.server.reset()
         self.answers.clear()
+        self.calls.clear()
         self.reset_quirks()
 
     @staticmethod
@@ -67,17 +82,36 @@ class FakeOpenAI:
         return Json(body, status=401)
 
     def _texts(self, body: dict[str, Any]) -> list[str]:
-        n = 1 if self.ignore_n else int(body.get("n") or 1)
+        return [self._text(body, i) for i in range(self._n(body))]
+
+    def _n(self, body: dict[str, Any]) -> int:
+        return 1 if self.ignore_n else int(body.get("n") or 1)
+
+    def _text(self, body: dict[str, Any], i: int) -> str:
         structured = (body.get("structured_outputs") or {}) if self.honour_structured_outputs else {}
-        texts = []
-        for i in range(n):
-            if self.answers:
-                texts.append(self.answers.pop(0))
-            elif "choice" in structured:
-                texts.append(structured["choice"][0])
+        if self.answers:
+            return self.answers.pop(0)
+        if "choice" in structured:
+            return str(structured["choice"][0])
+        return f"Hello from the fake GPT {i}"
+
+    def _replies(self, body: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+        """Each choice's text and wire tool calls (scripted calls first, then texts)."""
+        out: list[tuple[str, list[dict[str, Any]]]] = []
+        for i in range(self._n(body)):
+            scripted = self.calls.pop(0) if self.calls else []
+            if scripted:
+                made = []
+                for k, (name, arguments) in enumerate(scripted):
+                    function = {"name": name, "arguments": arguments}
+                    call: dict[str, Any] = {"type": "function", "function": function}
+                    if self.call_ids:
+                        call["id"] = f"call_fake_{len(self.server.requests)}_{i}_{k}"
+                    made.append(call)
+                out.append(("", made))
             else:
-                texts.append(f"Hello from the fake GPT {i}")
-        return texts
+                out.append((self._text(body, i), []))
+        return out
 
     @staticmethod
     def _logprobs(text: str, top: int | None) -> dict[str, Any]:
@@ -159,20 +193,26 @@ class FakeOpenAI:
     def _chat(self, rec: Recorded) -> Json | Sse:
         body: dict[str, Any] = rec.body
         prompt_tokens = sum(len(json.dumps(m["content"]).split()) for m in body["messages"])
-        texts = self._texts(body)
-        usage = self._usage(prompt_tokens, texts)
+        replies = self._replies(body)
+        texts = [t for t, _ in replies]
+        said = [t or " ".join(c["function"]["arguments"] for c in calls) for t, calls in replies]
+        usage = self._usage(prompt_tokens, said)
         want_logprobs = bool(body.get("logprobs"))
         top = body.get("top_logprobs")
         base = {"id": "chatcmpl-fake", "created": 1700000000, "model": body.get("model", "fake")}
         if not body.get("stream"):
             choices = []
-            for i, text in enumerate(texts):
+            for i, (text, calls) in enumerate(replies):
                 choice: dict[str, Any] = {
                     "index": i,
-                    "message": {"role": "assistant", "content": None if self.refusal else text},
-                    "finish_reason": self.finish_reason,
+                    "message": {"role": "assistant", "content": None if self.refusal or calls else text},
+                    "finish_reason": self.tool_finish_reason if calls else self.finish_reason,
                     "logprobs": self._logprobs(text, top) if want_logprobs else None,
                 }
+                if calls:
+                    choice["message"]["tool_calls"] = calls
+                if self.reasoning is not None:
+                    choice["message"][self.reasoning_field] = self.reasoning
                 if self.refusal:
                     choice["message"]["refusal"] = self.refusal
                 if self.stop_reason is not None:
@@ -188,6 +228,17 @@ class FakeOpenAI:
 
         for i in range(len(texts)):
             chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        for i in range(len(texts)):
+            for w in words(self.reasoning or ""):
+                chunk([{"index": i, "delta": {self.reasoning_field: w}, "finish_reason": None}])
+        for i, (_, calls) in enumerate(replies):
+            for k, call in enumerate(calls):
+                first = {**call, "index": k, "function": {"name": call["function"]["name"], "arguments": ""}}
+                chunk([{"index": i, "delta": {"tool_calls": [first]}, "finish_reason": None}])
+                arguments = call["function"]["arguments"]
+                for at in range(0, len(arguments), ARGUMENT_FRAGMENT):
+                    piece = {"index": k, "function": {"arguments": arguments[at : at + ARGUMENT_FRAGMENT]}}
+                    chunk([{"index": i, "delta": {"tool_calls": [piece]}, "finish_reason": None}])
         pieces = [words(t) for t in texts]
         for step in range(max(len(p) for p in pieces)):
             for i, p in enumerate(pieces):
@@ -196,8 +247,9 @@ class FakeOpenAI:
                     if want_logprobs:
                         choice["logprobs"] = self._logprobs(p[step], top)
                     chunk([choice])
-        for i in range(len(texts)):
-            end: dict[str, Any] = {"index": i, "delta": {}, "finish_reason": self.finish_reason}
+        for i, (_, calls) in enumerate(replies):
+            finish = self.tool_finish_reason if calls else self.finish_reason
+            end: dict[str, Any] = {"index": i, "delta": {}, "finish_reason": finish}
             if self.stop_reason is not None:
                 end["stop_reason"] = self.stop_reason
             chunk([end])

@@ -27,6 +27,7 @@ from gengate.domain import (
     ChatMessage,
     ChoiceConstraint,
     Enforcement,
+    FinishReason,
     GenerationDelta,
     GenerationEnd,
     GenerationRequest,
@@ -37,6 +38,8 @@ from gengate.domain import (
     StreamStart,
     StructuredOutput,
     TextPart,
+    Tool,
+    ToolChoice,
 )
 from gengate.models.tiny import TinyModelPaths
 from gengate.providers import openai as oai
@@ -197,6 +200,60 @@ async def test_bad_key_and_deadline(make: Any, caplog: pytest.LogCaptureFixture)
         await good.generate(
             _req(stopping=StoppingCriteria(max_tokens=400), deadline=time.monotonic() + 0.001)
         )
+
+
+FLAG = Tool(
+    "set_flag",
+    "Sets the flag.",
+    {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+)
+
+
+def _tool_req(seed: int) -> GenerationRequest:
+    message = ChatMessage(Role.USER, (TextPart("Set the flag."),))
+    return GenerationRequest(
+        model="tiny",
+        messages=(message,),
+        tools=(FLAG,),
+        tool_choice=ToolChoice(name="set_flag"),
+        stopping=StoppingCriteria(max_tokens=48),
+        sampling=SamplingParams(seed=seed),
+    )
+
+
+async def test_a_named_tool_call_from_the_real_server(make: Any) -> None:
+    """llama-cpp-python answers a named tool_choice with a call whose arguments its grammar builds
+    from the tool's schema (its chatml handler), unary and streamed (id and name on every
+    fragment): each call validated, or refused (random weights may ramble past max_tokens)."""
+    backend = await make()
+    unary = streamed = 0
+    for seed in range(4):
+        try:
+            result = await backend.generate(_tool_req(seed))
+        except errors.Aborted as exc:
+            assert exc.reason == "VALIDATION_FAILED"
+        else:
+            (gen,) = result.generations
+            (call,) = gen.tool_calls
+            assert call.name == "set_flag" and call.id and gen.finish_reason == FinishReason.TOOL_CALLS
+            assert isinstance(json.loads(call.arguments)["ok"], bool)
+            unary += 1
+        events: list[Any] = []
+        try:
+            async for event in backend.generate_stream(_tool_req(seed)):
+                events.append(event)
+        except errors.Aborted as exc:
+            assert exc.reason == "VALIDATION_FAILED"
+            continue
+        end = events[-1]
+        assert isinstance(end, GenerationEnd) and end.finish_reason == FinishReason.TOOL_CALLS
+        (call,) = end.tool_calls
+        fragments = [f for e in events if isinstance(e, GenerationDelta) for f in e.tool_calls]
+        assert [f.name for f in fragments if f.name] == ["set_flag"]  # once, though sent on each
+        assert "".join(f.arguments for f in fragments) == call.arguments
+        assert isinstance(json.loads(call.arguments)["ok"], bool)
+        streamed += 1
+    assert unary > 0 and streamed > 0, "no call validated: the tool never reached the server's grammar"
 
 
 def _server_count(server_url: str, text: str) -> int:

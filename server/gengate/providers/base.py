@@ -1,5 +1,6 @@
 """The shared provider backend: options, secrets, retries, `n` fan-out, structured output
-(native or prompt + validate + bounded re-ask), usage accounting and stream framing.
+(native or prompt + validate + bounded re-ask), tool calls (validated, re-asked the same way),
+usage accounting and stream framing.
 
 A provider module subclasses ProviderBackend and writes only the wire translation:
 `_complete(call) -> Completion` (one unary upstream call, no retries) and
@@ -39,16 +40,20 @@ from gengate.domain import (
     ImagePart,
     Modality,
     ModelCapabilities,
+    ReasoningControl,
     Role,
     StreamEvent,
     StreamStart,
     TextPart,
     Timings,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
     Usage,
     with_system_text,
 )
 from gengate.providers import structured as so
+from gengate.providers import toolcalls as tc
 from gengate.providers.errors import (
     UPSTREAM_BAD_RESPONSE,
     UPSTREAM_PROTOCOL,
@@ -58,6 +63,7 @@ from gengate.providers.errors import (
 from gengate.providers.retry import RetryPolicy, call_with_retries, stream_with_retries
 from gengate.redaction import register_secret
 from gengate.registry import KINDS
+from gengate.tools import ToolSet
 
 log = logging.getLogger("gengate.providers")
 
@@ -129,7 +135,8 @@ class ProviderCall:
 
 @dataclass
 class Completion:
-    """A unary upstream answer; `usage` None when the provider sent none."""
+    """A unary upstream answer; `usage` None when the provider sent none. Each generation carries
+    its tool calls as the provider made them (ids may be empty) and its reasoning."""
 
     generations: list[Generation]
     usage: Usage | None = None
@@ -137,10 +144,14 @@ class Completion:
 
 @dataclass(frozen=True)
 class ChunkText:
+    """A fragment of choice `index`: text, tool-call fragments and reasoning text, any of them."""
+
     index: int
     text: str
     logprobs: tuple[TokenLogprob, ...] | None = None
     token_count: int = 1
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,6 +159,7 @@ class ChunkEnd:
     index: int
     finish_reason: FinishReason
     matched_stop: str | None = None
+    reasoning_signatures: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -167,9 +179,9 @@ _FINISH_MAP = {
     "eos": FinishReason.STOP,
     "eos_token": FinishReason.STOP,
     "complete": FinishReason.STOP,
-    "tool_calls": FinishReason.STOP,
-    "function_call": FinishReason.STOP,
-    "tool_use": FinishReason.STOP,
+    "tool_calls": FinishReason.TOOL_CALLS,
+    "function_call": FinishReason.TOOL_CALLS,
+    "tool_use": FinishReason.TOOL_CALLS,
     "stop_sequence": FinishReason.STOP_SEQUENCE,
     "length": FinishReason.LENGTH,
     "max_tokens": FinishReason.LENGTH,
@@ -219,6 +231,7 @@ class _StreamTally:
     texts: dict[int, int] = field(default_factory=dict)
     ends: dict[int, ChunkEnd] = field(default_factory=dict)
     usage: ChunkUsage | None = None
+    calls: tc.CallAssembly = field(default_factory=tc.CallAssembly)
 
 
 class ProviderBackend(abc.ABC):
@@ -238,6 +251,12 @@ class ProviderBackend(abc.ABC):
     # can be served with a preset's chat format.
     raw_prompts: ClassVar[bool] = False
     requires_api_key: ClassVar[bool] = True
+    # How the provider's tool calls are enforced; None: tools are refused until mapped.
+    tools_support: ClassVar[Enforcement | None] = None
+    # Takes GenerationRequest.reasoning (check_reasoning refuses the knobs it lacks).
+    reasoning_controls: ClassVar[bool] = False
+    # Returns the model's reasoning text (Generation.reasoning, GenerationDelta.reasoning).
+    reasoning_output: ClassVar[bool] = False
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         self.name = name
@@ -273,6 +292,15 @@ class ProviderBackend(abc.ABC):
     def normalize_error(self, exc: BaseException) -> errors.GengateError:
         return normalize_exception(exc, provider=self.label)
 
+    def check_reasoning(self, control: ReasoningControl) -> None:
+        """Raises Unimplemented REASONING_UNSUPPORTED for a knob the provider lacks (called only
+        when `reasoning_controls` is set and the request sets some knob)."""
+        return None
+
+    def final_tool_call(self, request: GenerationRequest, call: ToolCall) -> ToolCall:
+        """A returned call as the caller gets it, before validation (default: as it came)."""
+        return call
+
     def build_capabilities(self) -> ModelCapabilities:
         table = self.supported_constraints()
         if not self.options.validation:
@@ -291,6 +319,9 @@ class ProviderBackend(abc.ABC):
             seed=self.seed_supported,
             chat=True,
             raw_prompt=self.raw_prompts,
+            tools=self.tools_support,
+            reasoning_control=self.reasoning_controls,
+            reasoning=self.reasoning_output,
         )
 
     # --- Backend protocol ----------------------------------------------------------------------
@@ -309,7 +340,21 @@ class ProviderBackend(abc.ABC):
     async def aclose(self) -> None:
         return None
 
+    def _check_tools_and_reasoning(self, req: GenerationRequest) -> None:
+        """Refuses what the provider cannot honour (the service checks capabilities first; this
+        keeps a direct caller, such as a composite, from having it silently dropped)."""
+        provider = f"{self.label} model {self.name!r}"
+        if self.capabilities.tools is None and tc.uses_tools(req):
+            raise tc.tools_refused(req, provider)
+        control = req.reasoning
+        if control is None or (control.enabled, control.effort, control.budget_tokens) == (None,) * 3:
+            return
+        if not self.capabilities.reasoning_control:
+            raise tc.reasoning_refused(provider, "reasoning", f"{provider} takes no reasoning control")
+        self.check_reasoning(control)
+
     def _prepare(self, req: GenerationRequest) -> ProviderCall:
+        self._check_tools_and_reasoning(req)
         plan: so.StructuredPlan | None = None
         messages = req.as_messages()
         if req.structured_output is not None:
@@ -361,7 +406,10 @@ class ProviderBackend(abc.ABC):
             return completion.usage
         return Usage(
             estimate_prompt_tokens(call.messages),
-            sum(g.output_tokens or estimate_tokens(g.text) for g in completion.generations),
+            sum(
+                g.output_tokens or estimate_tokens(g.text + "".join(c.arguments for c in g.tool_calls))
+                for g in completion.generations
+            ),
         )
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -373,7 +421,17 @@ class ProviderBackend(abc.ABC):
             gens, extra = await self._enforce(call, gens)
             usage = usage + extra
             enforcement = call.plan.enforcement
+        else:
+            gens, extra = await self._enforce_tools(call, gens)
+            usage = usage + extra
+            enforcement = self._tools_enforcement(request)
         return self._result(request, gens, usage, enforcement, Timings(total_s=time.monotonic() - started))
+
+    def _tools_enforcement(self, request: GenerationRequest) -> Enforcement:
+        """The enforcement reported for a request: its tools' level when it offers tools."""
+        if request.tools and self.capabilities.tools is not None:
+            return self.capabilities.tools
+        return Enforcement.NONE
 
     def _result(
         self,
@@ -409,6 +467,11 @@ class ProviderBackend(abc.ABC):
             gens = self._validated(call.plan, gens, attempts)
             attempts.to_retry()
             enforcement = call.plan.enforcement
+        else:
+            attempts = Attempts(0, source=self.label)
+            gens = self._tools_validated(call, gens, attempts, {})
+            attempts.to_retry()
+            enforcement = self._tools_enforcement(call.request)
         return self._result(call.request, gens, usage, enforcement, Timings())
 
     # --- structured output: validate, re-ask ---------------------------------------------------
@@ -474,6 +537,58 @@ class ProviderBackend(abc.ABC):
         )
         return replace(call, messages=(*call.messages, *feedback), n=1)
 
+    # --- tool calls: settle, validate, re-ask --------------------------------------------------
+
+    def _tools_validated(
+        self, call: ProviderCall, gens: list[Generation], attempts: Attempts, bad: dict[int, Generation]
+    ) -> list[Generation]:
+        """The generations with their calls settled (ids, finish reason); those whose calls the
+        request does not allow are recorded in `attempts` and kept in `bad` for the re-ask."""
+        toolset = ToolSet(call.request)
+        out = [tc.settled(call.request, g, self.final_tool_call) for g in gens]
+        for i, g in enumerate(out):
+            error = tc.problem(toolset, g.finish_reason, g.tool_calls)
+            if error is not None:
+                attempts.failed(i, error, g.text)
+                bad[i] = g
+        return out
+
+    def _tool_reask_call(self, call: ProviderCall, bad: Generation, error: str) -> ProviderCall:
+        feedback = tc.reask_feedback(bad, error)
+        return replace(call, messages=(*call.messages, *feedback), n=1)
+
+    async def _enforce_tools(
+        self, call: ProviderCall, gens: list[Generation]
+    ) -> tuple[list[Generation], Usage]:
+        """Validates every generation's tool calls against the request's tools and choice;
+        re-asks an invalid one with the error (its calls answered by tool messages) up to
+        `validation_retries` times; raises Aborted VALIDATION_FAILED if any stays invalid."""
+        attempts = Attempts(self.options.validation_retries, source=self.label)
+        bad: dict[int, Generation] = {}
+        out = self._tools_validated(call, gens, attempts, bad)
+        toolset = ToolSet(call.request)
+        extra = Usage()
+        round_no = 0
+        while indices := attempts.to_retry():
+            round_no += 1
+            log.info("%s: %d invalid tool call(s), re-asking (round %d)", self.name, len(indices), round_no)
+            calls = [self._tool_reask_call(call, bad[i], attempts.failing[i][0]) for i in indices]
+            answers = await asyncio.gather(*(self._complete_retrying(c) for c in calls))
+            for i, c, answer in zip(indices, calls, answers, strict=True):
+                extra = extra + self._usage_or_estimate(answer, c)
+                if not answer.generations:
+                    attempts.failed(i, *attempts.failing[i])  # no answer: the try is spent all the same
+                    continue
+                g = replace(tc.settled(call.request, answer.generations[0], self.final_tool_call), index=i)
+                error = tc.problem(toolset, g.finish_reason, g.tool_calls)
+                if error is None:
+                    out[i] = g
+                    attempts.passed(i)
+                else:
+                    attempts.failed(i, error, g.text)
+                    bad[i] = g
+        return out, extra
+
     # --- streaming -----------------------------------------------------------------------------
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
@@ -492,16 +607,20 @@ class ProviderBackend(abc.ABC):
                 request.stopping,
             )
             for g in result.generations:
-                yield GenerationDelta(g.index, g.text, g.output_tokens, g.logprobs)
+                reasoning = g.reasoning.text if g.reasoning is not None else ""
+                yield GenerationDelta(g.index, g.text, g.output_tokens, g.logprobs, reasoning=reasoning)
             for g in result.generations:
                 usage = Usage(result.usage.input_tokens, g.output_tokens)
-                yield GenerationEnd(g.index, g.finish_reason, usage, g.matched_stop, result.timings)
+                signatures = g.reasoning.signatures if g.reasoning is not None else ()
+                yield GenerationEnd(
+                    g.index, g.finish_reason, usage, g.matched_stop, result.timings, g.tool_calls, signatures
+                )
             return
         yield StreamStart(
             request.request_id,
             self.name,
             estimate_prompt_tokens(call.messages),
-            Enforcement.NONE,
+            self._tools_enforcement(request),
             request.sampling,
             request.stopping,
         )
@@ -563,7 +682,9 @@ class ProviderBackend(abc.ABC):
         self, call: ProviderCall, offset: int, started: float, first_token: list[float]
     ) -> AsyncIterator[StreamEvent]:
         """Domain events of one upstream stream, indices shifted by `offset`; every end frame
-        carries usage (the provider's, else counted chunks and an estimated prompt)."""
+        carries usage (the provider's, else counted chunks and an estimated prompt) and the
+        generation's complete tool calls, validated: a streamed call cannot be re-asked once its
+        fragments are out, so an invalid one ends the stream with Aborted VALIDATION_FAILED."""
         tally = _StreamTally()
         upstream = self._open(call)
         try:
@@ -575,9 +696,15 @@ class ProviderBackend(abc.ABC):
                         first_token.append(time.monotonic() - started)
                     tally.chunks[chunk.index] = tally.chunks.get(chunk.index, 0) + chunk.token_count
                     tally.texts[chunk.index] = tally.texts.get(chunk.index, 0) + len(chunk.text)
-                    if chunk.text or chunk.logprobs:
+                    calls = tuple(tally.calls.add(chunk.index, f) for f in chunk.tool_calls)
+                    if chunk.text or chunk.logprobs or calls or chunk.reasoning:
                         yield GenerationDelta(
-                            chunk.index + offset, chunk.text, chunk.token_count, chunk.logprobs
+                            chunk.index + offset,
+                            chunk.text,
+                            chunk.token_count,
+                            chunk.logprobs,
+                            calls,
+                            chunk.reasoning,
                         )
                 elif isinstance(chunk, ChunkEnd):
                     if chunk.index < call.n:
@@ -592,10 +719,27 @@ class ProviderBackend(abc.ABC):
             time_to_first_token_s=first_token[0] if first_token else None,
             total_s=time.monotonic() - started,
         )
+        toolset = ToolSet(call.request)
+        attempts = Attempts(0, source=self.label)  # nothing streamed is retracted: no re-ask
+        settled: dict[int, tuple[FinishReason, tuple[ToolCall, ...]]] = {}
         for i in indices:
             end = tally.ends.get(i, ChunkEnd(i, FinishReason.STOP))
+            settled[i] = tc.settle(call.request, end.finish_reason, tally.calls.of(i), self.final_tool_call)
+            error = tc.problem(toolset, *settled[i])
+            if error is not None:
+                attempts.failed(i + offset, error)
+        attempts.to_retry()
+        for i in indices:
+            end = tally.ends.get(i, ChunkEnd(i, FinishReason.STOP))
+            finish, made = settled[i]
             yield GenerationEnd(
-                i + offset, end.finish_reason, Usage(input_tokens, per_index[i]), end.matched_stop, timings
+                i + offset,
+                finish,
+                Usage(input_tokens, per_index[i]),
+                end.matched_stop,
+                timings,
+                made,
+                end.reasoning_signatures,
             )
 
     def _stream_usage(

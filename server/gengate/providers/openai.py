@@ -4,6 +4,15 @@ Azure OpenAI, Together, Groq, Anyscale, vLLM server, SGLang, llama.cpp server, a
 One adapter (`OpenAIChatBackend`) translates domain requests to the chat-completions wire format,
 and, for servers with `raw_prompts` (vLLM's, llama.cpp's), a prompt to the completions format as
 raw text; each family member only says how it takes structured output and which quirks it has.
+
+Tools are native on every member (chat `tools`, `tool_choice`, `parallel_tool_calls`; calls in
+`message.tool_calls` and streamed `delta.tool_calls`), each returned call validated by the base.
+A tool asking for `strict` gets OpenAI's strict mode where the backend has it (`strict_schemas`)
+and its schema can be made strict without loosening; elsewhere the schema goes as it is and
+validation alone holds it. OpenAI's reasoning models take `reasoning_effort`; the compatible
+servers' `reasoning_content` (vLLM, SGLang, DeepSeek, llama.cpp) or `reasoning` (Ollama, newer
+vLLM) comes back as the generation's reasoning. Reasoning sent back in a chat is not put on the
+wire (DeepSeek refuses it; the others ignore it).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from gengate.backend import BatchOutcome, BatchStatus
 from gengate.constraints.regex_dialect import ascii_shorthands
 from gengate.domain import (
     SAMPLING_FIELDS,
+    ChatMessage,
     ChoiceConstraint,
     ConstraintKind,
     Enforcement,
@@ -32,14 +42,19 @@ from gengate.domain import (
     GrammarSyntax,
     JsonObjectConstraint,
     ModelCapabilities,
+    Reasoning,
+    ReasoningControl,
     RegexConstraint,
+    Role,
     TextPart,
-    TokenLogprob,
-    TopLogprob,
+    Tool,
+    ToolCall,
     Usage,
 )
 from gengate.providers import openai_batch
+from gengate.providers import openai_wire as wire
 from gengate.providers import structured as so
+from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
     Chunk,
     ChunkEnd,
@@ -50,10 +65,9 @@ from gengate.providers.base import (
     ProviderCall,
     ProviderOptions,
     check_event_stream,
-    image_url,
-    map_finish_reason,
 )
 from gengate.redaction import register_secret
+from gengate.tools import parameters_of
 
 log = logging.getLogger("gengate.providers")
 
@@ -75,6 +89,9 @@ CONTRACT_FIELDS = frozenset(SAMPLING_FIELDS) | {
     "stream",
     "stream_options",
     "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 }
 
 
@@ -130,6 +147,9 @@ class OpenAIChatBackend(ProviderBackend):
     sampling_wire_names: ClassVar[Mapping[str, str]] = {}
     stream_usage_option: ClassVar[bool] = True
     strict_schemas: ClassVar[bool] = True
+    tools_support: ClassVar[Enforcement | None] = Enforcement.NATIVE
+    # The compatible servers' reasoning parsers answer reasoning_content (see module docstring).
+    reasoning_output: ClassVar[bool] = True
 
     options: OpenAIOptions
 
@@ -194,9 +214,9 @@ class OpenAIChatBackend(ProviderBackend):
         """Whether the call goes to the completions route, the prompt as raw text: a prompt request
         on a raw-prompt server, the call being that prompt alone (a validated constraint's
         instructions and a re-ask's feedback are chat turns, which only chat can carry), with no
-        chat-only field (`response_format`) in its native constraint."""
+        chat-only field (`response_format`, `tools`) in it."""
         req = call.request
-        if not self.raw_prompts or req.prompt is None or req.messages is not None:
+        if not self.raw_prompts or req.prompt is None or req.messages is not None or req.tools:
             return False
         if call.messages != req.as_messages():
             return False
@@ -213,7 +233,7 @@ class OpenAIChatBackend(ProviderBackend):
         if raw:
             params["prompt"] = req.prompt
         else:
-            params["messages"] = _wire_messages(call)
+            params["messages"] = wire.messages(call)
         extra: dict[str, Any] = dict(self.options.extra_body)
         if call.n != 1:
             params["n"] = call.n
@@ -243,6 +263,15 @@ class OpenAIChatBackend(ProviderBackend):
                 if req.logprobs > 0:
                     params["top_logprobs"] = req.logprobs
         extra.update(req.backend_options)  # over the config's extra_body, under what gengate sets
+        if not raw:
+            params.update(self._tool_params(req))
+        if req.reasoning is not None and req.reasoning.effort is not None:
+            if "reasoning_effort" in req.backend_options:
+                raise errors.InvalidArgument.field(
+                    "backend_options[reasoning_effort]", "is set beside reasoning.effort: set one"
+                )
+            extra.pop("reasoning_effort", None)  # the SDK's extra_body would win over the field
+            params["reasoning_effort"] = req.reasoning.effort.value
         if call.plan is not None and call.plan.native:
             native = self.structured_params(call.plan)
             extra.update(native.pop("extra_body", {}))
@@ -255,6 +284,52 @@ class OpenAIChatBackend(ProviderBackend):
             params["extra_body"] = extra
         params["timeout"] = call.timeout
         return params
+
+    # --- tools and reasoning -------------------------------------------------------------------
+
+    def _tool_params(self, req: GenerationRequest) -> dict[str, Any]:
+        """The request's tools, choice and parallel flag as chat-completions fields."""
+        params: dict[str, Any] = {}
+        if req.tools:
+            params["tools"] = [self._wire_tool(t) for t in req.tools]
+        if req.tool_choice is not None:
+            params["tool_choice"] = wire.tool_choice(req.tool_choice)
+        if req.parallel_tool_calls is not None:
+            params["parallel_tool_calls"] = req.parallel_tool_calls
+        return params
+
+    def _strict_parameters(self, tool: Tool) -> dict[str, Any] | None:
+        """The tool's schema in OpenAI strict form when the tool asks for strict and this backend
+        has it, and the strict form loses nothing (else None: sent as it is, not strict)."""
+        if not (tool.strict and self.strict_schemas and self.options.strict):
+            return None
+        strict, wrapped, relaxed = so.openai_strict_schema(dict(parameters_of(tool)))
+        return None if wrapped or relaxed else strict
+
+    def _wire_tool(self, tool: Tool) -> dict[str, Any]:
+        function: dict[str, Any] = {"name": tool.name}
+        if tool.description:
+            function["description"] = tool.description
+        strict = self._strict_parameters(tool)
+        function["parameters"] = strict if strict is not None else parameters_of(tool)
+        if strict is not None:
+            function["strict"] = True
+        return {"type": "function", "function": function}
+
+    def final_tool_call(self, request: GenerationRequest, call: ToolCall) -> ToolCall:
+        """A strict tool's call without the nulls strict mode forced into its optional fields."""
+        tool = next((t for t in request.tools if t.name == call.name), None)
+        if tool is None or self._strict_parameters(tool) is None:
+            return call
+        try:
+            value = json.loads(call.arguments)
+        except ValueError:
+            return call  # validation reports it
+        schema = dict(parameters_of(tool))
+        stripped = so.strip_added_nulls(value, schema, schema)
+        if stripped == value:
+            return call
+        return dataclasses.replace(call, arguments=json.dumps(stripped, ensure_ascii=False))
 
     # --- upstream calls ------------------------------------------------------------------------
 
@@ -273,13 +348,26 @@ class OpenAIChatBackend(ProviderBackend):
         top = call.request.logprobs or 0
         gens: list[Generation] = []
         for choice in response.choices or ():
-            text, refusal = _choice_text(choice)
-            finish, matched = _finish(choice.finish_reason, getattr(choice, "stop_reason", None), stops)
+            text, refusal = wire.choice_text(choice)
+            finish, matched = wire.finish(choice.finish_reason, getattr(choice, "stop_reason", None), stops)
             if refusal:
                 text, finish = refusal, FinishReason.REFUSAL
-            logprobs = _logprobs(choice.logprobs, top)
+            logprobs = wire.logprobs(choice.logprobs, top)
             count = len(logprobs) if logprobs is not None else 0
-            gens.append(Generation(choice.index, text, finish, count, matched, logprobs))
+            message = getattr(choice, "message", None)
+            thought = wire.reasoning_text(message)
+            gens.append(
+                Generation(
+                    choice.index,
+                    text,
+                    finish,
+                    count,
+                    matched,
+                    logprobs,
+                    tool_calls=wire.tool_calls(message),
+                    reasoning=Reasoning(thought) if thought else None,
+                )
+            )
         gens.sort(key=lambda g: g.index)
         usage = response.usage
         if usage is not None and len(gens) == 1:
@@ -296,13 +384,16 @@ class OpenAIChatBackend(ProviderBackend):
             check_event_stream(self.label, stream.response.headers.get("content-type"))
             async for chunk in stream:
                 for choice in chunk.choices or ():
-                    text, refusal = _choice_text(choice)
-                    logprobs = _logprobs(getattr(choice, "logprobs", None), top)
-                    if text or refusal or logprobs:
+                    text, refusal = wire.choice_text(choice)
+                    logprobs = wire.logprobs(getattr(choice, "logprobs", None), top)
+                    delta = getattr(choice, "delta", None)
+                    calls = wire.tool_call_deltas(delta)
+                    thought = wire.reasoning_text(delta)
+                    if text or refusal or logprobs or calls or thought:
                         count = len(logprobs) if logprobs else 1
-                        yield ChunkText(choice.index, text or refusal or "", logprobs, count)
+                        yield ChunkText(choice.index, text or refusal or "", logprobs, count, calls, thought)
                     if choice.finish_reason is not None:
-                        finish, matched = _finish(
+                        finish, matched = wire.finish(
                             choice.finish_reason, getattr(choice, "stop_reason", None), stops
                         )
                         yield ChunkEnd(choice.index, FinishReason.REFUSAL if refusal else finish, matched)
@@ -324,86 +415,31 @@ def _schema_name(plan: so.StructuredPlan) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]
 
 
-def _finish(raw: str | None, stop_reason: Any, stops: tuple[str, ...]) -> tuple[FinishReason, str | None]:
-    """Finish reason, and the stop string that ended it where the server says (vLLM `stop_reason`)."""
-    finish = map_finish_reason(raw)
-    if finish == FinishReason.STOP and isinstance(stop_reason, str) and stop_reason in stops:
-        return FinishReason.STOP_SEQUENCE, stop_reason
-    return finish, None
-
-
-def _choice_text(choice: Any) -> tuple[str, str | None]:
-    """A choice's text and refusal: a chat choice's message (or a stream's delta), or a text
-    completion's `text` (which has no refusal)."""
-    body = getattr(choice, "message", None)
-    if body is None:
-        body = getattr(choice, "delta", None)
-    if body is None:
-        return getattr(choice, "text", None) or "", None
-    return getattr(body, "content", None) or "", getattr(body, "refusal", None)
-
-
-def _logprobs(raw: Any, top: int) -> tuple[TokenLogprob, ...] | None:
-    """A choice's logprobs in whichever shape the server answers: chat's `content` list, or the
-    completions API's parallel lists (`tokens`, `token_logprobs`, `top_logprobs` as {token:
-    logprob}), whose top is cut to the `top` asked for, best first (vLLM and llama-cpp-python add
-    the sampled token to it)."""
-    if raw is None:
-        return None
-    content = getattr(raw, "content", None)
-    if content:
-        return tuple(
-            TokenLogprob(
-                token=item.token,
-                logprob=item.logprob,
-                top=tuple(TopLogprob(t.token, t.logprob) for t in (item.top_logprobs or ())),
-            )
-            for item in content
-        )
-    tokens = getattr(raw, "tokens", None)
-    if not tokens:
-        return None
-    values = getattr(raw, "token_logprobs", None) or [None] * len(tokens)
-    tops = getattr(raw, "top_logprobs", None) or [None] * len(tokens)
-    out: list[TokenLogprob] = []
-    for token, logprob, alternatives in zip(tokens, values, tops, strict=False):
-        best = sorted((alternatives or {}).items(), key=lambda kv: kv[1], reverse=True)[:top]
-        out.append(
-            TokenLogprob(
-                token=token,
-                logprob=logprob if logprob is not None else 0.0,
-                top=tuple(TopLogprob(t, lp) for t, lp in best),
-            )
-        )
-    return tuple(out)
-
-
-def _wire_messages(call: ProviderCall) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for m in call.messages:
-        content: str | list[dict[str, Any]]
-        if m.has_images:
-            content = [
-                {"type": "text", "text": p.text}
-                if isinstance(p, TextPart)
-                else {"type": "image_url", "image_url": {"url": image_url(p)}}
-                for p in m.content
-            ]
-        else:
-            content = m.text
-        entry: dict[str, Any] = {"role": m.role.value, "content": content}
-        if m.name:
-            entry["name"] = m.name
-        out.append(entry)
-    return out
-
-
 class OpenAIBackend(OpenAIChatBackend):
     """OpenAI's chat completions API (api.openai.com or a compatible proxy at `base_url`), and
     its Batch API for offline jobs (backend.OfflineBatches; providers/openai_batch.py)."""
 
     batch_url: ClassVar[str] = "/v1/chat/completions"  # the batch's endpoint and each line's url
     max_batch_items: int = openai_batch.MAX_BATCH_ITEMS
+    reasoning_controls: ClassVar[bool] = True  # reasoning_effort (o-series, gpt-5)
+    reasoning_output: ClassVar[bool] = False  # chat completions never return the reasoning text
+
+    def check_reasoning(self, control: ReasoningControl) -> None:
+        """OpenAI has only reasoning_effort: no switch, no token budget."""
+        provider = f"{self.label} model {self.name!r}"
+        if control.budget_tokens is not None:
+            raise tc.reasoning_refused(
+                provider,
+                "reasoning.budget_tokens",
+                f"{self.label} takes no reasoning token budget (use reasoning.effort)",
+            )
+        if control.enabled is not None:
+            raise tc.reasoning_refused(
+                provider,
+                "reasoning.enabled",
+                f"{self.label} has no reasoning switch: its reasoning models always reason "
+                "(use reasoning.effort)",
+            )
 
     @property
     def _wire(self) -> openai_batch.ChatWire:
@@ -711,7 +747,7 @@ class VLLMServerBackend(OpenAICompatibleBackend):
     async def _check_enforcement(self) -> None:
         """Asks for one of two unlikely strings; an unconstrained answer means the server drops
         structured_outputs, and then nothing is declared native."""
-        from gengate.domain import ChatMessage, Role, StructuredOutput
+        from gengate.domain import StructuredOutput
 
         structured = StructuredOutput(ChoiceConstraint(self.CANARY_CHOICES))
         req = GenerationRequest(

@@ -1,0 +1,168 @@
+"""The OpenAI chat-completions wire format, both directions, as pure functions: messages (tool
+turns included) and tool choice out; a choice's text, refusal, finish reason, logprobs, tool
+calls and reasoning in (unary messages and stream deltas alike, as the `openai` SDK types them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gengate.domain import (
+    ChatMessage,
+    FinishReason,
+    Role,
+    TextPart,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolChoiceMode,
+    TopLogprob,
+)
+from gengate.providers.base import ProviderCall, image_url, map_finish_reason
+
+
+def finish(raw: str | None, stop_reason: Any, stops: tuple[str, ...]) -> tuple[FinishReason, str | None]:
+    """Finish reason, and the stop string that ended it where the server says (vLLM `stop_reason`)."""
+    reason = map_finish_reason(raw)
+    if reason == FinishReason.STOP and isinstance(stop_reason, str) and stop_reason in stops:
+        return FinishReason.STOP_SEQUENCE, stop_reason
+    return reason, None
+
+
+def choice_text(choice: Any) -> tuple[str, str | None]:
+    """A choice's text and refusal: a chat choice's message (or a stream's delta), or a text
+    completion's `text` (which has no refusal)."""
+    body = getattr(choice, "message", None)
+    if body is None:
+        body = getattr(choice, "delta", None)
+    if body is None:
+        return getattr(choice, "text", None) or "", None
+    return getattr(body, "content", None) or "", getattr(body, "refusal", None)
+
+
+def tool_calls(message: Any) -> tuple[ToolCall, ...]:
+    """A chat message's calls (`tool_calls`: function calls; any other kind keeps its name and
+    input, and fails validation as no JSON arguments of an offered function would)."""
+    out: list[ToolCall] = []
+    for call in getattr(message, "tool_calls", None) or ():
+        function = getattr(call, "function", None) or getattr(call, "custom", None)
+        name = getattr(function, "name", None) or ""
+        arguments = getattr(function, "arguments", None)
+        if arguments is None:
+            arguments = getattr(function, "input", None) or ""
+        out.append(ToolCall(getattr(call, "id", None) or "", name, arguments))
+    return tuple(out)
+
+
+def tool_call_deltas(delta: Any) -> tuple[ToolCallDelta, ...]:
+    """A stream delta's call fragments (`delta.tool_calls[{index, id?, function{name?, arguments?}}]`)."""
+    out: list[ToolCallDelta] = []
+    for position, call in enumerate(getattr(delta, "tool_calls", None) or ()):
+        function = getattr(call, "function", None)
+        index = getattr(call, "index", None)
+        out.append(
+            ToolCallDelta(
+                index if isinstance(index, int) else position,
+                getattr(call, "id", None) or "",
+                getattr(function, "name", None) or "",
+                getattr(function, "arguments", None) or "",
+            )
+        )
+    return tuple(out)
+
+
+def reasoning_text(body: Any) -> str:
+    """A message's or delta's reasoning, from the fields OpenAI's types lack: `reasoning_content`
+    (vLLM, SGLang, DeepSeek, llama.cpp) or `reasoning` (Ollama, newer vLLM), as text."""
+    extra = getattr(body, "model_extra", None) or {}
+    for key in ("reasoning_content", "reasoning"):
+        value = extra.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def logprobs(raw: Any, top: int) -> tuple[TokenLogprob, ...] | None:
+    """A choice's logprobs in whichever shape the server answers: chat's `content` list, or the
+    completions API's parallel lists (`tokens`, `token_logprobs`, `top_logprobs` as {token:
+    logprob}), whose top is cut to the `top` asked for, best first (vLLM and llama-cpp-python add
+    the sampled token to it)."""
+    if raw is None:
+        return None
+    content = getattr(raw, "content", None)
+    if content:
+        return tuple(
+            TokenLogprob(
+                token=item.token,
+                logprob=item.logprob,
+                top=tuple(TopLogprob(t.token, t.logprob) for t in (item.top_logprobs or ())),
+            )
+            for item in content
+        )
+    tokens = getattr(raw, "tokens", None)
+    if not tokens:
+        return None
+    values = getattr(raw, "token_logprobs", None) or [None] * len(tokens)
+    tops = getattr(raw, "top_logprobs", None) or [None] * len(tokens)
+    out: list[TokenLogprob] = []
+    for token, logprob, alternatives in zip(tokens, values, tops, strict=False):
+        best = sorted((alternatives or {}).items(), key=lambda kv: kv[1], reverse=True)[:top]
+        out.append(
+            TokenLogprob(
+                token=token,
+                logprob=logprob if logprob is not None else 0.0,
+                top=tuple(TopLogprob(t, lp) for t, lp in best),
+            )
+        )
+    return tuple(out)
+
+
+def tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
+    """`auto` / `none` / `required`, or the named function the model must call."""
+    if choice.name is not None:
+        return {"type": "function", "function": {"name": choice.name}}
+    return {
+        ToolChoiceMode.AUTO: "auto",
+        ToolChoiceMode.NONE: "none",
+        ToolChoiceMode.REQUIRED: "required",
+    }[choice.mode]
+
+
+def _tool_turn(m: ChatMessage) -> dict[str, Any]:
+    """A tool result (`role: tool` answering its call's id) or an assistant turn with its calls
+    (content null when it said nothing, as OpenAI sends it)."""
+    if m.role is Role.TOOL:
+        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.text}
+    calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in m.tool_calls
+    ]
+    entry: dict[str, Any] = {"role": "assistant", "content": m.text or None, "tool_calls": calls}
+    if m.name:
+        entry["name"] = m.name
+    return entry
+
+
+def messages(call: ProviderCall) -> list[dict[str, Any]]:
+    """The call's chat as chat-completions messages (a message's reasoning is not sent)."""
+    out: list[dict[str, Any]] = []
+    for m in call.messages:
+        if m.role is Role.TOOL or m.tool_calls:
+            out.append(_tool_turn(m))
+            continue
+        content: str | list[dict[str, Any]]
+        if m.has_images:
+            content = [
+                {"type": "text", "text": p.text}
+                if isinstance(p, TextPart)
+                else {"type": "image_url", "image_url": {"url": image_url(p)}}
+                for p in m.content
+            ]
+        else:
+            content = m.text
+        entry: dict[str, Any] = {"role": m.role.value, "content": content}
+        if m.name:
+            entry["name"] = m.name
+        out.append(entry)
+    return out
