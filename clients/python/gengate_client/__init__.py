@@ -31,6 +31,7 @@ from gengate_client.errors import (
 )
 from gengate_client.jobs import AsyncBatchJobs, BatchJob, BatchJobs, JobUsage
 from gengate_client.output_types import Choice, Grammar, JsonObject, JsonSchema, Regex
+from gengate_client.tools import run_tool_calls, tool, with_results
 from gengate_client.types import (
     ConstraintKind,
     ConstraintSupport,
@@ -45,6 +46,8 @@ from gengate_client.types import (
     Modality,
     ModelCapabilities,
     ModelInfo,
+    Reasoning,
+    ReasoningControl,
     Request,
     Response,
     StreamAccumulator,
@@ -55,6 +58,9 @@ from gengate_client.types import (
     TextPart,
     Timings,
     TokenLogprob,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
     Turn,
     Usage,
@@ -99,6 +105,8 @@ __all__ = [
     "OutputError",
     "OutputValidationError",
     "PermissionDeniedError",
+    "Reasoning",
+    "ReasoningControl",
     "Regex",
     "Request",
     "ResourceExhaustedError",
@@ -112,6 +120,9 @@ __all__ = [
     "TextPart",
     "Timings",
     "TokenLogprob",
+    "Tool",
+    "ToolCall",
+    "ToolCallDelta",
     "TopLogprob",
     "TruncatedOutputError",
     "Turn",
@@ -119,4 +130,7 @@ __all__ = [
     "UnavailableError",
     "UnimplementedError",
     "Usage",
+    "run_tool_calls",
+    "tool",
+    "with_results",
 ]

@@ -6,6 +6,7 @@ The two clients differ only at their call sites; all proto handling lives here.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -14,6 +15,7 @@ from google.protobuf import duration_pb2
 
 from gengate_client.errors import OutputError, TruncatedOutputError, error_from_status
 from gengate_client.output_types import OutputSpec, resolve_output_type
+from gengate_client.tools import ToolLike, build_tool, build_tool_choice, resolve_tools
 from gengate_client.types import (
     MAGPIE_PRESETS,
     ConstraintKind,
@@ -30,6 +32,8 @@ from gengate_client.types import (
     Modality,
     ModelCapabilities,
     ModelInfo,
+    Reasoning,
+    ReasoningControl,
     Request,
     Response,
     RoleName,
@@ -40,6 +44,9 @@ from gengate_client.types import (
     TextPart,
     Timings,
     TokenLogprob,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
     Turn,
     Usage,
@@ -67,6 +74,11 @@ class BaseOptions(TypedDict, total=False):
     logprobs: int | None
     backend_options: Mapping[str, str | int | float | bool] | None
     request_id: str | None
+    tools: Sequence[ToolLike] | None
+    tool_choice: Any
+    parallel_tool_calls: bool | None
+    reasoning: ReasoningControl | None
+    chat_template_kwargs: Mapping[str, Any] | None
     timeout: float | None
     metadata: MetadataLike | None
 
@@ -82,6 +94,7 @@ _ROLES = {
     "system": types_pb2.ROLE_SYSTEM,
     "user": types_pb2.ROLE_USER,
     "assistant": types_pb2.ROLE_ASSISTANT,
+    "tool": types_pb2.ROLE_TOOL,
 }
 _ROLE_NAMES: dict[int, RoleName] = {v: k for k, v in _ROLES.items()}  # type: ignore[misc]
 _SAMPLING_FIELDS = (
@@ -192,21 +205,77 @@ def _image(data: bytes | None, url: str | None, mime_type: str) -> types_pb2.Ima
 
 
 def build_message(message: MessageLike) -> types_pb2.ChatMessage:
-    """A chat message from a dict `{"role", "content"[, "name"]}`, a `Message` or the proto itself."""
+    """A chat message from a dict `{"role", "content"[, "name", "tool_calls", "tool_call_id",
+    "reasoning"]}`, a `Message` or the proto itself."""
     if isinstance(message, types_pb2.ChatMessage):
         return message
-    if isinstance(message, Message):
-        role, content, name = message.role, message.content, message.name
+    if not isinstance(message, Message):
+        message = Message(
+            role=message["role"],
+            content=message.get("content") or "",
+            name=message.get("name") or "",
+            tool_calls=message.get("tool_calls") or (),
+            tool_call_id=message.get("tool_call_id") or "",
+            reasoning=_reasoning_of(message.get("reasoning")),
+        )
+    if message.role not in _ROLES:
+        raise ValueError(f"unknown role {message.role!r}; expected one of {sorted(_ROLES)}")
+    content = message.content
+    if isinstance(content, str):
+        # An assistant turn that only called tools has no text: no empty part for it.
+        parts = [] if content == "" and message.tool_calls else [types_pb2.ContentPart(text=content)]
     else:
-        role, content, name = message["role"], message["content"], message.get("name", "")
-    if role not in _ROLES:
-        raise ValueError(f"unknown role {role!r}; expected one of {sorted(_ROLES)}")
-    parts = (
-        [types_pb2.ContentPart(text=content)]
-        if isinstance(content, str)
-        else [_content_part(p) for p in content]
+        parts = [_content_part(p) for p in content]
+    pb = types_pb2.ChatMessage(
+        role=_ROLES[message.role],
+        content=parts,
+        name=message.name or "",
+        tool_calls=[build_tool_call(c) for c in message.tool_calls],
+        tool_call_id=message.tool_call_id,
     )
-    return types_pb2.ChatMessage(role=_ROLES[role], content=parts, name=name or "")
+    if message.reasoning is not None:
+        pb.reasoning.CopyFrom(
+            types_pb2.Reasoning(text=message.reasoning.text, signatures=message.reasoning.signatures)
+        )
+    return pb
+
+
+def _reasoning_of(value: Reasoning | Mapping[str, Any] | None) -> Reasoning | None:
+    if value is None or isinstance(value, Reasoning):
+        return value
+    return Reasoning(str(value.get("text", "")), tuple(value.get("signatures", ())))
+
+
+def build_tool_call(call: ToolCall | Mapping[str, Any]) -> types_pb2.ToolCall:
+    """A call an assistant message made: a ToolCall, a dict `{"id", "name", "arguments"}` or the
+    OpenAI shape `{"id", "function": {"name", "arguments"}}`; arguments as JSON text or a dict."""
+    if isinstance(call, ToolCall):
+        return types_pb2.ToolCall(id=call.id, name=call.name, arguments_json=call.arguments_json)
+    body = call.get("function", call)
+    arguments = body.get("arguments", body.get("arguments_json", "{}"))
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    return types_pb2.ToolCall(id=call.get("id", ""), name=body["name"], arguments_json=arguments)
+
+
+_EFFORTS = {
+    "low": types_pb2.REASONING_EFFORT_LOW,
+    "medium": types_pb2.REASONING_EFFORT_MEDIUM,
+    "high": types_pb2.REASONING_EFFORT_HIGH,
+}
+
+
+def build_reasoning_control(control: ReasoningControl) -> types_pb2.ReasoningControl:
+    pb = types_pb2.ReasoningControl()
+    if control.enabled is not None:
+        pb.enabled = control.enabled
+    if control.effort is not None:
+        if control.effort not in _EFFORTS:
+            raise ValueError(f"reasoning effort must be one of {sorted(_EFFORTS)}, not {control.effort!r}")
+        pb.effort = _EFFORTS[control.effort]
+    if control.budget_tokens is not None:
+        pb.budget_tokens = control.budget_tokens
+    return pb
 
 
 def _backend_value(value: str | int | float | bool) -> types_pb2.BackendOptionValue:
@@ -219,8 +288,16 @@ def _backend_value(value: str | int | float | bool) -> types_pb2.BackendOptionVa
     return types_pb2.BackendOptionValue(string_value=str(value))
 
 
-def build_request(request: Request) -> tuple[generation_pb2.GenerateRequest, OutputSpec | None]:
-    """The proto request for `request`, and the resolved output type used to parse the result.
+@dataclasses.dataclass(frozen=True)
+class ResultSpec:
+    """How to read a request's results: its output type's parser and its tools by name."""
+
+    output: OutputSpec | None = None
+    tools: Mapping[str, Tool] = dataclasses.field(default_factory=dict)
+
+
+def build_request(request: Request) -> tuple[generation_pb2.GenerateRequest, ResultSpec]:
+    """The proto request for `request`, and how to parse its results (output type, tools).
 
     Values go to the server as given: the server is the one judge of ranges and limits.
     """
@@ -250,7 +327,17 @@ def build_request(request: Request) -> tuple[generation_pb2.GenerateRequest, Out
     spec = resolve_output_type(request.output_type)
     if spec is not None and spec.structured is not None:
         pb.structured_output.CopyFrom(spec.structured)
-    return pb, spec
+    tools = resolve_tools(request.tools)
+    pb.tools.extend(build_tool(t) for t in tools)
+    if request.tool_choice is not None:
+        pb.tool_choice.CopyFrom(build_tool_choice(request.tool_choice))
+    if request.parallel_tool_calls is not None:
+        pb.parallel_tool_calls = request.parallel_tool_calls
+    if request.reasoning is not None:
+        pb.reasoning.CopyFrom(build_reasoning_control(request.reasoning))
+    if request.chat_template_kwargs is not None:
+        pb.chat_template_kwargs_json = json.dumps(dict(request.chat_template_kwargs))
+    return pb, ResultSpec(spec, {t.name: t for t in tools})
 
 
 def build_magpie(magpie: Magpie) -> types_pb2.Magpie:
@@ -322,7 +409,12 @@ def logprobs(pb: types_pb2.Logprobs) -> tuple[TokenLogprob, ...]:
     )
 
 
-def _generation(pb: types_pb2.Generation, spec: OutputSpec | None) -> Generation:
+def tool_calls(calls: Sequence[types_pb2.ToolCall], tools: Mapping[str, Tool]) -> tuple[ToolCall, ...]:
+    """Typed calls, each linked to the offered tool of its name (to parse its arguments)."""
+    return tuple(ToolCall(c.id, c.name, c.arguments_json, tools.get(c.name)) for c in calls)
+
+
+def _generation(pb: types_pb2.Generation, spec: OutputSpec | None, tools: Mapping[str, Tool]) -> Generation:
     reason = finish_reason(pb.finish_reason)
     parsed = None
     if spec is not None:
@@ -344,11 +436,20 @@ def _generation(pb: types_pb2.Generation, spec: OutputSpec | None) -> Generation
         conversation=tuple(
             Turn(_ROLE_NAMES.get(t.role, "user"), t.text, t.output_tokens) for t in pb.conversation
         ),
+        tool_calls=tool_calls(pb.tool_calls, tools),
+        reasoning=(
+            Reasoning(pb.reasoning.text, tuple(pb.reasoning.signatures)) if pb.HasField("reasoning") else None
+        ),
     )
 
 
-def response(pb: generation_pb2.GenerateResponse, spec: OutputSpec | None) -> Response:
+def _result_spec(spec: ResultSpec | OutputSpec | None) -> ResultSpec:
+    return spec if isinstance(spec, ResultSpec) else ResultSpec(spec)
+
+
+def response(pb: generation_pb2.GenerateResponse, spec: ResultSpec | OutputSpec | None) -> Response:
     """A typed Response; with an output type every generation is parsed, or an OutputError raised."""
+    result = _result_spec(spec)
     base = Response(
         request_id=pb.request_id,
         model=pb.model,
@@ -359,16 +460,18 @@ def response(pb: generation_pb2.GenerateResponse, spec: OutputSpec | None) -> Re
         raw=pb,
     )
     try:
-        generations = tuple(_generation(g, spec) for g in pb.generations)
+        generations = tuple(_generation(g, result.output, result.tools) for g in pb.generations)
     except OutputError as exc:
-        plain = tuple(_generation(g, None) for g in pb.generations)
+        plain = tuple(_generation(g, None, result.tools) for g in pb.generations)
         exc.response = dataclasses.replace(base, generations=plain)
         raise
     return dataclasses.replace(base, generations=generations)
 
 
-def stream_frame(pb: generation_pb2.GenerateStreamResponse) -> StreamFrame:
-    """A typed stream frame."""
+def stream_frame(
+    pb: generation_pb2.GenerateStreamResponse, tools: Mapping[str, Tool] | None = None
+) -> StreamFrame:
+    """A typed stream frame; end frames' tool calls are linked to `tools` (the request's, by name)."""
     kind = pb.WhichOneof("frame")
     if kind == "start":
         s = pb.start
@@ -377,17 +480,29 @@ def stream_frame(pb: generation_pb2.GenerateStreamResponse) -> StreamFrame:
     if kind == "delta":
         d = pb.delta
         lp = logprobs(d.logprobs) if d.HasField("logprobs") else None
-        return StreamDelta(d.index, d.text, d.token_count, lp, raw=d)
+        fragments = tuple(ToolCallDelta(t.index, t.id, t.name, t.arguments_fragment) for t in d.tool_calls)
+        return StreamDelta(
+            d.index, d.text, d.token_count, lp, raw=d, tool_calls=fragments, reasoning=d.reasoning
+        )
     if kind == "end":
         e = pb.end
         matched = e.matched_stop if e.HasField("matched_stop") else None
         return StreamEnd(
-            e.index, finish_reason(e.finish_reason), matched, usage(e.usage), timings(e.timings), raw=e
+            e.index,
+            finish_reason(e.finish_reason),
+            matched,
+            usage(e.usage),
+            timings(e.timings),
+            raw=e,
+            tool_calls=tool_calls(e.tool_calls, tools or {}),
+            reasoning_signatures=tuple(e.reasoning_signatures),
         )
     raise ValueError(f"stream frame without a known kind: {kind!r}")
 
 
-def batch_item(pb: generation_pb2.BatchGenerateResponse, specs: Sequence[OutputSpec | None]) -> ItemResult:
+def batch_item(
+    pb: generation_pb2.BatchGenerateResponse, specs: Sequence[ResultSpec | OutputSpec | None]
+) -> ItemResult:
     """One batch outcome; a parse failure of a structured result becomes that item's error."""
     if pb.WhichOneof("result") == "error":
         return ItemResult(index=pb.index, error=error_from_status(pb.error))
@@ -400,7 +515,7 @@ def batch_item(pb: generation_pb2.BatchGenerateResponse, specs: Sequence[OutputS
 
 def build_batch(
     requests: Sequence[Request | Mapping[str, Any]],
-) -> tuple[generation_pb2.BatchGenerateRequest, list[OutputSpec | None]]:
+) -> tuple[generation_pb2.BatchGenerateRequest, list[ResultSpec]]:
     built = [build_request(as_request(r)) for r in requests]
     return generation_pb2.BatchGenerateRequest(requests=[b[0] for b in built]), [b[1] for b in built]
 
@@ -430,5 +545,8 @@ def model_info(pb: types_pb2.ModelInfo) -> ModelInfo:
         chat=c.chat,
         backend_options=tuple(c.backend_options),
         magpie=c.magpie,
+        tools=enforcement(c.tools) if c.tools != types_pb2.ENFORCEMENT_UNSPECIFIED else None,
+        reasoning_control=c.reasoning_control,
+        reasoning=c.reasoning,
     )
     return ModelInfo(name=pb.name, backend=pb.backend, capabilities=caps, raw=pb)

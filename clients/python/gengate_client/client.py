@@ -89,13 +89,13 @@ class Client:
         Leaving the loop early cancels the call on the server.
         """
         request, call = convert.split_options(model, prompt, options)
-        pb, _ = convert.build_request(request)
+        pb, spec = convert.build_request(request)
         stream = self._stub.GenerateStream(
             generation_pb2.GenerateStreamRequest(request=pb), **self._kwargs(call)
         )
         try:
             for frame in stream:
-                yield convert.stream_frame(frame)
+                yield convert.stream_frame(frame, spec.tools)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         finally:

@@ -7,11 +7,15 @@ anything not surfaced here.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import pydantic
 from gengate_proto.v1 import generation_pb2, types_pb2
+
+from gengate_client.errors import OutputValidationError
 
 
 class FinishReason(enum.StrEnum):
@@ -26,6 +30,7 @@ class FinishReason(enum.StrEnum):
     TIME_LIMIT = "TIME_LIMIT"
     ERROR = "ERROR"
     REFUSAL = "REFUSAL"
+    TOOL_CALLS = "TOOL_CALLS"
 
 
 class Enforcement(enum.StrEnum):
@@ -66,7 +71,7 @@ class Modality(enum.StrEnum):
     IMAGE = "IMAGE"
 
 
-RoleName = Literal["system", "user", "assistant"]
+RoleName = Literal["system", "user", "assistant", "tool"]
 
 
 @dataclass(frozen=True)
@@ -89,12 +94,108 @@ ContentPart = TextPart | ImagePart
 
 
 @dataclass(frozen=True)
+class Tool:
+    """A function the model may call: `parameters` is its arguments' JSON Schema (None: none).
+
+    Made by hand, or by `gengate_client.tools.tool()` from a pydantic model or a typed function,
+    which also sets `arguments_type` (the pydantic model a call's arguments are parsed into) and
+    `function` (what `ToolCall.invoke()` calls).
+    """
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] | None = None
+    strict: bool = False
+    arguments_type: type[pydantic.BaseModel] | None = field(default=None, repr=False, compare=False)
+    function: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made; the server has validated `arguments_json` against the tool's schema.
+
+    `tool` is the offered Tool of that name (None when unknown, e.g. a call given back in a message).
+    """
+
+    id: str
+    name: str
+    arguments_json: str
+    tool: Tool | None = field(default=None, repr=False, compare=False)
+
+    def arguments(self) -> Any:
+        """The arguments parsed: an instance of a pydantic-model tool, the keyword arguments (a dict,
+        validated by the signature) of a function tool, the JSON object of any other tool.
+
+        Raises OutputValidationError when they do not parse (the server checked the JSON Schema;
+        pydantic may check more, such as custom validators).
+        """
+        model = self.tool.arguments_type if self.tool is not None else None
+        try:
+            if model is None:
+                return json.loads(self.arguments_json or "{}")
+            parsed = model.model_validate_json(self.arguments_json or "{}")
+        except (ValueError, pydantic.ValidationError) as exc:
+            raise OutputValidationError(
+                f"arguments of tool call {self.id!r} ({self.name}) do not parse: {exc}",
+                text=self.arguments_json,
+            ) from exc
+        if self.tool is not None and self.tool.function is not None:
+            return {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        return parsed
+
+    def invoke(self) -> Any:
+        """Calls the tool's function with the parsed arguments (a coroutine for an async function)."""
+        function = self.tool.function if self.tool is not None else None
+        if function is None:
+            raise TypeError(f"tool {self.name!r} has no Python function to invoke (give one as the tool)")
+        arguments = self.arguments()
+        return function(**arguments) if isinstance(arguments, dict) else function(arguments)
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A fragment of tool call `index` of a generation, in a stream (id and name on its first)."""
+
+    index: int
+    id: str
+    name: str
+    arguments_fragment: str
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """A reasoning model's thinking; `signatures` are provider-opaque, to be sent back unchanged."""
+
+    text: str = ""
+    signatures: tuple[str, ...] = ()
+
+
+ReasoningEffortName = Literal["low", "medium", "high"]
+
+
+@dataclass(frozen=True)
+class ReasoningControl:
+    """A reasoning model's thinking control (`reasoning=`); None fields are left to the model."""
+
+    enabled: bool | None = None
+    effort: ReasoningEffortName | None = None
+    budget_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class Message:
-    """One chat turn; `content` is plain text or a list of parts."""
+    """One chat turn; `content` is plain text or a list of parts.
+
+    An assistant turn may carry the `tool_calls` it made (and its `reasoning`, signatures included,
+    which Anthropic-style providers need back); a "tool" turn answers the call `tool_call_id`.
+    """
 
     role: RoleName
-    content: str | Sequence[ContentPart | Mapping[str, Any]]
+    content: str | Sequence[ContentPart | Mapping[str, Any]] = ""
     name: str = ""
+    tool_calls: Sequence[ToolCall | Mapping[str, Any]] = ()
+    tool_call_id: str = ""
+    reasoning: Reasoning | None = None
 
 
 MessageLike = Message | Mapping[str, Any] | types_pb2.ChatMessage
@@ -148,6 +249,13 @@ class Request:
     output_type: Any = None
     backend_options: Mapping[str, str | int | float | bool] | None = None
     request_id: str | None = None
+    # Tool values, pydantic model classes or typed functions (see gengate_client.tools).
+    tools: Sequence[Any] | None = None
+    # "auto" | "none" | "required" | a tool's name | the Tool, model class or function itself.
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    reasoning: ReasoningControl | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +306,8 @@ class Generation:
     parsed: Any = None
     # A Magpie request's turns, oldest first (the given conversation, then the written turns).
     conversation: tuple[Turn, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()  # finish_reason TOOL_CALLS
+    reasoning: Reasoning | None = None  # when the backend returns it
 
 
 @dataclass(frozen=True)
@@ -235,6 +345,11 @@ class Response:
         return self.generations[0].finish_reason if self.generations else FinishReason.UNSPECIFIED
 
     @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The tool calls of the first generation."""
+        return self.generations[0].tool_calls if self.generations else ()
+
+    @property
     def seed(self) -> int | None:
         """The seed the backend used (drawn by the server when the request gave none)."""
         sampling = self.raw.effective_sampling
@@ -259,18 +374,20 @@ class StreamStart:
 
 @dataclass(frozen=True)
 class StreamDelta:
-    """New text of generation `index`."""
+    """New text of generation `index`, with fragments of its tool calls and reasoning."""
 
     index: int
     text: str
     token_count: int
     logprobs: tuple[TokenLogprob, ...] | None = None
     raw: types_pb2.GenerationDelta | None = field(default=None, repr=False, compare=False)
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
 class StreamEnd:
-    """Last frame of generation `index`."""
+    """Last frame of generation `index`: the complete, validated tool calls come here."""
 
     index: int
     finish_reason: FinishReason
@@ -278,6 +395,8 @@ class StreamEnd:
     usage: Usage
     timings: Timings
     raw: types_pb2.GenerationEnd | None = field(default=None, repr=False, compare=False)
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning_signatures: tuple[str, ...] = ()
 
 
 StreamFrame = StreamStart | StreamDelta | StreamEnd
@@ -289,6 +408,7 @@ class StreamAccumulator:
     def __init__(self) -> None:
         self.start: StreamStart | None = None
         self.parts: dict[int, list[str]] = {}
+        self.reasoning_parts: dict[int, list[str]] = {}
         self.ends: dict[int, StreamEnd] = {}
 
     def add(self, frame: StreamFrame) -> StreamFrame:
@@ -297,6 +417,8 @@ class StreamAccumulator:
             self.start = frame
         elif isinstance(frame, StreamDelta):
             self.parts.setdefault(frame.index, []).append(frame.text)
+            if frame.reasoning:
+                self.reasoning_parts.setdefault(frame.index, []).append(frame.reasoning)
         else:
             self.parts.setdefault(frame.index, [])
             self.ends[frame.index] = frame
@@ -318,6 +440,24 @@ class StreamAccumulator:
     @property
     def output_tokens(self) -> int:
         return sum(end.usage.output_tokens for end in self.ends.values())
+
+    @property
+    def tool_calls(self) -> dict[int, tuple[ToolCall, ...]]:
+        """Each ended generation's complete tool calls (from its end frame), by index."""
+        return {i: end.tool_calls for i, end in self.ends.items()}
+
+    @property
+    def reasoning(self) -> dict[int, Reasoning]:
+        """Each generation's reasoning (text from the deltas, signatures from the end frame)."""
+        signed = {i for i, end in self.ends.items() if end.reasoning_signatures}
+        indexes = sorted(set(self.reasoning_parts) | signed)
+        return {
+            i: Reasoning(
+                "".join(self.reasoning_parts.get(i, [])),
+                self.ends[i].reasoning_signatures if i in self.ends else (),
+            )
+            for i in indexes
+        }
 
 
 @dataclass(frozen=True)
@@ -361,6 +501,9 @@ class ModelCapabilities:
     chat: bool
     backend_options: tuple[str, ...] = ()  # keys accepted in `backend_options=`
     magpie: bool = False  # takes `magpie=` (a model that takes raw prompts)
+    tools: Enforcement | None = None  # how tool calls are enforced; None: `tools=` is refused
+    reasoning_control: bool = False  # takes `reasoning=`
+    reasoning: bool = False  # returns Generation.reasoning
 
     def enforcement_of(self, kind: ConstraintKind) -> Enforcement | None:
         """How `kind` is enforced, or None when the model does not serve it."""
