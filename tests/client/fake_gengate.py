@@ -88,7 +88,13 @@ MODELS = [
             backend_options=["ignore_eos", "min_tokens"],
         ),
     ),
-    types_pb2.ModelInfo(name="remote", backend="openai", capabilities=types_pb2.ModelCapabilities(max_n=1)),
+    types_pb2.ModelInfo(
+        name="remote",
+        backend="openai",
+        capabilities=types_pb2.ModelCapabilities(
+            max_n=1, tools=types_pb2.ENFORCEMENT_NATIVE, reasoning_control=True, reasoning=True
+        ),
+    ),
 ]
 
 
@@ -166,6 +172,21 @@ def chunks(text: str) -> list[str]:
     return re.findall(r"\S+\s*|\s+", text) or [""]
 
 
+def tool_call_fragments(
+    index: int, position: int, call: types_pb2.ToolCall
+) -> Iterator[generation_pb2.GenerateStreamResponse]:
+    """A call as a server streams it: id and name first, the arguments in two pieces."""
+    half = len(call.arguments_json) // 2
+    pieces = [call.arguments_json[:half], call.arguments_json[half:]]
+    for i, piece in enumerate(pieces):
+        fragment = types_pb2.ToolCallDelta(index=position, arguments_fragment=piece)
+        if i == 0:
+            fragment.id, fragment.name = call.id, call.name
+        yield generation_pb2.GenerateStreamResponse(
+            delta=types_pb2.GenerationDelta(index=index, tool_calls=[fragment])
+        )
+
+
 @dataclass
 class FakeGengate(generation_pb2_grpc.GenerationServiceServicer):
     responder: Callable[[generation_pb2.GenerateRequest], generation_pb2.GenerateResponse] = default_responder
@@ -205,7 +226,14 @@ class FakeGengate(generation_pb2_grpc.GenerationServiceServicer):
         )
         sent = 0
         for gen in response.generations:
-            for piece in chunks(gen.text):
+            if gen.reasoning.text:
+                yield generation_pb2.GenerateStreamResponse(
+                    delta=types_pb2.GenerationDelta(index=gen.index, reasoning=gen.reasoning.text)
+                )
+            for position, call in enumerate(gen.tool_calls):
+                yield from tool_call_fragments(gen.index, position, call)
+            pieces = chunks(gen.text) if gen.text or not gen.tool_calls else []
+            for piece in pieces:
                 if self.stream_error_after is not None and sent >= self.stream_error_after:
                     status = rich_status(code_pb2.UNAVAILABLE, "engine worker died", reason="WORKER_CRASHED")
                     context.abort_with_status(rpc_status.to_status(status))
@@ -220,6 +248,8 @@ class FakeGengate(generation_pb2_grpc.GenerationServiceServicer):
                 usage=types_pb2.Usage(
                     input_tokens=response.usage.input_tokens, output_tokens=gen.output_tokens
                 ),
+                tool_calls=gen.tool_calls,
+                reasoning_signatures=gen.reasoning.signatures,
             )
             end.timings.total.FromMilliseconds(7)
             yield generation_pb2.GenerateStreamResponse(end=end)
