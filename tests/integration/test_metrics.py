@@ -119,6 +119,28 @@ async def test_a_stream_records_time_to_first_token_and_per_output_token(make_se
     assert output == 8
     assert m.value("gengate_tokens_total", model="s", type="output") == output
     assert m.value("gengate_tokens_total", model="s", type="input") == 2  # the prompt once, not n times
+    assert m.value("gengate_tokens_total", model="s", type="cached") == 0  # nothing came from a cache
+
+
+async def test_a_structured_stream_refused_before_its_start_counts_the_declared_enforcement(
+    make_server: ServerFactory,
+) -> None:
+    # The model refuses before it sends a start frame (which would say how it enforces): the count
+    # takes the enforcement the model declares.
+    model = {"name": "v", "backend": "scripted", "constraints": {"regex": "validated"}, "rate_limit_every": 1}
+    server = await make_server(with_metrics(model))
+    request = g.GenerateRequest(
+        model="v", prompt="x", structured_output=t.StructuredOutput(regex=t.Regex(pattern="[a-c]+"))
+    )
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in Stub(channel).GenerateStream(g.GenerateStreamRequest(request=request)):
+                pass
+    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    m = await scrape(server)
+    structured = "gengate_structured_requests_total"
+    assert m.value(structured, model="v", kind="regex", enforcement="validated") == 1
+    assert m.value(structured, model="v", kind="regex") == 1
 
 
 async def test_structured_requests_count_kind_enforcement_and_validation_failures(
