@@ -59,10 +59,22 @@ def tool_structured(tool: Tool) -> StructuredOutput:
 
 def limit_violations(request: GenerationRequest, limits: RequestLimits) -> list[FieldViolation]:
     """The tools' sizes, counts and nesting (cheap, linear; before anything reads a schema's
-    meaning). All schemas together count against max_constraint_bytes' limit per tool."""
+    meaning). Each schema counts against max_constraint_bytes on its own; an assistant message
+    carries at most MAX_TOOLS calls (their text counts against max_prompt_bytes, gengate.limits)."""
     out: list[FieldViolation] = []
+    for i, message in enumerate(request.messages or ()):
+        if len(message.tool_calls) > MAX_TOOLS:
+            out.append(
+                FieldViolation(
+                    f"messages.messages[{i}].tool_calls",
+                    f"has {len(message.tool_calls)} calls, over the most of {MAX_TOOLS}",
+                )
+            )
     if len(request.tools) > MAX_TOOLS:
-        return [FieldViolation("tools", f"has {len(request.tools)} tools, over the most of {MAX_TOOLS}")]
+        return [
+            *out,
+            FieldViolation("tools", f"has {len(request.tools)} tools, over the most of {MAX_TOOLS}"),
+        ]
     for i, tool in enumerate(request.tools):
         if len(tool.description) > limits.max_constraint_bytes:
             out.append(
