@@ -10,6 +10,7 @@ any enforcement level, goes through `call_errors`: a call that fails it is never
 
 from __future__ import annotations
 
+import copy
 import re
 import secrets
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from gengate.domain import (
     ToolCall,
     ToolChoiceMode,
 )
-from gengate.errors import FieldViolation, echo
+from gengate.errors import FieldViolation, GengateError, echo
 from gengate.limits import RequestLimits, over_limit
 
 # The most tools one request offers (OpenAI's own limit is 128).
@@ -180,21 +181,25 @@ def message_violations(request: GenerationRequest) -> list[FieldViolation]:
 def check_syntax(request: GenerationRequest) -> None:
     """Each tool's schema checked like a json_schema constraint (in the sandbox: InvalidArgument
     naming `tools[i].parameters_json`)."""
-    from gengate.errors import InvalidArgument
-
     for i, tool in enumerate(request.tools):
         try:
             check_constraint_syntax(tool_structured(tool))
-        except InvalidArgument as exc:
-            violations = [
-                FieldViolation(f"tools[{i}].parameters_json" + _after_field(v.field), v.description)
-                for v in exc.violations
-            ] or [FieldViolation(f"tools[{i}].parameters_json", exc.message)]
-            raise InvalidArgument(
-                "; ".join(f"{v.field}: {v.description}" for v in violations),
-                reason=exc.reason,
-                violations=violations,
-            ) from None
+        except GengateError as exc:
+            raise at_tool(exc, i) from None
+
+
+def at_tool(exc: GengateError, index: int) -> GengateError:
+    """A refusal of tool `index`'s schema as a json_schema constraint (its fields under
+    `structured_output.json_schema.schema`), with its fields under `tools[index].parameters_json`."""
+    where = f"tools[{index}].parameters_json"
+    violations = [FieldViolation(where + _after_field(v.field), v.description) for v in exc.violations] or [
+        FieldViolation(where, exc.message)
+    ]
+    moved = copy.copy(exc)
+    moved.violations = tuple(violations)
+    moved.message = "; ".join(f"{v.field}: {v.description}" for v in violations)
+    moved.args = (moved.message,)
+    return moved
 
 
 class ToolSet:
@@ -222,7 +227,10 @@ class ToolSet:
             return None
         if not self.parallel and len(calls) > 1:
             return f"parallel_tool_calls is false but the model made {len(calls)} calls"
+        ids: dict[str, int] = {}
         for i, call in enumerate(calls):
+            if call.id and ids.setdefault(call.id, i) != i:
+                return f"tool_calls[{i}] has the id of tool_calls[{ids[call.id]}]: call ids must be unique"
             if call.name not in self.by_name:
                 return (
                     f"tool_calls[{i}]: the model called {echo(call.name, 64)}, which is not an offered tool"
