@@ -33,8 +33,8 @@ from gengate.limits import RequestLimits, over_limit
 MAX_TOOLS = 128
 # Tool names as every provider accepts them (OpenAI's rule, the strictest).
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# The schema of a tool given no parameters: a call takes an empty object.
-NO_PARAMETERS: dict[str, object] = {"type": "object", "properties": {}}
+# The schema of a tool given no parameters: a call takes an empty object (and nothing else).
+NO_PARAMETERS: dict[str, object] = {"type": "object", "properties": {}, "additionalProperties": False}
 TOOL_CALL_ID_PREFIX = "call_"
 # Why a returned call is refused (ErrorInfo reason of the ABORTED / INTERNAL it becomes).
 TOOL_CALL_INVALID = "TOOL_CALL_INVALID"
