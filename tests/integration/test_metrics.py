@@ -177,6 +177,39 @@ async def test_structured_requests_count_kind_enforcement_and_validation_failure
     assert m.value("gengate_constraint_checks_total", result="cached") >= 1  # the repeated regex
 
 
+async def test_tool_requests_count_as_kind_tools_with_their_validation_failures(
+    make_server: ServerFactory,
+) -> None:
+    call = {"name": "f", "arguments": {}}
+    server = await make_server(
+        with_metrics(
+            {"name": "ok", "backend": "scripted", "tool_calls": [call]},
+            {
+                "name": "bad",
+                "backend": "scripted",
+                "tool_calls": [{"name": "g"}],
+                "tools_enforcement": "native",
+            },
+        )
+    )
+    codes = []
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = Stub(channel)
+        for model in ("ok", "ok", "bad"):
+            try:
+                await stub.Generate(g.GenerateRequest(model=model, prompt="x", tools=[t.Tool(name="f")]))
+                codes.append("OK")
+            except grpc.aio.AioRpcError as exc:
+                codes.append(exc.code().name)
+        await stub.Generate(g.GenerateRequest(model="ok", prompt="no tools"))  # not counted as tools
+    assert codes == ["OK", "OK", "ABORTED"]
+    m = await scrape(server)
+    structured = "gengate_structured_requests_total"
+    assert m.value(structured, model="ok", kind="tools", enforcement="validated") == 2
+    assert m.value(structured, model="bad", kind="tools", enforcement="native") == 1
+    assert m.value("gengate_validation_failures_total", model="bad", kind="tools", enforcement="native") == 1
+
+
 async def test_batch_generate_counts_each_item(make_server: ServerFactory) -> None:
     server = await make_server(with_metrics({"name": "b", "backend": "scripted", "text": "x y"}))
     async with grpc.aio.insecure_channel(server.address) as channel:
