@@ -257,17 +257,17 @@ def _check_structured_output(request: GenerationRequest, caps: ModelCapabilities
 def _check_tool_support(request: GenerationRequest, caps: ModelCapabilities) -> None:
     """Refuses (UNIMPLEMENTED) tools, a tool conversation, reasoning control or chat-template
     variables sent to a model that declared no support for them: never dropped on the way."""
-    where = _tool_use(request)
+    where = tools.first_tool_field(request)
     if where is not None and caps.tools is None:
         raise Unimplemented(
             f"model {request.model!r} does not take tools (its backend maps no tool calling)",
-            reason="TOOLS_UNSUPPORTED",
+            reason=tools.TOOLS_UNSUPPORTED,
             violations=[FieldViolation(where, "not supported by this model")],
         )
     if request.reasoning is not None and not caps.reasoning_control:
         raise Unimplemented(
             f"model {request.model!r} has no reasoning control",
-            reason="REASONING_UNSUPPORTED",
+            reason=tools.REASONING_UNSUPPORTED,
             violations=[FieldViolation("reasoning", "not supported by this model")],
         )
     if request.chat_template_kwargs and not caps.chat_template_kwargs:
@@ -276,19 +276,6 @@ def _check_tool_support(request: GenerationRequest, caps: ModelCapabilities) -> 
             reason="CHAT_TEMPLATE_KWARGS_UNSUPPORTED",
             violations=[FieldViolation("chat_template_kwargs_json", "not supported by this model")],
         )
-
-
-def _tool_use(request: GenerationRequest) -> str | None:
-    """The first field that needs tool support (tools, or a conversation with tool calls or
-    results in it), or None."""
-    if request.tools:
-        return "tools"
-    for i, message in enumerate(request.messages or ()):
-        if message.tool_calls:
-            return f"messages.messages[{i}].tool_calls"
-        if message.role is Role.TOOL:
-            return f"messages.messages[{i}].role"
-    return None
 
 
 def _reasoning_violations(request: GenerationRequest) -> list[FieldViolation]:

@@ -36,8 +36,26 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # The schema of a tool given no parameters: a call takes an empty object (and nothing else).
 NO_PARAMETERS: dict[str, object] = {"type": "object", "properties": {}, "additionalProperties": False}
 TOOL_CALL_ID_PREFIX = "call_"
-# Why a returned call is refused (ErrorInfo reason of the ABORTED / INTERNAL it becomes).
-TOOL_CALL_INVALID = "TOOL_CALL_INVALID"
+# Why a request is refused (UNIMPLEMENTED) by a model that takes no tools / no reasoning control.
+TOOLS_UNSUPPORTED = "TOOLS_UNSUPPORTED"
+REASONING_UNSUPPORTED = "REASONING_UNSUPPORTED"
+
+
+def first_tool_field(request: GenerationRequest) -> str | None:
+    """The first field that needs tool support (tools, their choice, or a conversation with tool
+    calls or results in it), or None: what a model without tools refuses, naming it."""
+    if request.tools:
+        return "tools"
+    for i, message in enumerate(request.messages or ()):
+        if message.tool_calls:
+            return f"messages.messages[{i}].tool_calls"
+        if message.role is Role.TOOL:
+            return f"messages.messages[{i}].role"
+    if request.tool_choice is not None:
+        return "tool_choice"
+    if request.parallel_tool_calls is not None:
+        return "parallel_tool_calls"
+    return None
 
 
 def new_call_id() -> str:
