@@ -19,6 +19,7 @@ from gengate.domain import (
     GenerationRequest,
     GenerationResult,
     ModelCapabilities,
+    Reasoning,
     StreamEvent,
     StreamStart,
     Timings,
@@ -180,9 +181,12 @@ class OfflineBatches(Protocol):
 
 
 async def collect_stream(events: AsyncIterator[StreamEvent]) -> GenerationResult:
-    """Builds a unary result from a stream; lets stream-native backends implement generate."""
+    """Builds a unary result from a stream; lets stream-native backends implement generate. The
+    end frames carry the complete tool calls; reasoning is the deltas' text and the end's
+    signatures."""
     start: StreamStart | None = None
     texts: dict[int, list[str]] = {}
+    thoughts: dict[int, list[str]] = {}
     logprobs: dict[int, list[TokenLogprob]] = {}
     ends: dict[int, GenerationEnd] = {}
     async for event in events:
@@ -192,6 +196,8 @@ async def collect_stream(events: AsyncIterator[StreamEvent]) -> GenerationResult
             texts.setdefault(event.index, []).append(event.text)
             if event.logprobs is not None:
                 logprobs.setdefault(event.index, []).extend(event.logprobs)
+            if event.reasoning:
+                thoughts.setdefault(event.index, []).append(event.reasoning)
         elif isinstance(event, GenerationEnd):
             ends[event.index] = event
     if start is None:
@@ -203,6 +209,7 @@ async def collect_stream(events: AsyncIterator[StreamEvent]) -> GenerationResult
     cached = 0  # the prompt is shared by every generation: counted once, like input_tokens
     for index in sorted(ends):
         end = ends[index]
+        thought = "".join(thoughts.get(index, []))
         generations.append(
             Generation(
                 index=index,
@@ -211,6 +218,10 @@ async def collect_stream(events: AsyncIterator[StreamEvent]) -> GenerationResult
                 output_tokens=end.usage.output_tokens,
                 matched_stop=end.matched_stop,
                 logprobs=tuple(logprobs[index]) if index in logprobs else None,
+                tool_calls=end.tool_calls,
+                reasoning=Reasoning(thought, end.reasoning_signatures)
+                if thought or end.reasoning_signatures
+                else None,
             )
         )
         output_tokens += end.usage.output_tokens

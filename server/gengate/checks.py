@@ -10,6 +10,7 @@ import math
 import secrets
 from typing import Any
 
+from gengate import tools
 from gengate.constraints.kinds import constraint_violations, spec_of
 from gengate.domain import (
     GenerationRequest,
@@ -57,6 +58,7 @@ def prepare(
         raise InvalidArgument(
             "; ".join(f"{v.field}: {v.description}" for v in over), reason=LIMIT_REASON, violations=over
         )
+    _check_tool_support(request, caps)
     violations: list[FieldViolation] = []
     violations += _input_violations(request, caps)
     violations += _sampling_violations(request.sampling)
@@ -83,6 +85,8 @@ def prepare(
                     f"unknown option {echo(key, 64)} (this model takes: {known})",
                 )
             )
+    violations += tools.shape_violations(request)
+    violations += _reasoning_violations(request)
     if violations:
         raise InvalidArgument(
             "; ".join(f"{v.field}: {v.description}" for v in violations),
@@ -109,10 +113,12 @@ def request_violations(
     request: GenerationRequest, limits: RequestLimits, prefix: str = ""
 ) -> list[FieldViolation]:
     """Every limit the request exceeds (empty when none); cheap and linear in the request size:
-    its texts' (gengate.limits) and its constraint's (its kind's spec)."""
+    its texts' (gengate.limits), its constraint's (its kind's spec) and its tools' (gengate.tools)."""
     out = text_violations(request, limits)
     if request.structured_output is not None:
         out += constraint_violations(request.structured_output.constraint, limits)
+    if request.tools or request.messages:
+        out += tools.limit_violations(request, limits)
     return [FieldViolation(prefix + v.field, v.description) for v in out] if prefix else out
 
 
@@ -129,7 +135,7 @@ def _input_violations(request: GenerationRequest, caps: ModelCapabilities) -> li
         return [FieldViolation("messages.messages", "must contain at least one message")]
     out: list[FieldViolation] = []
     for i, message in enumerate(request.messages):
-        if not message.content:
+        if not message.content and not message.tool_calls:  # a call may come without text
             out.append(FieldViolation(f"messages.messages[{i}].content", "must have at least one part"))
         for j, part in enumerate(message.content):
             if isinstance(part, ImagePart):
@@ -178,6 +184,12 @@ def _magpie_violations(request: GenerationRequest, caps: ModelCapabilities) -> l
         if message.has_images:
             out.append(
                 FieldViolation(f"magpie.conversation[{i}].content", "Magpie conversations are text only")
+            )
+        if message.role is Role.TOOL or message.tool_calls:
+            out.append(
+                FieldViolation(
+                    f"magpie.conversation[{i}]", "Magpie conversations are user and assistant text turns"
+                )
             )
     if (magpie.conversation or magpie.system_prompt) and magpie.preset is None and not caps.chat_continuation:
         raise Unimplemented(
@@ -240,3 +252,38 @@ def _check_structured_output(request: GenerationRequest, caps: ModelCapabilities
             metadata={"constraint_kind": kind.value},
         )
     spec.check_shape(structured, caps)
+
+
+def _check_tool_support(request: GenerationRequest, caps: ModelCapabilities) -> None:
+    """Refuses (UNIMPLEMENTED) tools, a tool conversation, reasoning control or chat-template
+    variables sent to a model that declared no support for them: never dropped on the way."""
+    where = tools.first_tool_field(request)
+    if where is not None and caps.tools is None:
+        raise Unimplemented(
+            f"model {request.model!r} does not take tools (its backend maps no tool calling)",
+            reason=tools.TOOLS_UNSUPPORTED,
+            violations=[FieldViolation(where, "not supported by this model")],
+        )
+    if request.reasoning is not None and not caps.reasoning_control:
+        raise Unimplemented(
+            f"model {request.model!r} has no reasoning control",
+            reason=tools.REASONING_UNSUPPORTED,
+            violations=[FieldViolation("reasoning", "not supported by this model")],
+        )
+    if request.chat_template_kwargs and not caps.chat_template_kwargs:
+        raise Unimplemented(
+            f"model {request.model!r} does not pass variables to a chat template of its own",
+            reason="CHAT_TEMPLATE_KWARGS_UNSUPPORTED",
+            violations=[FieldViolation("chat_template_kwargs_json", "not supported by this model")],
+        )
+
+
+def _reasoning_violations(request: GenerationRequest) -> list[FieldViolation]:
+    control = request.reasoning
+    if control is None or control.enabled is not False:
+        return []
+    return [
+        FieldViolation(f"reasoning.{name}", "is set but reasoning.enabled is false")
+        for name in ("effort", "budget_tokens")
+        if getattr(control, name) is not None
+    ]

@@ -479,6 +479,8 @@ class ModelCapabilities:
     # Takes GenerationRequest.reasoning / returns Generation.reasoning.
     reasoning_control: bool = False
     reasoning: bool = False
+    # Passes GenerationRequest.chat_template_kwargs to the chat template it renders itself.
+    chat_template_kwargs: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gengate.domain import GenerationRequest, MagpieInput, TextPart
+from gengate.domain import ChatMessage, GenerationRequest, MagpieInput, TextPart
 from gengate.errors import FieldViolation
 
 LIMIT_REASON = "LIMIT_EXCEEDED"
@@ -115,12 +115,7 @@ def text_violations(request: GenerationRequest, limits: RequestLimits) -> list[F
                 )
             )
         size = texts_bytes(
-            (
-                part.text
-                for message in request.messages
-                for part in message.content
-                if isinstance(part, TextPart)
-            ),
+            itertools.chain.from_iterable(_message_texts(m) for m in request.messages),
             limits.max_prompt_bytes,
         )
         if size > limits.max_prompt_bytes:
@@ -159,6 +154,22 @@ def text_violations(request: GenerationRequest, limits: RequestLimits) -> list[F
                 )
             )
     return out
+
+
+def _message_texts(message: ChatMessage) -> Iterator[str]:
+    """Every text a message carries to the model: its text parts, and an assistant message's tool
+    calls (ids, names, arguments) and reasoning (text and signatures)."""
+    for part in message.content:
+        if isinstance(part, TextPart):
+            yield part.text
+    for call in message.tool_calls:
+        yield call.id
+        yield call.name
+        yield call.arguments
+    yield message.tool_call_id
+    if message.reasoning is not None:
+        yield message.reasoning.text
+        yield from message.reasoning.signatures
 
 
 class AtLeast(int):

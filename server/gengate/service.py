@@ -2,7 +2,8 @@
 
 Sits between the api layer (protobuf, gRPC) and the backends (domain objects only). Whatever
 enforced a constraint, each finished structured generation is validated here against the
-original constraint before it is returned: an invalid result is never a success.
+original constraint before it is returned, and so is every tool call against the request's
+tools (gengate.tools): an invalid result is never a success.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 
+from gengate import tools
 from gengate.backend import aclose_stream
 from gengate.caller import current_caller
 from gengate.callers.context import current_policy
@@ -69,6 +71,10 @@ _JSON_KINDS = frozenset({ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT}
 BatchItem = tuple[int, GenerationResult | GengateError]
 # The reasons of a refusal because an output did not validate (OutputValidator, constraints.retries).
 _VALIDATION_REASONS = frozenset({"VALIDATION_FAILED", "CONSTRAINT_VIOLATED", "VALIDATION_TIMEOUT"})
+# The constraint kind metrics count a request with tools under (its calls are validated output).
+TOOLS_KIND = "tools"
+# Why a generation's tool calls are refused when it ended before they could be complete.
+TOOL_CALLS_INCOMPLETE = "TOOL_CALLS_INCOMPLETE"
 
 
 class GenerationCore:
@@ -135,6 +141,16 @@ class GenerationCore:
                 route.backend.capabilities.constraints.get(kind) is Enforcement.NATIVE and kind in _JSON_KINDS
             )
             await self.sandbox.check(structured, trial_compile=not native_json, off_loop=large)
+        if request.tools:
+            # Each tool's schema is a json_schema constraint, judged (and its verdict cached) alike.
+            native = route.backend.capabilities.tools is Enforcement.NATIVE
+            for i, tool in enumerate(request.tools):
+                try:
+                    await self.sandbox.check(
+                        tools.tool_structured(tool), trial_compile=not native, off_loop=large
+                    )
+                except (InvalidArgument, Unimplemented) as exc:
+                    raise tools.at_tool(exc, i) from None
         return route, request
 
     async def warm_constraints(self) -> None:
@@ -163,14 +179,25 @@ class GenerationCore:
         self, route: Route, request: GenerationRequest, result: GenerationResult, arrived: float | None = None
     ) -> GenerationResult:
         """A backend's result as callers get it: every generation validated against the
-        original constraint (an invalid one raises, never a success), named for the route and
-        the request, timed from `arrived` (time.monotonic()) where given."""
+        original constraint and its tool calls against the request's tools (an invalid one
+        raises, never a success), named for the route and the request, timed from `arrived`
+        (time.monotonic()) where given."""
+        enforcement = _enforcement(route, request, result.enforcement)
+        generations = []
         for generation in result.generations:
-            await self.validator.check(request.structured_output, generation, result.enforcement.value)
+            await self.validator.check(request.structured_output, generation, enforcement.value)
+            generations.append(await self.validator.check_calls(request, generation, enforcement.value))
         timings = result.timings
         if arrived is not None:
             timings = evolve(timings, total_s=time.monotonic() - arrived)
-        return evolve(result, request_id=request.request_id, model=route.name, timings=timings)
+        return evolve(
+            result,
+            request_id=request.request_id,
+            model=route.name,
+            timings=timings,
+            enforcement=enforcement,
+            generations=tuple(generations),
+        )
 
     def _checked(self, route: Route, request: GenerationRequest) -> GenerationRequest:
         request_id = None if request.request_id else uuid.uuid4().hex
@@ -294,8 +321,11 @@ class GenerationCore:
             with about_request(request.request_id, route.name):
                 async for event in stream:
                     if isinstance(event, StreamStart):
-                        enforcement = event.enforcement.value
-                        event = evolve(event, request_id=request.request_id, model=route.name)
+                        declared = _enforcement(route, request, event.enforcement)
+                        enforcement = declared.value
+                        event = evolve(
+                            event, request_id=request.request_id, model=route.name, enforcement=declared
+                        )
                     elif isinstance(event, GenerationDelta):
                         texts.setdefault(event.index, []).append(event.text)
                     elif isinstance(event, GenerationEnd):
@@ -303,10 +333,18 @@ class GenerationCore:
                             index=event.index,
                             text="".join(texts.pop(event.index, [])),
                             finish_reason=event.finish_reason,
+                            tool_calls=event.tool_calls,
                         )
                         await self.validator.check(request.structured_output, generation, enforcement)
+                        # The end frame's calls are the complete ones: checked here, ids filled.
+                        checked = await self.validator.check_calls(request, generation, enforcement)
                         timings = evolve(event.timings, total_s=time.monotonic() - arrived)
-                        event = evolve(event, timings=timings)
+                        event = evolve(
+                            event,
+                            timings=timings,
+                            tool_calls=checked.tool_calls,
+                            finish_reason=checked.finish_reason,
+                        )
                     if watch is not None:
                         watch.saw(event)
                     yield event
@@ -342,7 +380,9 @@ class GenerationCore:
         assert self.observer is not None
         served = self.router.serves(request.model)
         structured = request.structured_output
-        kind = structured.constraint.kind if structured is not None else None
+        kind: str | None = structured.constraint.kind.value if structured is not None else None
+        if kind is None and request.tools:
+            kind = TOOLS_KIND
         enforcement: str | None = None
         tokens = (0, 0, 0)  # input, output, cached
         tpot: tuple[float, ...] = ()
@@ -362,7 +402,8 @@ class GenerationCore:
         if isinstance(error, GengateError) and kind is not None and enforcement is None:
             enforcement = error.metadata.get("enforcement")
         if kind is not None and enforcement is None and served:
-            declared = self.router.route(request.model).backend.capabilities.constraints.get(kind)
+            caps = self.router.route(request.model).backend.capabilities
+            declared = caps.tools if structured is None else caps.constraints.get(structured.constraint.kind)
             enforcement = declared.value if declared is not None else Enforcement.NONE.value
         self.observer.request_done(
             RequestOutcome(
@@ -376,7 +417,7 @@ class GenerationCore:
                 cached_input_tokens=tokens[2],
                 time_to_first_token_s=ttft,
                 time_per_output_token_s=tpot,
-                constraint_kind=kind.value if kind is not None else None,
+                constraint_kind=kind,
                 enforcement=enforcement,
                 validation_failed=isinstance(error, GengateError) and error.reason in _VALIDATION_REASONS,
             )
@@ -430,6 +471,14 @@ class GenerationCore:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _enforcement(route: Route, request: GenerationRequest, reported: Enforcement) -> Enforcement:
+    """The enforcement a response reports: with tools, how the backend enforces tool calls (what
+    it reported, else what it declared); otherwise what it reported."""
+    if not request.tools or reported is not Enforcement.NONE:
+        return reported
+    return route.backend.capabilities.tools or Enforcement.NONE
 
 
 def not_allowed(caller: Caller, model: str) -> PermissionDenied:
@@ -515,20 +564,74 @@ class OutputValidator:
         if cheap_to_validate(structured, generation.text):
             self._judge(structured, generation, enforcement, validate_output(structured, generation.text))
             return
+        kind = structured.constraint.kind.value
+        problem = await self._off_loop(
+            lambda: validate_output(structured, generation.text),
+            f"generation {generation.index}: validating it against the {kind} constraint",
+            enforcement,
+        )
+        self._judge(structured, generation, enforcement, problem)
+
+    async def check_calls(
+        self, request: GenerationRequest, generation: Generation, enforcement: str
+    ) -> Generation:
+        """The generation as returned: its tool calls checked against the request's tools
+        (tools.ToolSet.call_errors, off the event loop), ids filled where the backend gave none,
+        finish reason TOOL_CALLS exactly when there are calls. Raises when the calls are not what
+        the request allows: INTERNAL CONSTRAINT_VIOLATED where an engine enforced them (a server
+        fault), else ABORTED VALIDATION_FAILED (a provider's or a validated backend's answer);
+        calls from a generation cut short (max_tokens, a stop string, ...) are ABORTED
+        TOOL_CALLS_INCOMPLETE, never returned."""
+        calls, finish = generation.tool_calls, generation.finish_reason
+        if not request.tools and not calls and finish is not FinishReason.TOOL_CALLS:
+            return generation
+        if calls and finish not in (FinishReason.STOP, FinishReason.TOOL_CALLS):
+            raise Aborted(
+                f"generation {generation.index} ended ({finish.value}) with tool calls that may be "
+                "incomplete; none is returned (raise stopping.max_tokens, or drop the stop strings)",
+                reason=TOOL_CALLS_INCOMPLETE,
+                metadata={"enforcement": enforcement, "finish_reason": finish.value},
+            )
+        if finish is FinishReason.TOOL_CALLS and not calls:
+            problem: str | None = "the finish reason is tool_calls but the model made no call"
+        elif not calls:
+            # A generation cut short without calls is returned as such (its finish reason says so).
+            incomplete = finish is not FinishReason.STOP
+            problem = None if incomplete else tools.ToolSet(request).call_errors(calls)  # no arguments
+        else:
+            toolset = tools.ToolSet(request)
+            problem = await self._off_loop(
+                lambda: toolset.call_errors(calls),
+                f"generation {generation.index}: validating its tool calls",
+                enforcement,
+            )
+        if problem is not None:
+            detail = f"generation {generation.index}'s tool calls are not what the request allows: {problem}"
+            metadata = {"enforcement": enforcement, "constraint_kind": TOOLS_KIND}
+            if enforcement == Enforcement.ENGINE.value and problem != _TOO_DEEP:
+                raise Internal(detail, reason="CONSTRAINT_VIOLATED", metadata=metadata)
+            raise Aborted(detail, reason="VALIDATION_FAILED", metadata=metadata)
+        if not calls:
+            return generation
+        filled = tuple(call if call.id else evolve(call, id=tools.new_call_id()) for call in calls)
+        return evolve(generation, tool_calls=filled, finish_reason=FinishReason.TOOL_CALLS)
+
+    async def _off_loop(self, validate: Callable[[], str | None], what: str, enforcement: str) -> str | None:
+        """`validate()` in the pool under the time budget: RESOURCE_EXHAUSTED when the pool is
+        too busy to start it in time, ABORTED VALIDATION_TIMEOUT when it ran out of time."""
         started: list[float] = []
 
-        def validate() -> str | None:
+        def run() -> str | None:
             started.append(time.monotonic())
             try:
-                return validate_output(structured, generation.text)
+                return validate()
             except RecursionError:
                 return _TOO_DEEP
 
         loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self._executor, validate)
-        kind = structured.constraint.kind.value
+        work = loop.run_in_executor(self._executor, run)
         try:
-            problem = await asyncio.wait_for(asyncio.shield(work), self.timeout_s)
+            return await asyncio.wait_for(asyncio.shield(work), self.timeout_s)
         except TimeoutError:
             if not started or time.monotonic() - started[0] < self.timeout_s / 2:
                 raise ResourceExhausted(
@@ -537,12 +640,10 @@ class OutputValidator:
                     retry_after_s=1.0,
                 ) from None
             raise Aborted(
-                f"generation {generation.index}: validating it against the {kind} constraint took over "
-                f"{self.timeout_s:g} s",
+                f"{what} took over {self.timeout_s:g} s",
                 reason="VALIDATION_TIMEOUT",
                 metadata={"enforcement": enforcement},
             ) from None
-        self._judge(structured, generation, enforcement, problem)
 
     def _judge(
         self, structured: StructuredOutput, generation: Generation, enforcement: str, problem: str | None

@@ -10,6 +10,7 @@ any enforcement level, goes through `call_errors`: a call that fails it is never
 
 from __future__ import annotations
 
+import copy
 import re
 import secrets
 from collections.abc import Sequence
@@ -25,18 +26,36 @@ from gengate.domain import (
     ToolCall,
     ToolChoiceMode,
 )
-from gengate.errors import FieldViolation, echo
+from gengate.errors import FieldViolation, GengateError, echo
 from gengate.limits import RequestLimits, over_limit
 
 # The most tools one request offers (OpenAI's own limit is 128).
 MAX_TOOLS = 128
 # Tool names as every provider accepts them (OpenAI's rule, the strictest).
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# The schema of a tool given no parameters: a call takes an empty object.
-NO_PARAMETERS: dict[str, object] = {"type": "object", "properties": {}}
+# The schema of a tool given no parameters: a call takes an empty object (and nothing else).
+NO_PARAMETERS: dict[str, object] = {"type": "object", "properties": {}, "additionalProperties": False}
 TOOL_CALL_ID_PREFIX = "call_"
-# Why a returned call is refused (ErrorInfo reason of the ABORTED / INTERNAL it becomes).
-TOOL_CALL_INVALID = "TOOL_CALL_INVALID"
+# Why a request is refused (UNIMPLEMENTED) by a model that takes no tools / no reasoning control.
+TOOLS_UNSUPPORTED = "TOOLS_UNSUPPORTED"
+REASONING_UNSUPPORTED = "REASONING_UNSUPPORTED"
+
+
+def first_tool_field(request: GenerationRequest) -> str | None:
+    """The first field that needs tool support (tools, their choice, or a conversation with tool
+    calls or results in it), or None: what a model without tools refuses, naming it."""
+    if request.tools:
+        return "tools"
+    for i, message in enumerate(request.messages or ()):
+        if message.tool_calls:
+            return f"messages.messages[{i}].tool_calls"
+        if message.role is Role.TOOL:
+            return f"messages.messages[{i}].role"
+    if request.tool_choice is not None:
+        return "tool_choice"
+    if request.parallel_tool_calls is not None:
+        return "parallel_tool_calls"
+    return None
 
 
 def new_call_id() -> str:
@@ -59,10 +78,22 @@ def tool_structured(tool: Tool) -> StructuredOutput:
 
 def limit_violations(request: GenerationRequest, limits: RequestLimits) -> list[FieldViolation]:
     """The tools' sizes, counts and nesting (cheap, linear; before anything reads a schema's
-    meaning). All schemas together count against max_constraint_bytes' limit per tool."""
+    meaning). Each schema counts against max_constraint_bytes on its own; an assistant message
+    carries at most MAX_TOOLS calls (their text counts against max_prompt_bytes, gengate.limits)."""
     out: list[FieldViolation] = []
+    for i, message in enumerate(request.messages or ()):
+        if len(message.tool_calls) > MAX_TOOLS:
+            out.append(
+                FieldViolation(
+                    f"messages.messages[{i}].tool_calls",
+                    f"has {len(message.tool_calls)} calls, over the most of {MAX_TOOLS}",
+                )
+            )
     if len(request.tools) > MAX_TOOLS:
-        return [FieldViolation("tools", f"has {len(request.tools)} tools, over the most of {MAX_TOOLS}")]
+        return [
+            *out,
+            FieldViolation("tools", f"has {len(request.tools)} tools, over the most of {MAX_TOOLS}"),
+        ]
     for i, tool in enumerate(request.tools):
         if len(tool.description) > limits.max_constraint_bytes:
             out.append(
@@ -168,21 +199,25 @@ def message_violations(request: GenerationRequest) -> list[FieldViolation]:
 def check_syntax(request: GenerationRequest) -> None:
     """Each tool's schema checked like a json_schema constraint (in the sandbox: InvalidArgument
     naming `tools[i].parameters_json`)."""
-    from gengate.errors import InvalidArgument
-
     for i, tool in enumerate(request.tools):
         try:
             check_constraint_syntax(tool_structured(tool))
-        except InvalidArgument as exc:
-            violations = [
-                FieldViolation(f"tools[{i}].parameters_json" + _after_field(v.field), v.description)
-                for v in exc.violations
-            ] or [FieldViolation(f"tools[{i}].parameters_json", exc.message)]
-            raise InvalidArgument(
-                "; ".join(f"{v.field}: {v.description}" for v in violations),
-                reason=exc.reason,
-                violations=violations,
-            ) from None
+        except GengateError as exc:
+            raise at_tool(exc, i) from None
+
+
+def at_tool(exc: GengateError, index: int) -> GengateError:
+    """A refusal of tool `index`'s schema as a json_schema constraint (its fields under
+    `structured_output.json_schema.schema`), with its fields under `tools[index].parameters_json`."""
+    where = f"tools[{index}].parameters_json"
+    violations = [FieldViolation(where + _after_field(v.field), v.description) for v in exc.violations] or [
+        FieldViolation(where, exc.message)
+    ]
+    moved = copy.copy(exc)
+    moved.violations = tuple(violations)
+    moved.message = "; ".join(f"{v.field}: {v.description}" for v in violations)
+    moved.args = (moved.message,)
+    return moved
 
 
 class ToolSet:
@@ -210,7 +245,10 @@ class ToolSet:
             return None
         if not self.parallel and len(calls) > 1:
             return f"parallel_tool_calls is false but the model made {len(calls)} calls"
+        ids: dict[str, int] = {}
         for i, call in enumerate(calls):
+            if call.id and ids.setdefault(call.id, i) != i:
+                return f"tool_calls[{i}] has the id of tool_calls[{ids[call.id]}]: call ids must be unique"
             if call.name not in self.by_name:
                 return (
                     f"tool_calls[{i}]: the model called {echo(call.name, 64)}, which is not an offered tool"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from corpus_tools import TOOL_CASES, TOOL_MODELS
 from gengate_proto.v1 import generation_pb2 as g
 from gengate_proto.v1 import types_pb2 as t
 from google.protobuf import struct_pb2
@@ -51,6 +52,7 @@ SERVER_CONFIG: dict[str, Any] = {
             "text": DEEP_TEXT,
             "constraints": {"json_object": "engine", "json_schema": "native"},
         },
+        *TOOL_MODELS,
     ]
 }
 
@@ -799,4 +801,9 @@ CASES: list[Case] = [
         rpc="batch",
         items={0: grpc.StatusCode.OK, 1: INVALID},
     ),
+]
+# Tool calling (corpus_tools.py): tool schemas, tool inputs and returned calls.
+CASES += [
+    Case(name, build, code, why, field, rpc, items)
+    for name, build, code, why, field, rpc, items in TOOL_CASES
 ]

@@ -243,7 +243,7 @@ optional_floats = st.none() | st.floats(allow_nan=True, allow_infinity=True, wid
 @st.composite
 def requests(draw: st.DrawFn) -> g.GenerateRequest:
     msg = g.GenerateRequest(
-        model=draw(st.sampled_from(["tiny", "validated", "tiny", ""]) | st.text(max_size=12))
+        model=draw(st.sampled_from(["tiny", "validated", "tiny", "tooly", ""]) | st.text(max_size=12))
     )
     if draw(st.booleans()):
         msg.prompt = draw(st.text(max_size=60))
@@ -276,6 +276,8 @@ def requests(draw: st.DrawFn) -> g.GenerateRequest:
         msg.logprobs = draw(st.integers(0, 30) | st.integers(0, 2**32 - 1))
     if draw(st.booleans()):
         msg.structured_output.CopyFrom(draw(constraints()))
+    if msg.model == "tooly" or draw(rarely):
+        add_tools(draw, msg)
     for key in draw(
         st.lists(st.sampled_from(["min_tokens", "ignore_eos", "nope"]) | st.text(max_size=6), max_size=2)
     ):
@@ -290,7 +292,47 @@ def requests(draw: st.DrawFn) -> g.GenerateRequest:
     return msg
 
 
+def add_tools(draw: st.DrawFn, msg: g.GenerateRequest) -> None:
+    """Tools (the scripted `tooly` calls `f`), a tool choice and the parallel flag, mostly sound."""
+    for _ in range(draw(st.integers(0, 3))):
+        tool = msg.tools.add(name=draw(st.sampled_from(["f", "g", "f", ""]) | st.text(max_size=8)))
+        kind = draw(st.sampled_from(["schema", "none", "any_json", "text"]))
+        if kind == "schema":
+            value = draw(metaschema_schemas)
+            if isinstance(value, dict):
+                tool.parameters_json = json.dumps({**value, "type": "object"})
+        elif kind == "any_json":
+            tool.parameters_json = json.dumps(draw(json_values))
+        elif kind == "text":
+            tool.parameters_json = draw(st.text(max_size=30))
+    if draw(rarely):
+        if draw(st.booleans()):
+            msg.tool_choice.mode = draw(st.sampled_from([0, 1, 2, 3, 9]))  # type: ignore[assignment]
+        else:
+            msg.tool_choice.name = draw(st.sampled_from(["f", "g", ""]) | st.text(max_size=6))
+    if draw(rarely):
+        msg.parallel_tool_calls = draw(st.booleans())
+
+
 # ---- the independent check of a successful answer ---------------------------------------------
+
+
+def independent_call_violation(request: g.GenerateRequest, call: t.ToolCall) -> str | None:
+    """Re-checks a returned tool call: an offered tool's name, arguments valid for its schema."""
+    offered = {tool.name: tool for tool in request.tools}
+    if call.name not in offered:
+        return f"{call.name!r} was not offered"
+    if request.tool_choice.WhichOneof("choice") == "name" and call.name != request.tool_choice.name:
+        return f"{call.name!r} is not the tool named by tool_choice"
+    if request.tool_choice.mode == t.TOOL_CHOICE_MODE_NONE and request.tool_choice.WhichOneof("choice"):
+        return "tool_choice is none"
+    arguments = json.loads(call.arguments_json)
+    if not isinstance(arguments, dict):
+        return "the arguments are not an object"
+    text = offered[call.name].parameters_json
+    schema = json.loads(text) if text else {"type": "object", "additionalProperties": False}
+    error = jsonschema.exceptions.best_match(jsonschema.Draft7Validator(schema).iter_errors(arguments))
+    return None if error is None else error.message
 
 
 def independent_violation(structured: t.StructuredOutput, text: str) -> str | None:
@@ -347,6 +389,7 @@ def test_any_request_gets_a_caller_status_and_never_an_invalid_success(
     started = time.monotonic()
     texts: dict[int, str] = {}
     finishes: dict[int, int] = {}
+    calls: list[t.ToolCall] = []
     try:
         if streaming:
             for frame in stub.GenerateStream(g.GenerateStreamRequest(request=request), timeout=120):
@@ -355,14 +398,20 @@ def test_any_request_gets_a_caller_status_and_never_an_invalid_success(
                 elif frame.HasField("end"):
                     finishes[frame.end.index] = frame.end.finish_reason
                     texts.setdefault(frame.end.index, "")
+                    calls += frame.end.tool_calls
         else:
             response = stub.Generate(request, timeout=120)
             for generation in response.generations:
                 texts[generation.index] = generation.text
                 finishes[generation.index] = generation.finish_reason
+                calls += generation.tool_calls
     except grpc.RpcError as error:
         _settle(error)
     else:
+        for call in calls:
+            problem = independent_call_violation(request, call)
+            assert problem is None, f"tool call {call.name!r} returned as a success: {problem}"
+        assert (t.FINISH_REASON_TOOL_CALLS in finishes.values()) == bool(calls)
         if request.HasField("structured_output"):
             for index, text in texts.items():
                 if finishes[index] == t.FINISH_REASON_STOP:
@@ -393,6 +442,31 @@ def test_any_constraint_is_enforced_or_refused_on_the_engine_and_on_validation(
                 assert problem is None, f"{model} returned an invalid result as a success: {problem}"
         if model == "validated":
             assert response.generations[0].text == VALIDATED_TEXT
+
+
+@FUZZ_SETTINGS
+@given(data=st.data(), streaming=st.booleans())
+def test_any_tool_set_gets_a_caller_status_and_never_an_invalid_call(
+    stub: generation_pb2_grpc.GenerationServiceStub, data: st.DataObject, streaming: bool
+) -> None:
+    """`tooly` calls `f` with one string argument: offered fuzzed tools, its call comes back only
+    where the independent check agrees it is valid."""
+    request = g.GenerateRequest(model="tooly", prompt="Answer:")
+    request.stopping.max_tokens = 16
+    add_tools(data.draw, request)
+    calls: list[t.ToolCall] = []
+    try:
+        if streaming:
+            frames = list(stub.GenerateStream(g.GenerateStreamRequest(request=request), timeout=120))
+            calls = [c for f in frames if f.HasField("end") for c in f.end.tool_calls]
+        else:
+            calls = list(stub.Generate(request, timeout=120).generations[0].tool_calls)
+    except grpc.RpcError as error:
+        _settle(error)
+        return
+    for call in calls:
+        problem = independent_call_violation(request, call)
+        assert problem is None, f"tool call {call.name!r} returned as a success: {problem}"
 
 
 def test_the_server_is_healthy_after_fuzzing(health: health_pb2_grpc.HealthStub) -> None:

@@ -119,6 +119,28 @@ async def test_a_stream_records_time_to_first_token_and_per_output_token(make_se
     assert output == 8
     assert m.value("gengate_tokens_total", model="s", type="output") == output
     assert m.value("gengate_tokens_total", model="s", type="input") == 2  # the prompt once, not n times
+    assert m.value("gengate_tokens_total", model="s", type="cached") == 0  # nothing came from a cache
+
+
+async def test_a_structured_stream_refused_before_its_start_counts_the_declared_enforcement(
+    make_server: ServerFactory,
+) -> None:
+    # The model refuses before it sends a start frame (which would say how it enforces): the count
+    # takes the enforcement the model declares.
+    model = {"name": "v", "backend": "scripted", "constraints": {"regex": "validated"}, "rate_limit_every": 1}
+    server = await make_server(with_metrics(model))
+    request = g.GenerateRequest(
+        model="v", prompt="x", structured_output=t.StructuredOutput(regex=t.Regex(pattern="[a-c]+"))
+    )
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in Stub(channel).GenerateStream(g.GenerateStreamRequest(request=request)):
+                pass
+    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    m = await scrape(server)
+    structured = "gengate_structured_requests_total"
+    assert m.value(structured, model="v", kind="regex", enforcement="validated") == 1
+    assert m.value(structured, model="v", kind="regex") == 1
 
 
 async def test_structured_requests_count_kind_enforcement_and_validation_failures(
@@ -153,6 +175,39 @@ async def test_structured_requests_count_kind_enforcement_and_validation_failure
     assert m.value("gengate_requests_total", model="e", code="INTERNAL") == 1
     assert m.value("gengate_constraint_checks_total", result="checked") >= 2  # each new constraint once
     assert m.value("gengate_constraint_checks_total", result="cached") >= 1  # the repeated regex
+
+
+async def test_tool_requests_count_as_kind_tools_with_their_validation_failures(
+    make_server: ServerFactory,
+) -> None:
+    call = {"name": "f", "arguments": {}}
+    server = await make_server(
+        with_metrics(
+            {"name": "ok", "backend": "scripted", "tool_calls": [call]},
+            {
+                "name": "bad",
+                "backend": "scripted",
+                "tool_calls": [{"name": "g"}],
+                "tools_enforcement": "native",
+            },
+        )
+    )
+    codes = []
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = Stub(channel)
+        for model in ("ok", "ok", "bad"):
+            try:
+                await stub.Generate(g.GenerateRequest(model=model, prompt="x", tools=[t.Tool(name="f")]))
+                codes.append("OK")
+            except grpc.aio.AioRpcError as exc:
+                codes.append(exc.code().name)
+        await stub.Generate(g.GenerateRequest(model="ok", prompt="no tools"))  # not counted as tools
+    assert codes == ["OK", "OK", "ABORTED"]
+    m = await scrape(server)
+    structured = "gengate_structured_requests_total"
+    assert m.value(structured, model="ok", kind="tools", enforcement="validated") == 2
+    assert m.value(structured, model="bad", kind="tools", enforcement="native") == 1
+    assert m.value("gengate_validation_failures_total", model="bad", kind="tools", enforcement="native") == 1
 
 
 async def test_batch_generate_counts_each_item(make_server: ServerFactory) -> None:

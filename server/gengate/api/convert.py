@@ -16,6 +16,7 @@ from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
 from google.protobuf.json_format import MessageToDict
 
 from gengate import domain as d
+from gengate.api import convert_tools as tc
 from gengate.errors import InvalidArgument, brief
 from gengate.jobs.model import Job, JobOptions, JobState
 
@@ -23,6 +24,7 @@ _ROLE_FROM_PB = {
     pb.ROLE_SYSTEM: d.Role.SYSTEM,
     pb.ROLE_USER: d.Role.USER,
     pb.ROLE_ASSISTANT: d.Role.ASSISTANT,
+    pb.ROLE_TOOL: d.Role.TOOL,
 }
 _ROLE_TO_PB = {v: k for k, v in _ROLE_FROM_PB.items()}
 _SYNTAX_FROM_PB = {
@@ -45,6 +47,7 @@ _FINISH_TO_PB = {
     d.FinishReason.TIME_LIMIT: pb.FINISH_REASON_TIME_LIMIT,
     d.FinishReason.ERROR: pb.FINISH_REASON_ERROR,
     d.FinishReason.REFUSAL: pb.FINISH_REASON_REFUSAL,
+    d.FinishReason.TOOL_CALLS: pb.FINISH_REASON_TOOL_CALLS,
 }
 _FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
 _ENFORCEMENT_TO_PB = {
@@ -87,6 +90,7 @@ def request_from_pb(
     `prefix` is prepended to field paths (e.g. "requests[3]." inside a batch). A `schema_json`
     longer than `max_schema_json_bytes` is refused before it is parsed. `wire_bytes`: the
     message's serialized size when the caller knows it (else measured: costly on huge messages).
+    Each tool's `parameters_json` is bounded by `max_schema_json_bytes` like `schema_json`.
     """
     which = msg.WhichOneof("input")
     prompt: str | None = None
@@ -101,6 +105,7 @@ def request_from_pb(
         )
     elif which == "magpie":
         magpie = magpie_from_pb(msg.magpie, f"{prefix}magpie")
+    tools, tool_choice, parallel_tool_calls = tc.tools_from_pb(msg, prefix, max_schema_json_bytes)
     return d.GenerationRequest(
         model=msg.model,
         prompt=prompt,
@@ -117,6 +122,15 @@ def request_from_pb(
             k: _option_from_pb(v, f"{prefix}backend_options[{k}]") for k, v in msg.backend_options.items()
         },
         request_id=msg.request_id,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls,
+        reasoning=tc.reasoning_control_from_pb(msg.reasoning, f"{prefix}reasoning")
+        if msg.HasField("reasoning")
+        else None,
+        chat_template_kwargs=tc.chat_template_kwargs_from_pb(
+            msg.chat_template_kwargs_json, f"{prefix}chat_template_kwargs_json"
+        ),
         deadline=deadline,
         wire_bytes=msg.ByteSize() if wire_bytes is None else wire_bytes,
     )
@@ -163,7 +177,9 @@ def magpie_to_pb(m: d.MagpieInput) -> pb.Magpie:
 def _message_from_pb(msg: pb.ChatMessage, where: str) -> d.ChatMessage:
     role = _ROLE_FROM_PB.get(msg.role)
     if role is None:
-        raise InvalidArgument.field(f"{where}.role", "must be ROLE_SYSTEM, ROLE_USER or ROLE_ASSISTANT")
+        raise InvalidArgument.field(
+            f"{where}.role", "must be ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT or ROLE_TOOL"
+        )
     parts: list[d.ContentPart] = []
     for j, part in enumerate(msg.content):
         kind = part.WhichOneof("part")
@@ -180,7 +196,7 @@ def _message_from_pb(msg: pb.ChatMessage, where: str) -> d.ChatMessage:
             )
         else:
             raise InvalidArgument.field(f"{where}.content[{j}]", "set text or image")
-    return d.ChatMessage(role=role, content=tuple(parts), name=msg.name)
+    return d.ChatMessage(role=role, content=tuple(parts), name=msg.name, **tc.message_extras_from_pb(msg))
 
 
 def _optional(msg: Any, name: str) -> Any:
@@ -251,32 +267,12 @@ def _schema_from_pb(msg: pb.JsonSchema, where: str, max_json_bytes: int | None =
         raise InvalidArgument.field(
             f"{where}.schema", "is required (or schema_json)", reason="INVALID_SCHEMA"
         )
-    if max_json_bytes is not None and len(msg.schema_json) > max_json_bytes:
-        raise InvalidArgument.field(
-            f"{where}.schema_json",
-            f"the schema's size in bytes is at least {len(msg.schema_json)}, over the limit of "
-            f"{max_json_bytes} (server.limits.max_constraint_bytes)",
-            reason="LIMIT_EXCEEDED",
-        )
-    try:
-        schema = json.loads(msg.schema_json)
-    except json.JSONDecodeError as exc:
-        raise InvalidArgument.field(
-            f"{where}.schema_json",
-            f"not valid JSON: {exc.msg} at character {exc.pos}",
-            reason="INVALID_SCHEMA",
-        ) from None
-    except RecursionError:
-        raise InvalidArgument.field(
-            f"{where}.schema_json", "nested too deeply", reason="LIMIT_EXCEEDED"
-        ) from None
-    except ValueError as exc:  # e.g. an integer with more digits than Python converts
-        raise InvalidArgument.field(
-            f"{where}.schema_json", f"cannot be read: {brief(str(exc))}", reason="INVALID_SCHEMA"
-        ) from None
-    if not isinstance(schema, dict):
-        raise InvalidArgument.field(f"{where}.schema_json", "must be a JSON object", reason="INVALID_SCHEMA")
-    return schema
+    return tc.json_object(
+        msg.schema_json,
+        f"{where}.schema_json",
+        max_bytes=max_json_bytes,
+        limit_name="server.limits.max_constraint_bytes",
+    )
 
 
 def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
@@ -324,6 +320,7 @@ def request_to_pb(req: d.GenerationRequest) -> gpb.GenerateRequest:
         msg.structured_output.CopyFrom(structured_to_pb(req.structured_output))
     for key, value in req.backend_options.items():
         msg.backend_options[key].CopyFrom(_option_to_pb(value))
+    tc.tools_to_pb(req, msg)
     return msg
 
 
@@ -336,6 +333,7 @@ def _message_to_pb(m: d.ChatMessage) -> pb.ChatMessage:
             out.content.add(image=pb.Image(data=part.data, mime_type=part.mime_type))
         else:
             out.content.add(image=pb.Image(url=part.url or "", mime_type=part.mime_type))
+    tc.message_extras_to_pb(m, out)
     return out
 
 
@@ -441,6 +439,9 @@ def generation_to_pb(g: d.Generation) -> pb.Generation:
         msg.logprobs.CopyFrom(logprobs_to_pb(g.logprobs))
     for turn in g.conversation:
         msg.conversation.add(role=_ROLE_TO_PB[turn.role], text=turn.text, output_tokens=turn.output_tokens)
+    msg.tool_calls.extend(tc.tool_call_to_pb(c) for c in g.tool_calls)
+    if g.reasoning is not None:
+        msg.reasoning.CopyFrom(tc.reasoning_to_pb(g.reasoning))
     return msg
 
 
@@ -486,6 +487,8 @@ def result_from_pb(msg: gpb.GenerateResponse) -> d.GenerationResult:
                 conversation=tuple(
                     d.ConversationTurn(_ROLE_FROM_PB[t.role], t.text, t.output_tokens) for t in g.conversation
                 ),
+                tool_calls=tuple(tc.tool_call_from_pb(c) for c in g.tool_calls),
+                reasoning=tc.reasoning_from_pb(g.reasoning) if g.HasField("reasoning") else None,
             )
             for g in msg.generations
         ),
@@ -516,7 +519,13 @@ def event_to_pb(event: d.StreamEvent) -> gpb.GenerateStreamResponse:
             )
         )
     if isinstance(event, d.GenerationDelta):
-        delta = pb.GenerationDelta(index=event.index, text=event.text, token_count=event.token_count)
+        delta = pb.GenerationDelta(
+            index=event.index,
+            text=event.text,
+            token_count=event.token_count,
+            tool_calls=[tc.tool_call_delta_to_pb(c) for c in event.tool_calls],
+            reasoning=event.reasoning,
+        )
         if event.logprobs is not None:
             delta.logprobs.CopyFrom(logprobs_to_pb(event.logprobs))
         return gpb.GenerateStreamResponse(delta=delta)
@@ -525,6 +534,8 @@ def event_to_pb(event: d.StreamEvent) -> gpb.GenerateStreamResponse:
         finish_reason=_FINISH_TO_PB[event.finish_reason],
         usage=usage_to_pb(event.usage),
         timings=timings_to_pb(event.timings),
+        tool_calls=[tc.tool_call_to_pb(c) for c in event.tool_calls],
+        reasoning_signatures=list(event.reasoning_signatures),
     )
     if event.matched_stop is not None:
         end.matched_stop = event.matched_stop
@@ -551,6 +562,9 @@ def model_info_to_pb(info: d.ModelInfo) -> pb.ModelInfo:
             chat=caps.chat,
             backend_options=sorted(caps.backend_options),
             magpie=caps.raw_prompt,
+            tools=pb.ENFORCEMENT_UNSPECIFIED if caps.tools is None else _ENFORCEMENT_TO_PB[caps.tools],
+            reasoning_control=caps.reasoning_control,
+            reasoning=caps.reasoning,
         ),
     )
 
@@ -604,7 +618,7 @@ def job_to_pb(job: Job) -> jpb.BatchJob:
     )
 
 
-_ROLES = {"system": "ROLE_SYSTEM", "user": "ROLE_USER", "assistant": "ROLE_ASSISTANT"}
+_ROLES = {"system": "ROLE_SYSTEM", "user": "ROLE_USER", "assistant": "ROLE_ASSISTANT", "tool": "ROLE_TOOL"}
 _TOP_LEVEL_SAMPLING = ("seed", "temperature", "top_p", "top_k")
 
 
@@ -655,8 +669,9 @@ def _friendly_message(message: Any) -> Any:
 
 
 def merged_request(defaults: gpb.GenerateRequest, item: gpb.GenerateRequest) -> gpb.GenerateRequest:
-    """`item` over `defaults`: fields the item sets win; lists (messages, stop strings) and the
-    structured output are replaced whole rather than appended to."""
+    """`item` over `defaults`: fields the item sets win; lists (messages, stop strings, tools) and
+    the structured output, tool choice and reasoning control are replaced whole rather than
+    appended to or merged."""
     out = gpb.GenerateRequest()
     out.CopyFrom(defaults)
     out.MergeFrom(item)
@@ -669,4 +684,10 @@ def merged_request(defaults: gpb.GenerateRequest, item: gpb.GenerateRequest) -> 
         out.stopping.stop.extend(item.stopping.stop)
     if item.HasField("structured_output"):
         out.structured_output.CopyFrom(item.structured_output)
+    if item.tools:
+        del out.tools[:]
+        out.tools.extend(item.tools)
+    for whole in ("tool_choice", "reasoning"):
+        if item.HasField(whole):
+            getattr(out, whole).CopyFrom(getattr(item, whole))
     return out

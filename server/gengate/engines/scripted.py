@@ -1,16 +1,18 @@
 """A model-free backend: answers configured text (or echoes the prompt) at a set latency and
-token rate. For users' own tests and for measuring the service's overhead; it enforces no
-constraint, and its capabilities say so."""
+token rate, or configured tool calls. For users' own tests and for measuring the service's
+overhead; it enforces no constraint and checks no call, and its capabilities say so: what holds
+is the service's own validation, which is how tests show that it does."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,10 +27,15 @@ from gengate.domain import (
     GenerationResult,
     GrammarSyntax,
     ModelCapabilities,
+    Role,
     StreamEvent,
     StreamStart,
     Timings,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoiceMode,
     Usage,
+    evolve,
 )
 from gengate.errors import ResourceExhausted, Unavailable
 
@@ -36,6 +43,23 @@ _TOKEN = re.compile(r"\s*\S+|\s+")
 
 # Scripted models of this process by name, so a probe model can read another's counters.
 _LIVE: weakref.WeakValueDictionary[str, ScriptedBackend] = weakref.WeakValueDictionary()
+
+
+class ScriptedToolCall(BaseModel):
+    """One tool call a scripted model answers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: str | dict[str, Any] = Field(
+        default_factory=dict,
+        description="The arguments: JSON text, sent exactly as written, or an object (sent as JSON).",
+    )
+    id: str = Field(default="", description="The call's id; empty: the server makes one.")
+
+    def call(self) -> ToolCall:
+        arguments = self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
+        return ToolCall(id=self.id, name=self.name, arguments=arguments)
 
 
 class ScriptedOptions(BaseModel):
@@ -91,6 +115,30 @@ class ScriptedOptions(BaseModel):
             "what then holds, which is how tests check that it does."
         ),
     )
+    tool_calls: list[ScriptedToolCall] = Field(
+        default_factory=list,
+        description=(
+            "Tool calls to answer (instead of text) when the request offers tools, tool_choice is not "
+            "none and the conversation does not end with a tool result; streamed as fragments, then "
+            "whole in the end frame. Not checked here: a call to a tool not offered or with wrong "
+            "arguments is the service's to refuse."
+        ),
+    )
+    tool_calls_when: Literal["asked", "always"] = Field(
+        default="asked",
+        description="`always`: answer tool_calls to every request, even one without tools or under none.",
+    )
+    tools_enforcement: Enforcement | None = Field(
+        default=Enforcement.VALIDATED,
+        description="The tools enforcement to declare (ListModels) and claim; null: tools are refused.",
+    )
+    finish_reason: FinishReason | None = Field(
+        default=None,
+        description=(
+            "The finish reason every generation ends with, whatever happened (a fault for testing "
+            "the service's fix-ups); unset: as a real engine would say."
+        ),
+    )
 
 
 class ScriptedBug(RuntimeError):
@@ -113,7 +161,11 @@ class ScriptedBackend:
         self.options = options
         syntaxes = frozenset(GrammarSyntax) if ConstraintKind.GRAMMAR in options.constraints else frozenset()
         self.capabilities = ModelCapabilities(
-            max_n=options.max_n, chat=True, constraints=dict(options.constraints), grammar_syntaxes=syntaxes
+            max_n=options.max_n,
+            chat=True,
+            constraints=dict(options.constraints),
+            grammar_syntaxes=syntaxes,
+            tools=options.tools_enforcement,
         )
         # Generations abandoned before their end (caller cancelled, deadline passed): what an
         # engine's abort would free, counted so tests can see the server did abort.
@@ -145,7 +197,21 @@ class ScriptedBackend:
             return self.options.text
         if request.prompt is not None:
             return request.prompt
+        if request.messages and request.messages[-1].role is Role.TOOL:
+            return _tool_results(request)
         return request.messages[-1].text if request.messages else ""
+
+    def _calls(self, request: GenerationRequest) -> tuple[ToolCall, ...]:
+        """The calls to answer this request with (none: answer text)."""
+        if not self.options.tool_calls:
+            return ()
+        if self.options.tool_calls_when == "asked":
+            mode = request.tool_choice.mode if request.tool_choice is not None else ToolChoiceMode.AUTO
+            messages = request.messages or ()
+            answered = bool(messages) and messages[-1].role is Role.TOOL
+            if not request.tools or mode is ToolChoiceMode.NONE or answered:
+                return ()
+        return tuple(c.call() for c in self.options.tool_calls)
 
     def _prompt_tokens(self, request: GenerationRequest) -> int:
         if request.prompt is not None:
@@ -153,6 +219,8 @@ class ScriptedBackend:
         return sum(len(split_tokens(m.text)) for m in request.messages or ())
 
     def _enforcement(self, request: GenerationRequest) -> Enforcement:
+        if request.tools:
+            return self.options.tools_enforcement or Enforcement.NONE
         if request.structured_output is None:
             return Enforcement.NONE
         return self.options.constraints.get(request.structured_output.constraint.kind, Enforcement.NONE)
@@ -186,9 +254,14 @@ class ScriptedBackend:
         )
         if self.options.latency_s:
             await asyncio.sleep(self.options.latency_s)
-        tokens = split_tokens(self._answer(request))
+        calls = self._calls(request)
+        tokens = [] if calls else split_tokens(self._answer(request))
         delay = 1.0 / self.options.tokens_per_s if self.options.tokens_per_s else 0.0
         for index in range(request.n):
+            if calls:
+                async for event in self._call_events(request, index, calls, input_tokens, arrived, delay):
+                    yield event
+                continue
             first_token_at: float | None = None
             text = ""
             emitted = 0
@@ -219,7 +292,7 @@ class ScriptedBackend:
             now = time.monotonic()
             yield GenerationEnd(
                 index=index,
-                finish_reason=finish,
+                finish_reason=self.options.finish_reason or finish,
                 matched_stop=matched,
                 usage=Usage(input_tokens, emitted),
                 timings=Timings(
@@ -228,3 +301,64 @@ class ScriptedBackend:
                     total_s=now - arrived,
                 ),
             )
+
+    async def _call_events(
+        self,
+        request: GenerationRequest,
+        index: int,
+        calls: tuple[ToolCall, ...],
+        input_tokens: int,
+        arrived: float,
+        delay: float,
+    ) -> AsyncIterator[StreamEvent]:
+        """Generation `index` as tool calls: each call in two fragments (id and name on the
+        first), one token each, cut at max_tokens like text; then the end frame with the calls
+        begun (a cut one with the arguments streamed so far)."""
+        made: list[ToolCall] = []
+        emitted = 0
+        finish = FinishReason.TOOL_CALLS
+        first_token_at: float | None = None
+        for position, call in enumerate(calls):
+            half = len(call.arguments) // 2
+            pieces = (call.arguments[: max(half, 1)], call.arguments[max(half, 1) :])
+            for piece_index, piece in enumerate(pieces):
+                if request.stopping.max_tokens is not None and emitted >= request.stopping.max_tokens:
+                    finish = FinishReason.LENGTH
+                    break
+                if delay:
+                    await asyncio.sleep(delay)
+                first_token_at = first_token_at or time.monotonic()
+                head = piece_index == 0
+                fragment = ToolCallDelta(
+                    position, id=call.id if head else "", name=call.name if head else "", arguments=piece
+                )
+                yield GenerationDelta(index=index, text="", token_count=1, tool_calls=(fragment,))
+                emitted += 1
+                if head:
+                    made.append(evolve(call, arguments=piece))
+                else:
+                    made[-1] = call
+            if finish is FinishReason.LENGTH:
+                break
+        now = time.monotonic()
+        yield GenerationEnd(
+            index=index,
+            finish_reason=self.options.finish_reason or finish,
+            usage=Usage(input_tokens, emitted),
+            timings=Timings(
+                queue_s=0.0, time_to_first_token_s=(first_token_at or now) - arrived, total_s=now - arrived
+            ),
+            tool_calls=tuple(made),
+        )
+
+
+def _tool_results(request: GenerationRequest) -> str:
+    """The conversation's last tool results, one line each (`<call id> <tool name>: <result>`):
+    what a scripted model answers after them, showing that the calls and results arrived."""
+    names = {c.id: c.name for m in request.messages or () for c in m.tool_calls}
+    lines = []
+    for message in reversed(request.messages or ()):
+        if message.role is not Role.TOOL:
+            break
+        lines.append(f"{message.tool_call_id} {names.get(message.tool_call_id, '?')}: {message.text}")
+    return "\n".join(reversed(lines))

@@ -19,11 +19,7 @@ from gengate.domain import (
     ToolCall,
     ToolCallDelta,
 )
-from gengate.tools import ToolSet, new_call_id
-
-# Why a request is refused up front by a provider that does not map tools or reasoning (yet).
-TOOLS_UNSUPPORTED = "TOOLS_UNSUPPORTED"
-REASONING_UNSUPPORTED = "REASONING_UNSUPPORTED"
+from gengate.tools import REASONING_UNSUPPORTED, TOOLS_UNSUPPORTED, ToolSet, first_tool_field, new_call_id
 
 # A provider's last word on one call before it is validated (e.g. nulls strict mode forced in).
 FinalCall = Callable[[GenerationRequest, ToolCall], ToolCall]
@@ -34,23 +30,12 @@ _NO_ANSWER = (FinishReason.REFUSAL, FinishReason.CONTENT_FILTER)
 
 def uses_tools(request: GenerationRequest) -> bool:
     """Whether the request offers tools, sets a tool field or carries a tool-call turn."""
-    if request.tools or request.tool_choice is not None or request.parallel_tool_calls is not None:
-        return True
-    return any(m.tool_calls or m.role is Role.TOOL for m in request.messages or ())
+    return first_tool_field(request) is not None
 
 
 def tools_refused(request: GenerationRequest, provider: str) -> errors.Unimplemented:
     """UNIMPLEMENTED TOOLS_UNSUPPORTED naming the first tool field the request uses."""
-    where = "tools"
-    if not request.tools:
-        where = next(
-            (
-                f"messages.messages[{i}]." + ("tool_calls" if m.tool_calls else "tool_call_id")
-                for i, m in enumerate(request.messages or ())
-                if m.tool_calls or m.role is Role.TOOL
-            ),
-            "tool_choice" if request.tool_choice is not None else "parallel_tool_calls",
-        )
+    where = first_tool_field(request) or "tools"
     return errors.Unimplemented(
         f"{provider} does not take tool calls",
         reason=TOOLS_UNSUPPORTED,
