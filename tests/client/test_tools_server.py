@@ -6,6 +6,10 @@ worker thread, so the server keeps its own loop."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -27,6 +31,10 @@ from gengate_client import (
 )
 from observe import ServerFactory
 from pydantic import BaseModel
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "providers"))
+
+import fake_openai
 
 
 class Location(BaseModel):
@@ -148,3 +156,61 @@ async def test_server_enforces_the_derived_schema_and_names_bad_fields(server: R
     assert no_tools.value.reason == "TOOLS_UNSUPPORTED"
     assert [v.field for v in no_reasoning.value.field_violations] == ["reasoning"]
     assert [v.field for v in no_kwargs.value.field_violations] == ["chat_template_kwargs_json"]
+
+
+@pytest.fixture
+def upstream() -> Iterator[fake_openai.FakeOpenAI]:
+    pytest.importorskip("openai", reason="the openai SDK is not installed (extra: gengate[openai])")
+    fake = fake_openai.FakeOpenAI()
+    fake.start()
+    yield fake
+    fake.stop()
+
+
+async def test_tools_reach_an_openai_upstream_natively(
+    make_server: ServerFactory, upstream: fake_openai.FakeOpenAI
+) -> None:
+    gpt = {
+        "name": "gpt",
+        "backend": "openai",
+        "model": "gpt-fake",
+        "base_url": upstream.server.base_url + "/v1",
+        "api_key": fake_openai.API_KEY,
+    }
+    server = await make_server({"models": [gpt]})
+    upstream.calls.append([("GetWeather", json.dumps(WEATHER_CALL["arguments"]))])
+    upstream.reasoning = "Oslo is cold"
+    question = [{"role": "user", "content": "weather in Oslo?"}]
+    async with AsyncClient(server.address, timeout=30) as client:
+        first = await client.generate(
+            "gpt",
+            messages=question,
+            tools=[GetWeather, search],
+            tool_choice=GetWeather,
+            parallel_tool_calls=False,
+            reasoning=ReasoningControl(effort="low"),
+        )
+        (call,) = first.tool_calls
+        weather = call.arguments()
+        upstream.reasoning = None
+        second = await client.generate(
+            "gpt",
+            messages=with_results(question, first, {call.id: {"temp_c": -3}}),
+            tools=[GetWeather, search],
+        )
+    asked, answered = (r.body for r in upstream.server.requests)
+    assert [t["function"]["name"] for t in asked["tools"]] == ["GetWeather", "search"]
+    assert asked["tools"][1]["function"]["description"] == "Search the web."
+    assert asked["tools"][1]["function"]["parameters"] == tool(search).parameters
+    assert asked["tool_choice"] == {"type": "function", "function": {"name": "GetWeather"}}
+    assert asked["parallel_tool_calls"] is False and asked["reasoning_effort"] == "low"
+    assert first.finish_reason is FinishReason.TOOL_CALLS and first.enforcement is Enforcement.NATIVE
+    assert weather == GetWeather(city="Oslo", where=Location(lat=59.9, lon=10.7))
+    assert (
+        first.generations[0].reasoning is not None and first.generations[0].reasoning.text == "Oslo is cold"
+    )
+    assistant, result = answered["messages"][1:]
+    assert assistant["role"] == "assistant" and assistant["tool_calls"][0]["id"] == call.id
+    assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == WEATHER_CALL["arguments"]
+    assert result == {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c":-3}'}
+    assert second.finish_reason is FinishReason.STOP and second.text
