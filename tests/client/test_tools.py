@@ -5,6 +5,7 @@ conversation helpers; against the fake server (sync and asyncio)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import pytest
@@ -100,6 +101,10 @@ def now() -> str:
     return "noon"
 
 
+class Opaque:
+    """Not a type pydantic can describe."""
+
+
 LOOKUP = Tool("lookup", "Look a key up.", {"type": "object", "properties": {"key": {"type": "string"}}})
 
 
@@ -160,6 +165,30 @@ def test_tool_overrides_and_refusals() -> None:
         tool(spread)
     with pytest.raises(TypeError, match="pydantic model class or a function"):
         tool(42)  # type: ignore[arg-type]
+
+    def takes_opaque(thing: Opaque) -> None: ...
+
+    with pytest.raises(TypeError, match="tool function takes_opaque"):
+        tool(takes_opaque)
+
+    class Local(BaseModel):
+        x: int
+
+    def takes_local(thing: Local) -> None: ...
+
+    with pytest.raises(TypeError, match=r"takes_local: an annotation does not resolve .*Local"):
+        tool(takes_local)
+
+    @dataclass(eq=True)  # eq without frozen: instances are unhashable, so are their methods
+    class Shop:
+        stock: int
+
+        def buy(self, item: str, count: int = 1) -> str:
+            """Buy an item."""
+            return f"{count} {item} of {self.stock}"
+
+    bought = tool(Shop(3).buy)
+    assert bought.name == "buy" and list((bought.parameters or {})["properties"]) == ["item", "count"]
     with pytest.raises(TypeError, match="tool_choice"):
         convert.build_request(Request(model="m", prompt="p", tools=[search], tool_choice=3.5))
 

@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2
 
 from gengate_client.errors import OutputError, TruncatedOutputError, error_from_status
 from gengate_client.output_types import OutputSpec, resolve_output_type
-from gengate_client.tools import ToolLike, build_tool, build_tool_choice, resolve_tools
+from gengate_client.tools import build_tool, build_tool_choice, resolve_tools
 from gengate_client.types import (
     MAGPIE_PRESETS,
     ConstraintKind,
@@ -47,6 +47,7 @@ from gengate_client.types import (
     Tool,
     ToolCall,
     ToolCallDelta,
+    ToolLike,
     TopLogprob,
     Turn,
     Usage,

@@ -27,9 +27,8 @@ import pydantic
 import pydantic_core
 from gengate_proto.v1 import types_pb2
 
-from gengate_client.types import Generation, Message, MessageLike, Response, Tool, ToolCall
+from gengate_client.types import Generation, Message, MessageLike, Response, Tool, ToolCall, ToolLike
 
-ToolLike = Tool | type[pydantic.BaseModel] | Callable[..., Any]
 _MODES = {
     "auto": types_pb2.TOOL_CHOICE_MODE_AUTO,
     "none": types_pb2.TOOL_CHOICE_MODE_NONE,
@@ -69,6 +68,10 @@ def _derived(value: Any) -> Tool:
         raise TypeError(
             f"a tool must be a Tool, a pydantic model class or a function, not {type(value).__name__}"
         )
+    try:
+        hash(value)
+    except TypeError:  # a method of an unhashable object: derived each time
+        return _cached.__wrapped__(value)
     return _cached(value)
 
 
@@ -99,7 +102,13 @@ def function_tool(function: Callable[..., Any]) -> Tool:
     """A Tool from a function's signature and docstring (see the module docstring for the rules)."""
     doc = inspect.getdoc(function) or ""
     described = parameter_descriptions(doc)
-    hints = typing.get_type_hints(function, include_extras=True)
+    try:
+        hints = typing.get_type_hints(function, include_extras=True)
+    except NameError as exc:  # a string annotation naming a type the function's module lacks
+        raise TypeError(
+            f"tool function {function.__name__}: an annotation does not resolve ({exc}); "
+            "define its types at module level"
+        ) from exc
     fields: dict[str, Any] = {}
     for param in inspect.signature(function).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -109,11 +118,15 @@ def function_tool(function: Callable[..., Any]) -> Tool:
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, pydantic.Field(default, description=described.get(param.name)))
-    arguments: type[pydantic.BaseModel] = pydantic.create_model(function.__name__, **fields)
+    try:
+        arguments: type[pydantic.BaseModel] = pydantic.create_model(function.__name__, **fields)
+        schema = arguments.model_json_schema()
+    except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError) as exc:
+        raise TypeError(f"tool function {function.__name__}: {exc}") from exc
     return Tool(
         name=function.__name__,
         description=first_paragraph(doc),
-        parameters=_strip_titles(arguments.model_json_schema()),
+        parameters=_strip_titles(schema),
         arguments_type=arguments,
         function=function,
     )

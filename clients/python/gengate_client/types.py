@@ -110,6 +110,10 @@ class Tool:
     function: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
 
+# What `tools=` takes: a Tool, a pydantic model class or a typed function (gengate_client.tools).
+ToolLike = Tool | type[pydantic.BaseModel] | Callable[..., Any]
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call the model made; the server has validated `arguments_json` against the tool's schema.
@@ -249,8 +253,7 @@ class Request:
     output_type: Any = None
     backend_options: Mapping[str, str | int | float | bool] | None = None
     request_id: str | None = None
-    # Tool values, pydantic model classes or typed functions (see gengate_client.tools).
-    tools: Sequence[Any] | None = None
+    tools: Sequence[ToolLike] | None = None
     # "auto" | "none" | "required" | a tool's name | the Tool, model class or function itself.
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
