@@ -173,7 +173,8 @@ func (s *StreamToolCalls) Add(frame *Frame) {
 	}
 }
 
-// Partial is generation index's calls assembled from the fragments so far (not validated yet).
+// Partial is generation index's calls assembled from the fragments so far: not validated yet, and
+// an id may be empty where the backend gave none (the end frame carries the server's).
 func (s *StreamToolCalls) Partial(index uint32) []*ToolCall { return s.partial[index] }
 
 // Final is generation index's complete, validated calls from its end frame; ok is false until

@@ -36,6 +36,8 @@ type vector struct {
 	CancelAfterDeltas int               `json:"cancel_after_deltas"`
 	// Client holds options of a client made for this vector alone ({"max_retries": N}).
 	Client map[string]any `json:"client"`
+	// ToolResults answers the first response's calls by id (call tool_round_trip).
+	ToolResults map[string]string `json:"tool_results"`
 }
 
 type errorOut struct {
@@ -58,6 +60,17 @@ type outcome struct {
 	Cancelled     bool
 	// Conversations holds each generation's Magpie turns (gengate.Conversation), when any has some.
 	Conversations [][]turnOut
+	// ToolCalls holds each generation's tool calls (a stream's: its end frames').
+	ToolCalls [][]*gengate.ToolCall
+	// FragmentsMatchEnd: a stream's fragments, assembled by gengate.StreamToolCalls, were its end
+	// frames' calls (names and arguments), and there was at least one.
+	FragmentsMatchEnd bool
+}
+
+// toolCallOut is one tool call as every runner observes it (ids are the server's: not observed).
+type toolCallOut struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments_json"`
 }
 
 // turnOut is one Magpie turn as every runner observes it (roles by their proto names).
@@ -73,7 +86,8 @@ type turnOut struct {
 var (
 	checkedKeys = []string{"code", "reason", "field_violation", "generations", "max_output_tokens",
 		"finish_reasons", "seed_echoed", "enforcement", "valid_json_schema", "full_match", "one_of",
-		"json_object", "key_order", "frames_ordered", "cancelled", "retry_after_s", "conversation_roles"}
+		"json_object", "key_order", "frames_ordered", "cancelled", "retry_after_s", "conversation_roles",
+		"tool_calls", "tool_fragments_match_end"}
 	vectorKeys = keySet(checkedKeys, "model_listed", "constraint_kinds", "backend_options",
 		"same_text_on_repeat", "stream_equals_unary", "items", "server_aborted", "server_attempts")
 	itemKeys = keySet(checkedKeys, "ok")
@@ -128,6 +142,27 @@ func parseRequest(raw json.RawMessage) (*gengate.Request, error) {
 		}
 		req.Input = typed.Input
 	}
+	if len(req.GetTools()) > 0 {
+		// Tools go on with the typed helpers (gengate.WithTools and the ToolChoice builders).
+		opts := gengate.ToolOptions{ParallelToolCalls: req.ParallelToolCalls}
+		if choice := req.GetToolChoice(); choice != nil {
+			switch {
+			case choice.GetName() != "":
+				opts.Choice = gengate.ToolChoiceNamed(choice.GetName())
+			case choice.GetMode() == gengatev1.ToolChoiceMode_TOOL_CHOICE_MODE_AUTO:
+				opts.Choice = gengate.ToolChoiceAuto()
+			case choice.GetMode() == gengatev1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE:
+				opts.Choice = gengate.ToolChoiceNone()
+			case choice.GetMode() == gengatev1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED:
+				opts.Choice = gengate.ToolChoiceRequired()
+			}
+		}
+		typed := gengate.WithTools(&gengate.Request{}, opts, req.GetTools()...)
+		if !proto.Equal(typed.GetToolChoice(), req.GetToolChoice()) {
+			return req, fmt.Errorf("the gengate tool choices cannot express the vector's %v (they build %v)", req.GetToolChoice(), typed.GetToolChoice())
+		}
+		gengate.WithTools(req, opts, typed.GetTools()...)
+	}
 	return req, nil
 }
 
@@ -174,6 +209,7 @@ func fromResponse(resp *gengate.Response) *outcome {
 			turns = append(turns, turnOut{Role: t.Role.String(), Text: t.Text, OutputTokens: t.OutputTokens})
 		}
 		out.Conversations = append(out.Conversations, turns)
+		out.ToolCalls = append(out.ToolCalls, g.GetToolCalls())
 	}
 	if !slices.ContainsFunc(out.Conversations, func(turns []turnOut) bool { return len(turns) > 0 }) {
 		out.Conversations = nil
@@ -233,6 +269,8 @@ func stream(ctx context.Context, c *gengate.Client, raw json.RawMessage) *outcom
 	}
 	texts := map[uint32]string{}
 	ends := map[uint32]*gengatev1.GenerationEnd{}
+	var calls gengate.StreamToolCalls
+	fragments := 0
 	type frameKind struct {
 		kind  string
 		index int
@@ -242,6 +280,8 @@ func stream(ctx context.Context, c *gengate.Client, raw json.RawMessage) *outcom
 		if err != nil {
 			return fromErr(err)
 		}
+		calls.Add(frame)
+		fragments += len(frame.GetDelta().GetToolCalls())
 		switch f := frame.GetFrame().(type) {
 		case *gengatev1.GenerateStreamResponse_Start:
 			kinds = append(kinds, frameKind{"start", -1})
@@ -265,12 +305,25 @@ func stream(ctx context.Context, c *gengate.Client, raw json.RawMessage) *outcom
 		indices = append(indices, i)
 	}
 	slices.Sort(indices)
-	out := &outcome{}
+	out := &outcome{FragmentsMatchEnd: fragments > 0}
 	for _, i := range indices {
 		out.Texts = append(out.Texts, texts[i])
 		if e, ok := ends[i]; ok {
 			out.FinishReasons = append(out.FinishReasons, e.GetFinishReason().String())
 			out.OutputTokens = append(out.OutputTokens, e.GetUsage().GetOutputTokens())
+		}
+		final, _ := calls.Final(i)
+		out.ToolCalls = append(out.ToolCalls, final)
+		partial := calls.Partial(i)
+		if len(partial) != len(final) {
+			out.FragmentsMatchEnd = false
+		}
+		// Names and arguments: the end frame's ids are the final ones (the server makes those a
+		// backend left out, after the fragments went).
+		for k := range min(len(partial), len(final)) {
+			if partial[k].GetName() != final[k].GetName() || partial[k].GetArgumentsJson() != final[k].GetArgumentsJson() {
+				out.FragmentsMatchEnd = false
+			}
 		}
 	}
 	// One start first; per index, deltas before exactly one end, nothing after it.
@@ -460,6 +513,17 @@ func check(expect map[string]any, out *outcome, raw json.RawMessage) []string {
 	if expect["cancelled"] == true && !out.Cancelled {
 		fail("the stream was not cancelled")
 	}
+	if want, ok := expect["tool_calls"].([]any); ok {
+		if len(out.ToolCalls) != len(out.Texts) {
+			fail("tool calls of %d generations, expected %d", len(out.ToolCalls), len(out.Texts))
+		}
+		for i, calls := range out.ToolCalls {
+			failures = append(failures, checkToolCalls(i, calls, want)...)
+		}
+	}
+	if expect["tool_fragments_match_end"] == true && !out.FragmentsMatchEnd {
+		fail("the tool-call fragments do not assemble into the end frames' calls")
+	}
 	if want, ok := expect["conversation_roles"].([]any); ok {
 		if len(out.Conversations) != len(out.Texts) {
 			fail("no conversation in %d generations", len(out.Texts))
@@ -473,6 +537,33 @@ func check(expect map[string]any, out *outcome, raw json.RawMessage) []string {
 				fail("generation %d: roles %v, expected %v", i, roles, want)
 			}
 		}
+	}
+	return failures
+}
+
+// checkToolCalls compares generation i's calls with want ([{name, arguments}], arguments as JSON
+// values); each call must have an id, unique in the generation.
+func checkToolCalls(i int, calls []*gengate.ToolCall, want []any) []string {
+	var failures []string
+	if len(calls) != len(want) {
+		return []string{fmt.Sprintf("generation %d: %d tool calls %v, expected %d", i, len(calls), calls, len(want))}
+	}
+	ids := map[string]bool{}
+	for k, call := range calls {
+		w, _ := want[k].(map[string]any)
+		var got any
+		if err := json.Unmarshal([]byte(call.GetArgumentsJson()), &got); err != nil {
+			failures = append(failures, fmt.Sprintf("generation %d call %d: arguments %q are not JSON", i, k, call.GetArgumentsJson()))
+		}
+		gotJSON, _ := json.Marshal(got)
+		wantJSON, _ := json.Marshal(w["arguments"])
+		if call.GetName() != w["name"] || string(gotJSON) != string(wantJSON) {
+			failures = append(failures, fmt.Sprintf("generation %d call %d: %s(%s), expected %v(%s)", i, k, call.GetName(), call.GetArgumentsJson(), w["name"], wantJSON))
+		}
+		if call.GetId() == "" || ids[call.GetId()] {
+			failures = append(failures, fmt.Sprintf("generation %d call %d: id %q missing or repeated", i, k, call.GetId()))
+		}
+		ids[call.GetId()] = true
 	}
 	return failures
 }
@@ -506,8 +597,58 @@ func observe(out *outcome) map[string]any {
 	if out.Conversations != nil {
 		observed["conversations"] = out.Conversations
 	}
+	if calls := observeToolCalls(out.ToolCalls); calls != nil {
+		observed["tool_calls"] = calls
+	}
 	return observed
 }
+
+// observeToolCalls is each generation's calls (name, arguments text), or nil when none has any.
+func observeToolCalls(perGeneration [][]*gengate.ToolCall) [][]toolCallOut {
+	var out [][]toolCallOut
+	some := false
+	for _, calls := range perGeneration {
+		seen := []toolCallOut{}
+		for _, c := range calls {
+			seen = append(seen, toolCallOut{Name: c.GetName(), Arguments: c.GetArgumentsJson()})
+		}
+		some = some || len(seen) > 0
+		out = append(out, seen)
+	}
+	if !some {
+		return nil
+	}
+	return out
+}
+
+// toolRoundTrip sends the vector's request, answers its first generation's calls with results
+// through gengate.WithToolResults, and sends the conversation on: the outcome is the second call's.
+func toolRoundTrip(ctx context.Context, c *gengate.Client, raw json.RawMessage, results map[string]string) *outcome {
+	req, err := parseRequest(raw)
+	if err != nil {
+		return fromErr(err)
+	}
+	resp, err := c.Generate(ctx, req)
+	if err != nil {
+		return fromErr(err)
+	}
+	if len(resp.GetGenerations()) == 0 || len(resp.GetGenerations()[0].GetToolCalls()) == 0 {
+		return &outcome{Err: &errorOut{Code: "CLIENT_NO_TOOL_CALL", Reason: "the first response made no tool call", Fields: []string{}}}
+	}
+	messages, err := gengate.WithToolResults(req.GetMessages().GetMessages(), resp.GetGenerations()[0], results)
+	if err != nil {
+		return fromErr(err)
+	}
+	next := cloneRequest(req)
+	next.Input = gengate.Chat(req.GetModel(), messages...).Input
+	second, err := c.Generate(ctx, next)
+	if err != nil {
+		return fromErr(err)
+	}
+	return fromResponse(second)
+}
+
+func cloneRequest(req *gengate.Request) *gengate.Request { return proto.Clone(req).(*gengate.Request) }
 
 func textsOrEmpty(t []string) []string {
 	if t == nil {
@@ -621,10 +762,20 @@ func runVector(ctx context.Context, c *gengate.Client, v vector) result {
 		out := stream(ctx, c, v.Request)
 		failures = append(failures, check(v.Expect, out, v.Request)...)
 		if v.Expect["stream_equals_unary"] == true && out.Err == nil {
-			if unary := generate(ctx, c, v.Request, 0); !slices.Equal(unary.Texts, out.Texts) {
+			unary := generate(ctx, c, v.Request, 0)
+			if !slices.Equal(unary.Texts, out.Texts) {
 				failures = append(failures, fmt.Sprintf("stream texts %q != unary %q", out.Texts, unary.Texts))
 			}
+			streamed, _ := json.Marshal(observeToolCalls(out.ToolCalls))
+			unaryCalls, _ := json.Marshal(observeToolCalls(unary.ToolCalls))
+			if string(streamed) != string(unaryCalls) {
+				failures = append(failures, fmt.Sprintf("stream tool calls %s != unary %s", streamed, unaryCalls))
+			}
 		}
+		observed = observe(out)
+	case "tool_round_trip":
+		out := toolRoundTrip(ctx, c, v.Request, v.ToolResults)
+		failures = append(failures, check(v.Expect, out, v.Request)...)
 		observed = observe(out)
 	case "cancel_stream":
 		out := cancelStream(ctx, c, v.Request, v.CancelAfterDeltas)
