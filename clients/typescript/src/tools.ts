@@ -195,7 +195,10 @@ export class StreamToolCalls {
     }
   }
 
-  /** Generation `index`'s calls assembled from the fragments so far (not validated yet). */
+  /**
+   * Generation `index`'s calls assembled from the fragments so far: not validated yet, and an id may
+   * be empty where the backend gave none (the end frame carries the server's).
+   */
   partial(index = 0): { id: string; name: string; argumentsJson: string }[] {
     return (this.fragments.get(index) ?? []).map((c) => ({ ...c }));
   }
