@@ -3,6 +3,12 @@
     python runner.py ADDRESS [VECTORS]   prints {"language": "python", "results": [...]} as JSON
 
 Each result is {name, ok, failures, observed}; `observed` must match the other languages'.
+
+Tool calling: the Python client has no tool API yet (issue 14's Python part lands separately), so a
+request with tools or tool turns goes as raw protobuf through the generated stub on the client's
+address (`_raw_generate`, `_raw_stream`, `_tool_round_trip`), and the calls are read from the raw
+messages. Those vectors run, none is skipped; they test the server and the contract, not the Python
+client's tool helpers, until these paths are swapped for them.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import jsonschema
 from gengate_client import (
     Choice,
@@ -28,7 +35,8 @@ from gengate_client import (
     TruncatedOutputError,
     Turn,
 )
-from gengate_proto.v1 import generation_pb2, types_pb2
+from gengate_client.errors import error_from_rpc
+from gengate_proto.v1 import generation_pb2, generation_pb2_grpc, types_pb2
 from google.protobuf import json_format
 
 Outcome = dict[str, Any]
@@ -113,6 +121,144 @@ def _response(resp: Any) -> Outcome:
     return out
 
 
+def _calls(calls: Any) -> list[dict[str, str]]:
+    """Tool calls as the runners compare them (ids checked, not observed: the server makes some)."""
+    return [{"id": c.id, "name": c.name, "arguments_json": c.arguments_json} for c in calls]
+
+
+_TOOL_FIELDS = ("tools", "toolChoice", "parallelToolCalls")
+
+
+def _uses_tools(request: dict[str, Any]) -> bool:
+    """Whether a request needs the raw path: tools, or tool calls or results in its messages."""
+    messages = request.get("messages", {}).get("messages", [])
+    return any(k in request for k in _TOOL_FIELDS) or any(
+        m.get("toolCalls") or m.get("toolCallId") or m.get("role") == "ROLE_TOOL" for m in messages
+    )
+
+
+_STUBS: dict[str, generation_pb2_grpc.GenerationServiceStub] = {}
+
+
+def _stub(client: Client) -> generation_pb2_grpc.GenerationServiceStub:
+    """The generated stub on the client's address (plaintext, as the suite's server is)."""
+    if client.address not in _STUBS:
+        _STUBS[client.address] = generation_pb2_grpc.GenerationServiceStub(
+            grpc.insecure_channel(client.address)
+        )
+    return _STUBS[client.address]
+
+
+def _raw_response(raw: generation_pb2.GenerateResponse) -> Outcome:
+    return {
+        "texts": [g.text for g in raw.generations],
+        "finish_reasons": [types_pb2.FinishReason.Name(g.finish_reason) for g in raw.generations],
+        "output_tokens": [g.output_tokens for g in raw.generations],
+        "enforcement": types_pb2.Enforcement.Name(raw.enforcement),
+        "seed": str(raw.effective_sampling.seed) if raw.effective_sampling.HasField("seed") else None,
+        "tool_calls": [_calls(g.tool_calls) for g in raw.generations],
+    }
+
+
+def _raw_generate(client: Client, request: dict[str, Any], timeout_ms: int | None = None) -> Outcome:
+    pb = json_format.ParseDict(request, generation_pb2.GenerateRequest())
+    timeout = timeout_ms / 1000 if timeout_ms is not None else 60
+    try:
+        return _raw_response(_stub(client).Generate(pb, timeout=timeout))
+    except grpc.RpcError as exc:
+        return _error(error_from_rpc(exc))
+
+
+def _raw_stream(client: Client, request: dict[str, Any]) -> Outcome:
+    """A stream read from the raw frames: texts, end frames, and the calls both ways (fragments, end)."""
+    pb = json_format.ParseDict(request, generation_pb2.GenerateRequest())
+    kinds: list[tuple[str, int]] = []
+    texts: dict[int, str] = {}
+    ends: dict[int, Any] = {}
+    partial: dict[int, list[dict[str, str]]] = {}
+    fragments = 0
+    try:
+        for frame in _stub(client).GenerateStream(
+            generation_pb2.GenerateStreamRequest(request=pb), timeout=60
+        ):
+            kind = frame.WhichOneof("frame")
+            if kind == "start":
+                kinds.append(("start", -1))
+            elif kind == "delta":
+                d = frame.delta
+                kinds.append(("delta", d.index))
+                texts[d.index] = texts.get(d.index, "") + d.text
+                calls = partial.setdefault(d.index, [])
+                for f in d.tool_calls:
+                    fragments += 1
+                    while len(calls) <= f.index:
+                        calls.append({"id": "", "name": "", "arguments_json": ""})
+                    calls[f.index]["id"] = f.id or calls[f.index]["id"]
+                    calls[f.index]["name"] = f.name or calls[f.index]["name"]
+                    calls[f.index]["arguments_json"] += f.arguments_fragment
+            elif kind == "end":
+                kinds.append(("end", frame.end.index))
+                ends[frame.end.index] = frame.end
+    except grpc.RpcError as exc:
+        return _error(error_from_rpc(exc))
+    indices = sorted(set(texts) | set(ends))
+    final = {i: _calls(ends[i].tool_calls) if i in ends else [] for i in indices}
+
+    def named(calls: list[dict[str, str]]) -> list[tuple[str, str]]:
+        return [(c["name"], c["arguments_json"]) for c in calls]
+
+    return {
+        "texts": [texts.get(i, "") for i in indices],
+        "finish_reasons": [types_pb2.FinishReason.Name(ends[i].finish_reason) for i in indices if i in ends],
+        "output_tokens": [ends[i].usage.output_tokens for i in indices if i in ends],
+        "frames_ordered": _ordered(kinds),
+        "tool_calls": [final[i] for i in indices],
+        # Names and arguments: the end frame's ids are the final ones (the server makes those a
+        # backend left out).
+        "fragments_match_end": fragments > 0
+        and all(named(partial.get(i, [])) == named(final[i]) for i in indices),
+    }
+
+
+def _tool_round_trip(client: Client, request: dict[str, Any], results: dict[str, str]) -> Outcome:
+    """Sends `request`, answers its first generation's calls with `results` (call id -> result) in
+    the assistant turn plus one ROLE_TOOL message each, and sends the conversation on."""
+    pb = json_format.ParseDict(request, generation_pb2.GenerateRequest())
+    try:
+        first = _stub(client).Generate(pb, timeout=60).generations[0]
+    except grpc.RpcError as exc:
+        return _error(error_from_rpc(exc))
+    if not first.tool_calls:
+        return {
+            "error": {
+                "code": "CLIENT_NO_TOOL_CALL",
+                "reason": "the first response made no tool call",
+                "fields": [],
+            }
+        }
+    missing = [c.id for c in first.tool_calls if c.id not in results]
+    extra = sorted(set(results) - {c.id for c in first.tool_calls})
+    if missing or extra:
+        return {
+            "error": {
+                "code": "CLIENT_ERROR",
+                "reason": f"results missing {missing}, for no call {extra}",
+                "fields": [],
+            }
+        }
+    assistant = types_pb2.ChatMessage(role=types_pb2.ROLE_ASSISTANT, tool_calls=first.tool_calls)
+    if first.text:
+        assistant.content.add(text=first.text)
+    pb.messages.messages.append(assistant)
+    for call in first.tool_calls:
+        answer = pb.messages.messages.add(role=types_pb2.ROLE_TOOL, tool_call_id=call.id)
+        answer.content.add(text=results[call.id])
+    try:
+        return _raw_response(_stub(client).Generate(pb, timeout=60))
+    except grpc.RpcError as exc:
+        return _error(error_from_rpc(exc))
+
+
 def _turn(turn: Turn) -> dict[str, Any]:
     return {"role": f"ROLE_{turn.role.upper()}", "text": turn.text, "output_tokens": turn.output_tokens}
 
@@ -124,10 +270,26 @@ def _observe(out: Outcome) -> Outcome:
     observed = {"texts": out["texts"]}
     if "conversations" in out:
         observed["conversations"] = out["conversations"]
+    calls = _observed_calls(out)
+    if calls is not None:
+        observed["tool_calls"] = calls
     return observed
 
 
+def _observed_calls(out: Outcome) -> list[list[dict[str, str]]] | None:
+    """Each generation's calls (name, arguments text), or None when none has any."""
+    per_generation = out.get("tool_calls", [])
+    if not any(per_generation):
+        return None
+    return [
+        [{"name": c["name"], "arguments_json": c["arguments_json"]} for c in calls]
+        for calls in per_generation
+    ]
+
+
 def generate(client: Client, request: dict[str, Any], timeout_ms: int | None = None) -> Outcome:
+    if _uses_tools(request):
+        return _raw_generate(client, request, timeout_ms)
     model, prompt, options = _kwargs(request)
     if timeout_ms is not None:
         options["timeout"] = timeout_ms / 1000
@@ -142,6 +304,8 @@ def generate(client: Client, request: dict[str, Any], timeout_ms: int | None = N
 
 
 def stream(client: Client, request: dict[str, Any]) -> Outcome:
+    if _uses_tools(request):
+        return _raw_stream(client, request)
     model, prompt, options = _kwargs(request)
     kinds: list[tuple[str, int]] = []
     texts: dict[int, str] = {}
@@ -259,6 +423,14 @@ def check(expect: dict[str, Any], out: Outcome, request: dict[str, Any] | None) 
         failures.append("frames out of order")
     if expect.get("cancelled") and not out.get("cancelled"):
         failures.append("the stream was not cancelled")
+    if "tool_calls" in expect:
+        per_generation = out.get("tool_calls", [[] for _ in texts])
+        if len(per_generation) != len(texts):
+            failures.append(f"tool calls of {len(per_generation)} generations, expected {len(texts)}")
+        for i, calls in enumerate(per_generation):
+            failures += _check_calls(i, calls, expect["tool_calls"])
+    if expect.get("tool_fragments_match_end") and not out.get("fragments_match_end"):
+        failures.append("the tool-call fragments do not assemble into the end frames' calls")
     if "conversation_roles" in expect:
         conversations = out.get("conversations", [])
         if len(conversations) != len(texts):
@@ -270,12 +442,36 @@ def check(expect: dict[str, Any], out: Outcome, request: dict[str, Any] | None) 
     return failures
 
 
+def _check_calls(i: int, calls: list[dict[str, str]], want: list[dict[str, Any]]) -> list[str]:
+    """Generation i's calls against want ([{name, arguments}], arguments as JSON values); each call
+    needs an id, unique in the generation."""
+    if len(calls) != len(want):
+        return [f"generation {i}: {len(calls)} tool calls {calls}, expected {len(want)}"]
+    failures: list[str] = []
+    ids: set[str] = set()
+    for k, (call, w) in enumerate(zip(calls, want, strict=True)):
+        try:
+            arguments = json.loads(call["arguments_json"])
+        except ValueError:
+            failures.append(f"generation {i} call {k}: arguments {call['arguments_json']!r} are not JSON")
+            arguments = None
+        if call["name"] != w["name"] or arguments != w["arguments"]:
+            failures.append(
+                f"generation {i} call {k}: {call['name']}({call['arguments_json']}), expected {w}"
+            )
+        if not call["id"] or call["id"] in ids:
+            failures.append(f"generation {i} call {k}: id {call['id']!r} missing or repeated")
+        ids.add(call["id"])
+    return failures
+
+
 # Every `expect` key some runner checks: check()'s, then those run_vector reads itself. A key
 # outside this set fails its vector, so a vector can never pass by being ignored.
 CHECKED_KEYS = frozenset({
     "code", "reason", "field_violation", "generations", "max_output_tokens", "finish_reasons",
     "seed_echoed", "enforcement", "valid_json_schema", "full_match", "one_of", "json_object",
     "key_order", "frames_ordered", "cancelled", "retry_after_s", "conversation_roles",
+    "tool_calls", "tool_fragments_match_end",
 })  # fmt: skip
 VECTOR_KEYS = CHECKED_KEYS | {
     "model_listed", "constraint_kinds", "backend_options", "same_text_on_repeat",
@@ -349,6 +545,12 @@ def run_vector(client: Client, v: dict[str, Any]) -> dict[str, Any]:
             unary = generate(client, request)
             if unary.get("texts") != out["texts"]:
                 failures.append(f"stream texts {out['texts']} != unary {unary.get('texts')}")
+            if _observed_calls(unary) != _observed_calls(out):
+                failures.append(f"stream tool calls {_observed_calls(out)} != unary {_observed_calls(unary)}")
+        observed = _observe(out)
+    elif call == "tool_round_trip":
+        out = _tool_round_trip(client, request, v.get("tool_results", {}))
+        failures += check(expect, out, request)
         observed = _observe(out)
     elif call == "cancel_stream":
         out = cancel_stream(client, request, v["cancel_after_deltas"])

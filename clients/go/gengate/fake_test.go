@@ -37,6 +37,8 @@ type fakeServer struct {
 	// jsonText is what a json_schema request gets back, with jsonFinish (STOP when unset).
 	jsonText   string
 	jsonFinish gengatev1.FinishReason
+	// toolArguments is the arguments JSON of a call to each tool by name ("{}" when unset).
+	toolArguments map[string]string
 	// jobs is the BatchJobService served beside it.
 	jobs *fakeJobs
 	// attempts counts the calls of each method ("Generate", "GetBatchJob", ...), refused ones
@@ -173,8 +175,56 @@ func check(req *gengatev1.GenerateRequest) error {
 	return nil
 }
 
+// toolCalls is how the fake answers a request with tools: a call to each offered tool
+// ("call_<i>", toolArguments), only the named one under a named choice, the first only when
+// parallel calls are off, none under NONE or after a tool result.
+func (f *fakeServer) toolCalls(req *gengatev1.GenerateRequest) []*gengatev1.ToolCall {
+	messages := req.GetMessages().GetMessages()
+	answered := len(messages) > 0 && messages[len(messages)-1].GetRole() == gengatev1.Role_ROLE_TOOL
+	if len(req.GetTools()) == 0 || answered || req.GetToolChoice().GetMode() == gengatev1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE {
+		return nil
+	}
+	var calls []*gengatev1.ToolCall
+	for _, tool := range req.GetTools() {
+		if named := req.GetToolChoice().GetName(); named != "" && named != tool.GetName() {
+			continue
+		}
+		args, ok := f.toolArguments[tool.GetName()]
+		if !ok {
+			args = "{}"
+		}
+		calls = append(calls, &gengatev1.ToolCall{Id: fmt.Sprintf("call_%d", len(calls)), Name: tool.GetName(), ArgumentsJson: args})
+		if req.ParallelToolCalls != nil && !req.GetParallelToolCalls() {
+			break
+		}
+	}
+	return calls
+}
+
+// toolResults is the fake's answer after tool results: "<call id> <tool name>=<result>" each,
+// "; "-joined, the names found on the assistant turns' calls.
+func toolResults(messages []*gengatev1.ChatMessage) string {
+	names := map[string]string{}
+	var parts []string
+	for _, m := range messages {
+		for _, c := range m.GetToolCalls() {
+			names[c.GetId()] = c.GetName()
+		}
+		if m.GetRole() == gengatev1.Role_ROLE_TOOL {
+			parts = append(parts, fmt.Sprintf("%s %s=%s", m.GetToolCallId(), names[m.GetToolCallId()], m.GetContent()[0].GetText()))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
 func (f *fakeServer) answer(req *gengatev1.GenerateRequest) *gengatev1.GenerateResponse {
 	text, finish := "echo: "+req.GetPrompt(), gengatev1.FinishReason_FINISH_REASON_STOP
+	calls := f.toolCalls(req)
+	if len(calls) > 0 {
+		text, finish = "", gengatev1.FinishReason_FINISH_REASON_TOOL_CALLS
+	} else if messages := req.GetMessages().GetMessages(); len(messages) > 0 && messages[len(messages)-1].GetRole() == gengatev1.Role_ROLE_TOOL {
+		text = toolResults(messages)
+	}
 	if req.GetStructuredOutput().GetJsonSchema() != nil {
 		text = f.jsonText
 		if f.jsonFinish != gengatev1.FinishReason_FINISH_REASON_UNSPECIFIED {
@@ -183,7 +233,7 @@ func (f *fakeServer) answer(req *gengatev1.GenerateRequest) *gengatev1.GenerateR
 	}
 	resp := &gengatev1.GenerateResponse{RequestId: req.GetRequestId(), Model: req.GetModel()}
 	for i := range max(req.GetN(), 1) {
-		g := &gengatev1.Generation{Index: i, Text: text, FinishReason: finish, OutputTokens: 3}
+		g := &gengatev1.Generation{Index: i, Text: text, FinishReason: finish, OutputTokens: 3, ToolCalls: calls}
 		if m := req.GetMagpie(); m != nil {
 			g.Conversation = magpieTurns(m)
 			g.Text = g.Conversation[len(g.Conversation)-1].GetText()
@@ -248,6 +298,25 @@ func (f *fakeServer) GenerateStream(req *gengatev1.GenerateStreamRequest, stream
 		Start: &gengatev1.StreamStart{Model: inner.GetModel(), RequestId: "r1"},
 	}}); err != nil {
 		return err
+	}
+	if calls := f.toolCalls(inner); len(calls) > 0 {
+		// Each call in two fragments (id and name on the first), then the end frame with the calls.
+		for i, call := range calls {
+			half := len(call.GetArgumentsJson()) / 2
+			for _, fragment := range []*gengatev1.ToolCallDelta{
+				{Index: uint32(i), Id: call.GetId(), Name: call.GetName(), ArgumentsFragment: call.GetArgumentsJson()[:half]},
+				{Index: uint32(i), ArgumentsFragment: call.GetArgumentsJson()[half:]},
+			} {
+				if err := send(&gengatev1.GenerateStreamResponse{Frame: &gengatev1.GenerateStreamResponse_Delta{
+					Delta: &gengatev1.GenerationDelta{TokenCount: 1, ToolCalls: []*gengatev1.ToolCallDelta{fragment}},
+				}}); err != nil {
+					return err
+				}
+			}
+		}
+		return send(&gengatev1.GenerateStreamResponse{Frame: &gengatev1.GenerateStreamResponse_End{
+			End: &gengatev1.GenerationEnd{FinishReason: gengatev1.FinishReason_FINISH_REASON_TOOL_CALLS, ToolCalls: calls},
+		}})
 	}
 	words := strings.Fields(inner.GetPrompt())
 	endless := inner.GetPrompt() == "endless" // deltas until the call ends, however long that takes

@@ -6,7 +6,7 @@
  */
 import { readFileSync } from "node:fs";
 
-import { equals, fromJson, type JsonValue } from "@bufbuild/protobuf";
+import { create, equals, fromJson, type JsonValue } from "@bufbuild/protobuf";
 import { z } from "zod";
 
 import {
@@ -18,12 +18,18 @@ import {
   GengateError,
   MagpiePreset,
   MagpieSchema,
+  StreamToolCalls,
+  ToolChoiceMode,
   TruncatedOutputError,
   conversation,
   magpie,
   parseGeneration,
+  withToolResults,
+  withTools,
   type GenerateRequest,
   type GenerateResponse,
+  type ToolCall,
+  type ToolChoiceOption,
 } from "../src/index.js";
 
 interface Vector {
@@ -37,6 +43,8 @@ interface Vector {
   cancel_after_deltas?: number;
   /** Options of a client made for this vector alone ({"max_retries": N}). */
   client?: Record<string, unknown>;
+  /** Answers the first response's calls by id (call tool_round_trip). */
+  tool_results?: Record<string, string>;
 }
 
 interface ErrorOut {
@@ -59,6 +67,10 @@ interface Outcome {
   cancelled?: boolean;
   /** Each generation's Magpie turns (the client's `conversation()`), when any has some. */
   conversations?: TurnOut[][];
+  /** Each generation's tool calls (a stream's: its end frames'). */
+  toolCalls?: ToolCall[][];
+  /** A stream's fragments, assembled by StreamToolCalls, had its end frames' names and arguments, and there was one at least. */
+  fragmentsMatchEnd?: boolean;
 }
 
 /** One Magpie turn as every runner observes it (roles by their proto names). */
@@ -75,7 +87,7 @@ interface TurnOut {
  */
 const CHECKED_KEYS = ["code", "reason", "field_violation", "generations", "max_output_tokens", "finish_reasons", "seed_echoed",
   "enforcement", "valid_json_schema", "full_match", "one_of", "json_object", "key_order", "frames_ordered", "cancelled", "retry_after_s",
-  "conversation_roles"];
+  "conversation_roles", "tool_calls", "tool_fragments_match_end"];
 const VECTOR_KEYS: ReadonlySet<string> = new Set([...CHECKED_KEYS, "model_listed", "constraint_kinds", "backend_options",
   "same_text_on_repeat", "stream_equals_unary", "items", "server_aborted", "server_attempts"]);
 const ITEM_KEYS: ReadonlySet<string> = new Set([...CHECKED_KEYS, "ok"]);
@@ -124,7 +136,7 @@ const finishName = (r: FinishReason): string => `FINISH_REASON_${FinishReason[r]
  * (`magpie()`), so the vector tests that path; one the helper cannot express exactly throws.
  */
 function parse(raw: JsonValue | undefined): GenerateRequest {
-  const request = fromJson(GenerateRequestSchema, raw ?? {});
+  const request = withTypedTools(raw, fromJson(GenerateRequestSchema, raw ?? {}));
   if (request.input.case !== "magpie") return request;
   const m = request.input.value;
   const { $typeName: _, model, input: __, ...rest } = request;
@@ -146,6 +158,21 @@ function parse(raw: JsonValue | undefined): GenerateRequest {
   return typed;
 }
 
+/** A request with tools, rebuilt with the client's `withTools` (and its tool choices); one it cannot express exactly throws. */
+function withTypedTools(raw: JsonValue | undefined, request: GenerateRequest): GenerateRequest {
+  if (request.tools.length === 0) return request;
+  const c = request.toolChoice?.choice;
+  const choice: ToolChoiceOption | undefined =
+    c?.case === "name" ? { name: c.value } : c?.case === "mode" ? (ToolChoiceMode[c.value].toLowerCase() as ToolChoiceOption) : undefined;
+  const { $typeName: _, tools, toolChoice: __, parallelToolCalls, ...rest } = request;
+  const typed = create(GenerateRequestSchema, {
+    ...rest,
+    ...withTools(tools, { ...(choice !== undefined ? { choice } : {}), ...(parallelToolCalls !== undefined ? { parallelToolCalls } : {}) }),
+  });
+  if (!equals(GenerateRequestSchema, typed, request)) throw new Error(`withTools() cannot express the vector's request ${JSON.stringify(raw)}`);
+  return typed;
+}
+
 function fromError(e: unknown): Outcome {
   const err = GengateError.from(e);
   const out = { code: err.codeName, reason: err.reason, fields: err.fieldViolations.map((v) => v.field).sort() };
@@ -161,6 +188,7 @@ function fromResponse(resp: GenerateResponse): Outcome {
     outputTokens: resp.generations.map((g) => g.outputTokens),
     enforcement: `ENFORCEMENT_${Enforcement[resp.enforcement]}`,
     seed: seed === undefined ? undefined : String(seed),
+    toolCalls: resp.generations.map((g) => g.toolCalls),
     ...conversationsOf(resp),
   };
 }
@@ -207,9 +235,13 @@ async function stream(client: GengateClient, raw: JsonValue | undefined): Promis
   const texts = new Map<number, string>();
   const ends = new Map<number, { finishReason: FinishReason; outputTokens: number }>();
   const kinds: [string, number][] = [];
+  const calls = new StreamToolCalls();
+  let fragments = 0;
   try {
     for await (const frame of client.generateStream(parse(raw))) {
+      calls.add(frame);
       const f = frame.frame;
+      if (f.case === "delta") fragments += f.value.toolCalls.length;
       if (f.case === "start") kinds.push(["start", -1]);
       else if (f.case === "delta") {
         kinds.push(["delta", f.value.index]);
@@ -234,8 +266,72 @@ async function stream(client: GengateClient, raw: JsonValue | undefined): Promis
     finishReasons: indices.filter((i) => ends.has(i)).map((i) => finishName(ends.get(i)!.finishReason)),
     outputTokens: indices.filter((i) => ends.has(i)).map((i) => ends.get(i)!.outputTokens),
     framesOrdered: ordered && ended.size > 0,
+    toolCalls: indices.map((i) => calls.final(i) ?? []),
+    // Names and arguments: the end frame's ids are the final ones (the server makes those a backend left out).
+    fragmentsMatchEnd:
+      fragments > 0 &&
+      indices.every((i) => {
+        const final = (calls.final(i) ?? []).map((c) => [c.name, c.argumentsJson]);
+        return JSON.stringify(calls.partial(i).map((c) => [c.name, c.argumentsJson])) === JSON.stringify(final);
+      }),
   };
 }
+
+/**
+ * Sends the vector's request, answers its first generation's calls with `results` through the
+ * client's `withToolResults`, and sends the conversation on: the outcome is the second call's.
+ */
+async function toolRoundTrip(client: GengateClient, raw: JsonValue | undefined, results: Record<string, string>): Promise<Outcome> {
+  try {
+    const request = parse(raw);
+    const first = (await client.generate(request)).generations[0];
+    if (!first || first.toolCalls.length === 0) return { error: { code: "CLIENT_NO_TOOL_CALL", reason: "the first response made no tool call", fields: [] } };
+    const given = request.input.case === "messages" ? request.input.value.messages : [];
+    const messages = withToolResults(given, first, results);
+    const { $typeName: _, ...fields } = request;
+    return fromResponse(await client.generate({ ...fields, input: { case: "messages", value: { messages } } }));
+  } catch (e) {
+    return fromError(e);
+  }
+}
+
+/** Generation i's calls against want ([{name, arguments}], arguments as JSON values); each needs an id, unique in the generation. */
+function checkToolCalls(i: number, calls: ToolCall[], want: { name: string; arguments: unknown }[]): string[] {
+  if (calls.length !== want.length) return [`generation ${i}: ${calls.length} tool calls ${JSON.stringify(observeCalls(calls))}, expected ${want.length}`];
+  const failures: string[] = [];
+  const ids = new Set<string>();
+  for (const [k, call] of calls.entries()) {
+    let args: unknown;
+    try {
+      args = JSON.parse(call.argumentsJson);
+    } catch {
+      failures.push(`generation ${i} call ${k}: arguments ${JSON.stringify(call.argumentsJson)} are not JSON`);
+    }
+    if (call.name !== want[k]!.name || !sameJson(args, want[k]!.arguments)) {
+      failures.push(`generation ${i} call ${k}: ${call.name}(${call.argumentsJson}), expected ${want[k]!.name}(${JSON.stringify(want[k]!.arguments)})`);
+    }
+    if (call.id === "" || ids.has(call.id)) failures.push(`generation ${i} call ${k}: id ${JSON.stringify(call.id)} missing or repeated`);
+    ids.add(call.id);
+  }
+  return failures;
+}
+
+/** Equal JSON values, object keys in any order (as Go and Python compare them). */
+function sameJson(a: unknown, b: unknown): boolean {
+  const canonical = (v: unknown): unknown =>
+    Array.isArray(v)
+      ? v.map(canonical)
+      : v !== null && typeof v === "object"
+        ? Object.fromEntries(Object.keys(v).sort().map((k) => [k, canonical((v as Record<string, unknown>)[k])]))
+        : v;
+  return JSON.stringify(canonical(a)) === JSON.stringify(canonical(b));
+}
+
+const observeCalls = (calls: ToolCall[]) => calls.map((c) => ({ name: c.name, arguments_json: c.argumentsJson }));
+
+/** Each generation's calls (name, arguments text), or undefined when none has any. */
+const observeToolCalls = (perGeneration: ToolCall[][] | undefined) =>
+  perGeneration?.some((calls) => calls.length > 0) ? perGeneration.map(observeCalls) : undefined;
 
 async function cancelStream(client: GengateClient, raw: JsonValue | undefined, after: number): Promise<Outcome> {
   const controller = new AbortController();
@@ -333,6 +429,13 @@ function check(expect: Record<string, unknown>, out: Outcome, raw: JsonValue | u
   }
   if (expect["frames_ordered"] === true && !out.framesOrdered) failures.push("frames out of order");
   if (expect["cancelled"] === true && !out.cancelled) failures.push("the stream was not cancelled");
+  const wantCalls = expect["tool_calls"] as { name: string; arguments: unknown }[] | undefined;
+  if (wantCalls) {
+    const calls = out.toolCalls ?? [];
+    if (calls.length !== texts.length) failures.push(`tool calls of ${calls.length} generations, expected ${texts.length}`);
+    for (const [i, generationCalls] of calls.entries()) failures.push(...checkToolCalls(i, generationCalls, wantCalls));
+  }
+  if (expect["tool_fragments_match_end"] === true && !out.fragmentsMatchEnd) failures.push("the tool-call fragments do not assemble into the end frames' calls");
   const roles = expect["conversation_roles"] as string[] | undefined;
   if (roles) {
     const conversations = out.conversations ?? [];
@@ -345,8 +448,11 @@ function check(expect: Record<string, unknown>, out: Outcome, raw: JsonValue | u
   return failures;
 }
 
-const observe = (out: Outcome): Record<string, unknown> =>
-  out.error ? { error: out.error } : { texts: out.texts ?? [], ...(out.conversations ? { conversations: out.conversations } : {}) };
+function observe(out: Outcome): Record<string, unknown> {
+  if (out.error) return { error: out.error };
+  const toolCalls = observeToolCalls(out.toolCalls);
+  return { texts: out.texts ?? [], ...(out.conversations ? { conversations: out.conversations } : {}), ...(toolCalls ? { tool_calls: toolCalls } : {}) };
+}
 const same = (a: string[] | undefined, b: string[] | undefined): boolean => JSON.stringify(a) === JSON.stringify(b);
 
 async function runVector(client: GengateClient, v: Vector): Promise<{ name: string; ok: boolean; failures: string[]; observed: Record<string, unknown> }> {
@@ -432,7 +538,15 @@ async function runVector(client: GengateClient, v: Vector): Promise<{ name: stri
       if (expect["stream_equals_unary"] === true && !out.error) {
         const unary = await generate(client, v.request);
         if (!same(unary.texts, out.texts)) failures.push(`stream texts ${JSON.stringify(out.texts)} != unary ${JSON.stringify(unary.texts)}`);
+        const [streamed, unaryCalls] = [JSON.stringify(observeToolCalls(out.toolCalls)), JSON.stringify(observeToolCalls(unary.toolCalls))];
+        if (streamed !== unaryCalls) failures.push(`stream tool calls ${streamed} != unary ${unaryCalls}`);
       }
+      observed = observe(out);
+      break;
+    }
+    case "tool_round_trip": {
+      const out = await toolRoundTrip(client, v.request, v.tool_results ?? {});
+      failures.push(...check(expect, out, v.request));
       observed = observe(out);
       break;
     }

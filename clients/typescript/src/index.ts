@@ -41,6 +41,24 @@ export {
   schemaFromZod,
   type StructuredOutputInit,
 } from "./structured.js";
+export {
+  StreamToolCalls,
+  assistantMessage,
+  parseToolCalls,
+  tool,
+  toolChoice,
+  toolMessage,
+  withToolResults,
+  withTools,
+  type ChatMessageInit,
+  type ParsedToolCall,
+  type ToolChoiceInit,
+  type ToolChoiceOption,
+  type ToolInit,
+  type ToolOptions,
+  type ToolSpec,
+  type ZodTool,
+} from "./tools.js";
 export { tracingInterceptor, type TracingOptions } from "./tracing.js";
 export { DEFAULT_RETRY_POLICY, MAX_RETRIES_LIMIT, retryInterceptor, retryPolicy, type RetryPolicy } from "./retry.js";
 export * from "./gen/gengate/v1/generation_pb.js";

@@ -28,7 +28,14 @@ import {
   type StreamBatchJobResultsResponse,
 } from "../src/gen/gengate/v1/jobs_pb.js";
 import { BadRequestSchema, ErrorInfoSchema, RetryInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
-import { FinishReason, Role, type ConversationTurnSchema, type Magpie } from "../src/gen/gengate/v1/types_pb.js";
+import {
+  FinishReason,
+  Role,
+  ToolChoiceMode,
+  type ConversationTurnSchema,
+  type Magpie,
+  type ToolCallSchema,
+} from "../src/gen/gengate/v1/types_pb.js";
 import { StatusSchema, type Status } from "../src/gen/google/rpc/status_pb.js";
 import { anyPack } from "@bufbuild/protobuf/wkt";
 
@@ -62,6 +69,8 @@ export interface Fake {
   jsonText: string;
   /** The finish reason a json_schema request's generations end with (STOP unless set). */
   jsonFinish?: FinishReason;
+  /** The arguments JSON of a call to each tool by name ("{}" when unset). */
+  toolArguments: Record<string, string>;
   jobs: FakeJobs;
   /** Calls received by method ("Generate", "GetBatchJob", ...), refused ones too. */
   attempts: Record<string, number>;
@@ -167,6 +176,7 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
     cancelled: new Promise((resolve) => (markCancelled = resolve)),
     slowEnded: new Promise((resolve) => (markSlowEnded = resolve)),
     jsonText: '{"name":"Ada","age":36}',
+    toolArguments: {},
     jobs: { calls: [], last: {}, uploads: [], uploadsEnded: () => Promise.resolve() },
     attempts: {},
     attemptHeaders: {},
@@ -266,8 +276,39 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
     fake.headers.push(new Headers(ctx.requestHeader));
     if (req) fake.requests.push(req);
   };
+  /**
+   * How the fake answers a request with tools: a call to each offered tool ("call_<i>",
+   * toolArguments), only the named one under a named choice, the first only when parallel calls
+   * are off, none under NONE or after a tool result.
+   */
+  const toolCalls = (req: GenerateRequest): MessageInitShape<typeof ToolCallSchema>[] => {
+    const messages = req.input.case === "messages" ? req.input.value.messages : [];
+    const choice = req.toolChoice?.choice;
+    if (req.tools.length === 0 || messages.at(-1)?.role === Role.TOOL || (choice?.case === "mode" && choice.value === ToolChoiceMode.NONE)) return [];
+    const calls: MessageInitShape<typeof ToolCallSchema>[] = [];
+    for (const t of req.tools) {
+      if (choice?.case === "name" && choice.value !== t.name) continue;
+      calls.push({ id: `call_${calls.length}`, name: t.name, argumentsJson: fake.toolArguments[t.name] ?? "{}" });
+      if (req.parallelToolCalls === false) break;
+    }
+    return calls;
+  };
+  /** The fake's answer after tool results: "<call id> <tool name>=<result>" each, "; "-joined. */
+  const toolResults = (req: GenerateRequest): string | undefined => {
+    const messages = req.input.case === "messages" ? req.input.value.messages : [];
+    if (messages.at(-1)?.role !== Role.TOOL) return undefined;
+    const names = new Map(messages.flatMap((m) => m.toolCalls.map((c) => [c.id, c.name] as const)));
+    return messages
+      .filter((m) => m.role === Role.TOOL)
+      .map((m) => `${m.toolCallId} ${names.get(m.toolCallId)}=${m.content[0]?.part.case === "text" ? m.content[0].part.value : ""}`)
+      .join("; ");
+  };
   const answer = (req: GenerateRequest) => {
-    const text = req.structuredOutput?.kind.case === "jsonSchema" ? fake.jsonText : `echo: ${req.input.case === "prompt" ? req.input.value : ""}`;
+    const calls = toolCalls(req);
+    const text =
+      calls.length > 0
+        ? ""
+        : (toolResults(req) ?? (req.structuredOutput?.kind.case === "jsonSchema" ? fake.jsonText : `echo: ${req.input.case === "prompt" ? req.input.value : ""}`));
     const n = req.n ?? 1;
     const turns = req.input.case === "magpie" ? magpieTurns(req.input.value) : [];
     return create(GenerateResponseSchema, {
@@ -277,8 +318,14 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
         index,
         text: turns.at(-1)?.text ?? text,
         outputTokens: 3,
-        finishReason: req.structuredOutput?.kind.case === "jsonSchema" ? (fake.jsonFinish ?? FinishReason.STOP) : FinishReason.STOP,
+        finishReason:
+          calls.length > 0
+            ? FinishReason.TOOL_CALLS
+            : req.structuredOutput?.kind.case === "jsonSchema"
+              ? (fake.jsonFinish ?? FinishReason.STOP)
+              : FinishReason.STOP,
         conversation: turns,
+        toolCalls: calls,
       })),
     });
   };
@@ -396,6 +443,22 @@ export async function startFake(options: http2.SecureServerOptions | undefined =
         if (err) throw err;
         const text = req.input.case === "prompt" ? req.input.value : "";
         yield { frame: { case: "start", value: { model: req.model, requestId: "r1" } } } as GenerateStreamResponse;
+        const calls = toolCalls(req);
+        if (calls.length > 0) {
+          // Each call in two fragments (id and name on the first), then the end frame with the calls.
+          for (const [index, call] of calls.entries()) {
+            const args = call.argumentsJson ?? "";
+            const half = Math.floor(args.length / 2);
+            for (const fragment of [
+              { index, id: call.id, name: call.name, argumentsFragment: args.slice(0, half) },
+              { index, argumentsFragment: args.slice(half) },
+            ]) {
+              yield { frame: { case: "delta", value: { tokenCount: 1, toolCalls: [fragment] } } } as GenerateStreamResponse;
+            }
+          }
+          yield { frame: { case: "end", value: { finishReason: FinishReason.TOOL_CALLS, toolCalls: calls } } } as GenerateStreamResponse;
+          return;
+        }
         const endless = text === "endless"; // deltas until the call ends, however long that takes
         const words = endless ? [] : text.split(" ");
         try {

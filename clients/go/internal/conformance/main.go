@@ -36,6 +36,8 @@ type vector struct {
 	CancelAfterDeltas int               `json:"cancel_after_deltas"`
 	// Client holds options of a client made for this vector alone ({"max_retries": N}).
 	Client map[string]any `json:"client"`
+	// ToolResults answers the first response's calls by id (call tool_round_trip).
+	ToolResults map[string]string `json:"tool_results"`
 }
 
 type errorOut struct {
@@ -58,6 +60,11 @@ type outcome struct {
 	Cancelled     bool
 	// Conversations holds each generation's Magpie turns (gengate.Conversation), when any has some.
 	Conversations [][]turnOut
+	// ToolCalls holds each generation's tool calls (a stream's: its end frames').
+	ToolCalls [][]*gengate.ToolCall
+	// FragmentsMatchEnd: a stream's fragments, assembled by gengate.StreamToolCalls, were its end
+	// frames' calls (names and arguments), and there was at least one.
+	FragmentsMatchEnd bool
 }
 
 // turnOut is one Magpie turn as every runner observes it (roles by their proto names).
@@ -73,7 +80,8 @@ type turnOut struct {
 var (
 	checkedKeys = []string{"code", "reason", "field_violation", "generations", "max_output_tokens",
 		"finish_reasons", "seed_echoed", "enforcement", "valid_json_schema", "full_match", "one_of",
-		"json_object", "key_order", "frames_ordered", "cancelled", "retry_after_s", "conversation_roles"}
+		"json_object", "key_order", "frames_ordered", "cancelled", "retry_after_s", "conversation_roles",
+		"tool_calls", "tool_fragments_match_end"}
 	vectorKeys = keySet(checkedKeys, "model_listed", "constraint_kinds", "backend_options",
 		"same_text_on_repeat", "stream_equals_unary", "items", "server_aborted", "server_attempts")
 	itemKeys = keySet(checkedKeys, "ok")
@@ -128,6 +136,9 @@ func parseRequest(raw json.RawMessage) (*gengate.Request, error) {
 		}
 		req.Input = typed.Input
 	}
+	if err := typedTools(req); err != nil {
+		return req, err
+	}
 	return req, nil
 }
 
@@ -174,6 +185,7 @@ func fromResponse(resp *gengate.Response) *outcome {
 			turns = append(turns, turnOut{Role: t.Role.String(), Text: t.Text, OutputTokens: t.OutputTokens})
 		}
 		out.Conversations = append(out.Conversations, turns)
+		out.ToolCalls = append(out.ToolCalls, g.GetToolCalls())
 	}
 	if !slices.ContainsFunc(out.Conversations, func(turns []turnOut) bool { return len(turns) > 0 }) {
 		out.Conversations = nil
@@ -233,6 +245,8 @@ func stream(ctx context.Context, c *gengate.Client, raw json.RawMessage) *outcom
 	}
 	texts := map[uint32]string{}
 	ends := map[uint32]*gengatev1.GenerationEnd{}
+	var calls gengate.StreamToolCalls
+	fragments := 0
 	type frameKind struct {
 		kind  string
 		index int
@@ -242,6 +256,8 @@ func stream(ctx context.Context, c *gengate.Client, raw json.RawMessage) *outcom
 		if err != nil {
 			return fromErr(err)
 		}
+		calls.Add(frame)
+		fragments += len(frame.GetDelta().GetToolCalls())
 		switch f := frame.GetFrame().(type) {
 		case *gengatev1.GenerateStreamResponse_Start:
 			kinds = append(kinds, frameKind{"start", -1})
@@ -265,12 +281,25 @@ func stream(ctx context.Context, c *gengate.Client, raw json.RawMessage) *outcom
 		indices = append(indices, i)
 	}
 	slices.Sort(indices)
-	out := &outcome{}
+	out := &outcome{FragmentsMatchEnd: fragments > 0}
 	for _, i := range indices {
 		out.Texts = append(out.Texts, texts[i])
 		if e, ok := ends[i]; ok {
 			out.FinishReasons = append(out.FinishReasons, e.GetFinishReason().String())
 			out.OutputTokens = append(out.OutputTokens, e.GetUsage().GetOutputTokens())
+		}
+		final, _ := calls.Final(i)
+		out.ToolCalls = append(out.ToolCalls, final)
+		partial := calls.Partial(i)
+		if len(partial) != len(final) {
+			out.FragmentsMatchEnd = false
+		}
+		// Names and arguments: the end frame's ids are the final ones (the server makes those a
+		// backend left out, after the fragments went).
+		for k := range min(len(partial), len(final)) {
+			if partial[k].GetName() != final[k].GetName() || partial[k].GetArgumentsJson() != final[k].GetArgumentsJson() {
+				out.FragmentsMatchEnd = false
+			}
 		}
 	}
 	// One start first; per index, deltas before exactly one end, nothing after it.
@@ -460,6 +489,17 @@ func check(expect map[string]any, out *outcome, raw json.RawMessage) []string {
 	if expect["cancelled"] == true && !out.Cancelled {
 		fail("the stream was not cancelled")
 	}
+	if want, ok := expect["tool_calls"].([]any); ok {
+		if len(out.ToolCalls) != len(out.Texts) {
+			fail("tool calls of %d generations, expected %d", len(out.ToolCalls), len(out.Texts))
+		}
+		for i, calls := range out.ToolCalls {
+			failures = append(failures, checkToolCalls(i, calls, want)...)
+		}
+	}
+	if expect["tool_fragments_match_end"] == true && !out.FragmentsMatchEnd {
+		fail("the tool-call fragments do not assemble into the end frames' calls")
+	}
 	if want, ok := expect["conversation_roles"].([]any); ok {
 		if len(out.Conversations) != len(out.Texts) {
 			fail("no conversation in %d generations", len(out.Texts))
@@ -506,14 +546,10 @@ func observe(out *outcome) map[string]any {
 	if out.Conversations != nil {
 		observed["conversations"] = out.Conversations
 	}
-	return observed
-}
-
-func textsOrEmpty(t []string) []string {
-	if t == nil {
-		return []string{}
+	if calls := observeToolCalls(out.ToolCalls); calls != nil {
+		observed["tool_calls"] = calls
 	}
-	return t
+	return observed
 }
 
 func runVector(ctx context.Context, c *gengate.Client, v vector) result {
@@ -621,10 +657,20 @@ func runVector(ctx context.Context, c *gengate.Client, v vector) result {
 		out := stream(ctx, c, v.Request)
 		failures = append(failures, check(v.Expect, out, v.Request)...)
 		if v.Expect["stream_equals_unary"] == true && out.Err == nil {
-			if unary := generate(ctx, c, v.Request, 0); !slices.Equal(unary.Texts, out.Texts) {
+			unary := generate(ctx, c, v.Request, 0)
+			if !slices.Equal(unary.Texts, out.Texts) {
 				failures = append(failures, fmt.Sprintf("stream texts %q != unary %q", out.Texts, unary.Texts))
 			}
+			streamed, _ := json.Marshal(observeToolCalls(out.ToolCalls))
+			unaryCalls, _ := json.Marshal(observeToolCalls(unary.ToolCalls))
+			if string(streamed) != string(unaryCalls) {
+				failures = append(failures, fmt.Sprintf("stream tool calls %s != unary %s", streamed, unaryCalls))
+			}
 		}
+		observed = observe(out)
+	case "tool_round_trip":
+		out := toolRoundTrip(ctx, c, v.Request, v.ToolResults)
+		failures = append(failures, check(v.Expect, out, v.Request)...)
 		observed = observe(out)
 	case "cancel_stream":
 		out := cancelStream(ctx, c, v.Request, v.CancelAfterDeltas)
