@@ -4,11 +4,9 @@
 
 Each result is {name, ok, failures, observed}; `observed` must match the other languages'.
 
-Tool calling: the Python client has no tool API yet (issue 14's Python part lands separately), so a
-request with tools or tool turns goes as raw protobuf through the generated stub on the client's
-address (`_raw_generate`, `_raw_stream`, `_tool_round_trip`), and the calls are read from the raw
-messages. Those vectors run, none is skipped; they test the server and the contract, not the Python
-client's tool helpers, until these paths are swapped for them.
+Tool calling goes through the client's tool API like everything else: tools and tool choice as
+`generate()` options, calls read from the typed generations and stream frames, and the round trip
+continued with `gengate_client.tools.with_results`.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 import jsonschema
 from gengate_client import (
     Choice,
@@ -32,11 +29,14 @@ from gengate_client import (
     Magpie,
     OutputError,
     Regex,
+    StreamDelta,
+    StreamStart,
+    Tool,
     TruncatedOutputError,
     Turn,
 )
-from gengate_client.errors import error_from_rpc
-from gengate_proto.v1 import generation_pb2, generation_pb2_grpc, types_pb2
+from gengate_client.tools import with_results
+from gengate_proto.v1 import generation_pb2, types_pb2
 from google.protobuf import json_format
 
 Outcome = dict[str, Any]
@@ -59,6 +59,25 @@ def _kwargs(request: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
         options["messages"] = list(pb.messages.messages)
     if pb.HasField("magpie"):
         options["magpie"] = _magpie(pb.magpie)
+    if pb.tools:
+        options["tools"] = [
+            Tool(
+                t.name,
+                t.description,
+                json.loads(t.parameters_json) if t.parameters_json else None,
+                strict=t.strict,
+            )
+            for t in pb.tools
+        ]
+    if pb.HasField("tool_choice"):
+        choice = pb.tool_choice
+        if choice.WhichOneof("choice") == "name":
+            options["tool_choice"] = choice.name
+        else:
+            mode = types_pb2.ToolChoiceMode.Name(choice.mode)
+            options["tool_choice"] = mode.removeprefix("TOOL_CHOICE_MODE_").lower()
+    if pb.HasField("parallel_tool_calls"):
+        options["parallel_tool_calls"] = pb.parallel_tool_calls
     so = pb.structured_output
     kind = so.WhichOneof("kind")
     if kind == "json_schema":
@@ -118,6 +137,7 @@ def _response(resp: Any) -> Outcome:
     conversations = [[_turn(t) for t in g.conversation] for g in resp.generations]
     if any(conversations):
         out["conversations"] = conversations
+    out["tool_calls"] = [_calls(g.tool_calls) for g in resp.generations]
     return out
 
 
@@ -126,137 +146,21 @@ def _calls(calls: Any) -> list[dict[str, str]]:
     return [{"id": c.id, "name": c.name, "arguments_json": c.arguments_json} for c in calls]
 
 
-_TOOL_FIELDS = ("tools", "toolChoice", "parallelToolCalls")
-
-
-def _uses_tools(request: dict[str, Any]) -> bool:
-    """Whether a request needs the raw path: tools, or tool calls or results in its messages."""
-    messages = request.get("messages", {}).get("messages", [])
-    return any(k in request for k in _TOOL_FIELDS) or any(
-        m.get("toolCalls") or m.get("toolCallId") or m.get("role") == "ROLE_TOOL" for m in messages
-    )
-
-
-_STUBS: dict[str, generation_pb2_grpc.GenerationServiceStub] = {}
-
-
-def _stub(client: Client) -> generation_pb2_grpc.GenerationServiceStub:
-    """The generated stub on the client's address (plaintext, as the suite's server is)."""
-    if client.address not in _STUBS:
-        _STUBS[client.address] = generation_pb2_grpc.GenerationServiceStub(
-            grpc.insecure_channel(client.address)
-        )
-    return _STUBS[client.address]
-
-
-def _raw_response(raw: generation_pb2.GenerateResponse) -> Outcome:
-    return {
-        "texts": [g.text for g in raw.generations],
-        "finish_reasons": [types_pb2.FinishReason.Name(g.finish_reason) for g in raw.generations],
-        "output_tokens": [g.output_tokens for g in raw.generations],
-        "enforcement": types_pb2.Enforcement.Name(raw.enforcement),
-        "seed": str(raw.effective_sampling.seed) if raw.effective_sampling.HasField("seed") else None,
-        "tool_calls": [_calls(g.tool_calls) for g in raw.generations],
-    }
-
-
-def _raw_generate(client: Client, request: dict[str, Any], timeout_ms: int | None = None) -> Outcome:
-    pb = json_format.ParseDict(request, generation_pb2.GenerateRequest())
-    timeout = timeout_ms / 1000 if timeout_ms is not None else 60
-    try:
-        return _raw_response(_stub(client).Generate(pb, timeout=timeout))
-    except grpc.RpcError as exc:
-        return _error(error_from_rpc(exc))
-
-
-def _raw_stream(client: Client, request: dict[str, Any]) -> Outcome:
-    """A stream read from the raw frames: texts, end frames, and the calls both ways (fragments, end)."""
-    pb = json_format.ParseDict(request, generation_pb2.GenerateRequest())
-    kinds: list[tuple[str, int]] = []
-    texts: dict[int, str] = {}
-    ends: dict[int, Any] = {}
-    partial: dict[int, list[dict[str, str]]] = {}
-    fragments = 0
-    try:
-        for frame in _stub(client).GenerateStream(
-            generation_pb2.GenerateStreamRequest(request=pb), timeout=60
-        ):
-            kind = frame.WhichOneof("frame")
-            if kind == "start":
-                kinds.append(("start", -1))
-            elif kind == "delta":
-                d = frame.delta
-                kinds.append(("delta", d.index))
-                texts[d.index] = texts.get(d.index, "") + d.text
-                calls = partial.setdefault(d.index, [])
-                for f in d.tool_calls:
-                    fragments += 1
-                    while len(calls) <= f.index:
-                        calls.append({"id": "", "name": "", "arguments_json": ""})
-                    calls[f.index]["id"] = f.id or calls[f.index]["id"]
-                    calls[f.index]["name"] = f.name or calls[f.index]["name"]
-                    calls[f.index]["arguments_json"] += f.arguments_fragment
-            elif kind == "end":
-                kinds.append(("end", frame.end.index))
-                ends[frame.end.index] = frame.end
-    except grpc.RpcError as exc:
-        return _error(error_from_rpc(exc))
-    indices = sorted(set(texts) | set(ends))
-    final = {i: _calls(ends[i].tool_calls) if i in ends else [] for i in indices}
-
-    def named(calls: list[dict[str, str]]) -> list[tuple[str, str]]:
-        return [(c["name"], c["arguments_json"]) for c in calls]
-
-    return {
-        "texts": [texts.get(i, "") for i in indices],
-        "finish_reasons": [types_pb2.FinishReason.Name(ends[i].finish_reason) for i in indices if i in ends],
-        "output_tokens": [ends[i].usage.output_tokens for i in indices if i in ends],
-        "frames_ordered": _ordered(kinds),
-        "tool_calls": [final[i] for i in indices],
-        # Names and arguments: the end frame's ids are the final ones (the server makes those a
-        # backend left out).
-        "fragments_match_end": fragments > 0
-        and all(named(partial.get(i, [])) == named(final[i]) for i in indices),
-    }
-
-
 def _tool_round_trip(client: Client, request: dict[str, Any], results: dict[str, str]) -> Outcome:
-    """Sends `request`, answers its first generation's calls with `results` (call id -> result) in
-    the assistant turn plus one ROLE_TOOL message each, and sends the conversation on."""
-    pb = json_format.ParseDict(request, generation_pb2.GenerateRequest())
+    """Sends `request`, answers its first generation's calls with `results` (call id -> result)
+    through `with_results`, and sends the conversation on."""
+    model, prompt, options = _kwargs(request)
     try:
-        first = _stub(client).Generate(pb, timeout=60).generations[0]
-    except grpc.RpcError as exc:
-        return _error(error_from_rpc(exc))
-    if not first.tool_calls:
-        return {
-            "error": {
-                "code": "CLIENT_NO_TOOL_CALL",
-                "reason": "the first response made no tool call",
-                "fields": [],
-            }
-        }
-    missing = [c.id for c in first.tool_calls if c.id not in results]
-    extra = sorted(set(results) - {c.id for c in first.tool_calls})
-    if missing or extra:
-        return {
-            "error": {
-                "code": "CLIENT_ERROR",
-                "reason": f"results missing {missing}, for no call {extra}",
-                "fields": [],
-            }
-        }
-    assistant = types_pb2.ChatMessage(role=types_pb2.ROLE_ASSISTANT, tool_calls=first.tool_calls)
-    if first.text:
-        assistant.content.add(text=first.text)
-    pb.messages.messages.append(assistant)
-    for call in first.tool_calls:
-        answer = pb.messages.messages.add(role=types_pb2.ROLE_TOOL, tool_call_id=call.id)
-        answer.content.add(text=results[call.id])
-    try:
-        return _raw_response(_stub(client).Generate(pb, timeout=60))
-    except grpc.RpcError as exc:
-        return _error(error_from_rpc(exc))
+        first = client.generate(model, prompt, **options)
+        if not first.generations or not first.generations[0].tool_calls:
+            return {"error": {"code": "CLIENT_NO_TOOL_CALL", "reason": "no tool call", "fields": []}}
+        try:
+            options["messages"] = with_results(options.get("messages", []), first.generations[0], results)
+        except ValueError as exc:
+            return {"error": {"code": "CLIENT_ERROR", "reason": str(exc), "fields": []}}
+        return _response(client.generate(model, None, **options))
+    except GengateError as exc:
+        return _error(exc)
 
 
 def _turn(turn: Turn) -> dict[str, Any]:
@@ -288,8 +192,6 @@ def _observed_calls(out: Outcome) -> list[list[dict[str, str]]] | None:
 
 
 def generate(client: Client, request: dict[str, Any], timeout_ms: int | None = None) -> Outcome:
-    if _uses_tools(request):
-        return _raw_generate(client, request, timeout_ms)
     model, prompt, options = _kwargs(request)
     if timeout_ms is not None:
         options["timeout"] = timeout_ms / 1000
@@ -304,31 +206,50 @@ def generate(client: Client, request: dict[str, Any], timeout_ms: int | None = N
 
 
 def stream(client: Client, request: dict[str, Any]) -> Outcome:
-    if _uses_tools(request):
-        return _raw_stream(client, request)
     model, prompt, options = _kwargs(request)
     kinds: list[tuple[str, int]] = []
     texts: dict[int, str] = {}
     ends: dict[int, Any] = {}
+    partial: dict[int, list[dict[str, str]]] = {}
+    fragments = 0
     try:
         for frame in client.generate_stream(model, prompt, **options):
-            kind = type(frame).__name__
-            if kind == "StreamStart":
+            if isinstance(frame, StreamStart):
                 kinds.append(("start", -1))
-            elif kind == "StreamDelta":
+            elif isinstance(frame, StreamDelta):
                 kinds.append(("delta", frame.index))
                 texts[frame.index] = texts.get(frame.index, "") + frame.text
+                calls = partial.setdefault(frame.index, [])
+                for f in frame.tool_calls:
+                    fragments += 1
+                    while len(calls) <= f.index:
+                        calls.append({"id": "", "name": "", "arguments_json": ""})
+                    calls[f.index]["id"] = f.id or calls[f.index]["id"]
+                    calls[f.index]["name"] = f.name or calls[f.index]["name"]
+                    calls[f.index]["arguments_json"] += f.arguments_fragment
             else:
                 kinds.append(("end", frame.index))
-                ends[frame.index] = frame.raw
+                ends[frame.index] = frame
     except GengateError as exc:
         return _error(exc)
     indices = sorted(set(texts) | set(ends))
+    final = {i: _calls(ends[i].tool_calls) if i in ends else [] for i in indices}
+
+    def named(calls: list[dict[str, str]]) -> list[tuple[str, str]]:
+        return [(c["name"], c["arguments_json"]) for c in calls]
+
     return {
         "texts": [texts.get(i, "") for i in indices],
-        "finish_reasons": [types_pb2.FinishReason.Name(ends[i].finish_reason) for i in indices if i in ends],
-        "output_tokens": [ends[i].usage.output_tokens for i in indices if i in ends],
+        "finish_reasons": [
+            types_pb2.FinishReason.Name(ends[i].raw.finish_reason) for i in indices if i in ends
+        ],
+        "output_tokens": [ends[i].raw.usage.output_tokens for i in indices if i in ends],
         "frames_ordered": _ordered(kinds),
+        "tool_calls": [final[i] for i in indices],
+        # Names and arguments: the end frame's ids are the final ones (the server makes those a
+        # backend left out).
+        "fragments_match_end": fragments > 0
+        and all(named(partial.get(i, [])) == named(final[i]) for i in indices),
     }
 
 
