@@ -104,10 +104,11 @@ async def backend(request: pytest.FixtureRequest, tiny_model: TinyModelPaths) ->
 
 
 def ask(**fields: Any) -> GenerationRequest:
+    fields.setdefault("model", "tiny")
     fields.setdefault("messages", (ChatMessage(Role.USER, (TextPart("What is the weather in Paris?"),)),))
     fields.setdefault("tools", TOOLS)
     fields.setdefault("stopping", StoppingCriteria(max_tokens=160))
-    return GenerationRequest(model="tiny", **fields)
+    return GenerationRequest(**fields)
 
 
 async def generations(backend: Backend, **fields: Any) -> list[tuple[GenerationRequest, Generation]]:
@@ -221,3 +222,26 @@ async def test_a_raw_prompt_is_held_to_the_tools_grammar_too(backend: Backend) -
     (gen,) = (await backend.generate(req)).generations
     assert gen.tool_calls
     assert_valid_calls(req, gen)
+
+
+async def test_tools_cross_the_worker_process_boundary(tiny_model: TinyModelPaths) -> None:
+    pytest.importorskip("llama_cpp")
+    from gengate.workers.backend import WorkerBackend
+
+    worker = WorkerBackend("tiny-llama", "llamacpp", {"path": str(tiny_model.gguf_path), "n_ctx": 1024})
+    await worker.start()
+    try:
+        assert worker.capabilities.tools is Enforcement.ENGINE
+        req = ask(model="tiny-llama", tool_choice=ToolChoice(name="weather"), sampling=SamplingParams(seed=2))
+        (gen,) = (await worker.generate(req)).generations
+        assert gen.finish_reason is FinishReason.TOOL_CALLS and [c.name for c in gen.tool_calls] == [
+            "weather"
+        ]
+        assert_valid_calls(req, gen)
+        events = [e async for e in worker.generate_stream(req)]
+        (end,) = [e for e in events if isinstance(e, GenerationEnd)]
+        streamed = [c for e in events if isinstance(e, GenerationDelta) for c in e.tool_calls]
+        assert [c.id for c in streamed] == [c.id for c in end.tool_calls] and end.tool_calls
+        assert [c.arguments for c in end.tool_calls] == [c.arguments for c in gen.tool_calls]  # same seed
+    finally:
+        await worker.aclose()
