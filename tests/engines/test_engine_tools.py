@@ -245,3 +245,53 @@ async def test_tools_cross_the_worker_process_boundary(tiny_model: TinyModelPath
         assert [c.arguments for c in end.tool_calls] == [c.arguments for c in gen.tool_calls]  # same seed
     finally:
         await worker.aclose()
+
+
+async def test_llamacpp_chat_format_gets_the_generic_form(tiny_model: TinyModelPaths) -> None:
+    pytest.importorskip("llama_cpp")
+    from gengate.engines.llamacpp import LlamaCppBackend, LlamaCppOptions
+
+    options = LlamaCppOptions(path=str(tiny_model.gguf_path), n_ctx=1024, n_threads=1, chat_format="chatml")
+    backend = LlamaCppBackend("tiny", options)
+    await backend.start()
+    try:
+        req = ask(tool_choice=ToolChoice(ToolChoiceMode.REQUIRED), sampling=SamplingParams(seed=4))
+        assert "# Tools" in backend._render_chat(req) and '"name": "book_table"' in backend._render_chat(req)
+        (gen,) = (await backend.generate(req)).generations
+        assert gen.tool_calls and gen.finish_reason is FinishReason.TOOL_CALLS
+        assert_valid_calls(req, gen)
+    finally:
+        await backend.aclose()
+
+
+# A template that renders tools and calls itself, as Qwen2.5's does (cut down).
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n"
+    "</tools><|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>\n"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n'
+    "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+async def test_a_template_that_speaks_tools_renders_them_itself(tiny_model: TinyModelPaths) -> None:
+    pytest.importorskip("llama_cpp")
+    from gengate.engines.llamacpp import LlamaCppBackend, LlamaCppOptions
+
+    options = LlamaCppOptions(
+        path=str(tiny_model.gguf_path), n_ctx=1024, n_threads=1, chat_template=HERMES_TEMPLATE
+    )
+    backend = LlamaCppBackend("tiny", options)
+    await backend.start()
+    try:
+        req = ask(tool_choice=ToolChoice(name="weather"), sampling=SamplingParams(seed=6))
+        rendered = backend._render_chat(req)
+        assert rendered.startswith("<|im_start|>system\n<tools>") and '"name": "weather"' in rendered
+        assert "# Tools" not in rendered  # the template's own, not the generic form
+        (gen,) = (await backend.generate(req)).generations
+        assert gen.tool_calls and {c.name for c in gen.tool_calls} == {"weather"}
+        assert_valid_calls(req, gen)
+    finally:
+        await backend.aclose()

@@ -342,6 +342,7 @@ class CallSplitter:
 
     _pending: str = ""
     _in_call: bool = False
+    _searched: int = 0  # how far into an open call's body the close tag was looked for
     _after_call: bool = False
     calls: list[ToolCall] = field(default_factory=list)
 
@@ -352,8 +353,9 @@ class CallSplitter:
         new: list[ToolCall] = []
         while True:
             if self._in_call:
-                end = self._pending.find(CALL_CLOSE)
+                end = self._pending.find(CALL_CLOSE, self._searched)
                 if end < 0:
+                    self._searched = max(0, len(self._pending) - len(CALL_CLOSE) + 1)
                     break
                 call = parse_call(self._pending[:end])
                 self.calls.append(call)
@@ -366,7 +368,7 @@ class CallSplitter:
                 if not self._after_call:
                     released.append(self._pending[:start].rstrip())
                 self._pending = self._pending[start + len(CALL_OPEN) :]
-                self._in_call = True
+                self._in_call, self._searched = True, 0
                 continue
             keep = _open_prefix_length(self._pending)
             head = self._pending[: len(self._pending) - keep]
