@@ -45,6 +45,7 @@ from gengate.engines.vllm import (
     sampling_kwargs,
     structured_outputs_kwargs,
 )
+from gengate.models.tiny import TinyModelPaths
 
 
 def test_module_does_not_import_vllm() -> None:
@@ -517,3 +518,36 @@ def test_extra_engine_args_are_checked_against_the_engine_args_fields() -> None:
         def __init__(self, model: str, *, block_size: int = 16, **rest: object) -> None: ...
 
     assert engine_arg_names(PlainArgs) == {"model", "block_size"}
+
+
+# --- issue 14: tool calls, through the local engines' shared format ------------------------------
+
+
+def test_tools_are_declared_for_the_guidance_backend_only() -> None:
+    assert capabilities_for(VLLMOptions(model="m"), context_length=8, chat=True).tools is Enforcement.ENGINE
+    xgrammar = VLLMOptions(model="m", structured_outputs_backend="xgrammar")
+    assert capabilities_for(xgrammar, context_length=8, chat=True).tools is None  # no Lark `%json` there
+
+
+def test_tools_reach_the_prompt_and_the_grammar(tiny_model: TinyModelPaths) -> None:
+    pytest.importorskip("transformers")
+    from gengate.domain import ChatMessage, Role, TextPart, Tool, ToolChoice, ToolChoiceMode
+    from gengate.engines.toolcalls import tool_plan
+    from transformers import AutoTokenizer
+
+    backend = VLLMBackend("m", VLLMOptions(model="m", max_model_len=2048))
+    backend._tokenizer = AutoTokenizer.from_pretrained(str(tiny_model.hf_dir))
+    tool = Tool("lookup", "Looks a word up", {"type": "object", "properties": {"word": {"type": "string"}}})
+    request = GenerationRequest(
+        model="m",
+        messages=(ChatMessage(Role.USER, (TextPart("hi"),)),),
+        tools=(tool,),
+        tool_choice=ToolChoice(ToolChoiceMode.REQUIRED),
+    )
+    prompt = backend._tokenizer.decode(backend._prompt_ids(request))
+    assert "<|im_start|>system\n# Tools" in prompt and '"name": "lookup"' in prompt  # the generic form
+    plan = tool_plan(request)
+    assert plan is not None and plan.grammar is not None
+    kwargs, _ = structured_outputs_kwargs(plan.grammar)  # what _sampling_params sends for tools
+    assert kwargs == {"grammar": plan.grammar.constraint.definition}  # type: ignore[union-attr]
+    assert "%json" in kwargs["grammar"]

@@ -448,17 +448,43 @@ async def test_a_request_that_cannot_be_served_is_refused_with_the_field_named(
     assert "requests[1]." + field in field_violations(by_index[1].error)
 
 
-async def test_the_tiny_local_model_refuses_tools_until_its_engine_maps_them(
-    make_server: ServerFactory,
-) -> None:
+async def test_the_tiny_local_model_calls_tools_its_engine_enforces(make_server: ServerFactory) -> None:
+    """llama.cpp on the tiny model through the real server: its random weights write nonsense, so
+    well-formed calls of the named tool (and one call where parallel calls are off) are the
+    grammar's doing, and the server's re-validation lets them through."""
     pytest.importorskip("llama_cpp")
     server = await make_server({"models": [{"name": "tiny", "backend": "llamacpp", "tiny": True}]})
     async with grpc.aio.insecure_channel(server.address) as channel:
         stub = generation_pb2_grpc.GenerationServiceStub(channel)
-        error = await refusal(stub, ask("tiny"))
-        assert (error.code(), reason(error)) == (grpc.StatusCode.UNIMPLEMENTED, "TOOLS_UNSUPPORTED")
         models = await stub.ListModels(g.ListModelsRequest())
-        assert models.models[0].capabilities.tools == t.ENFORCEMENT_UNSPECIFIED
+        assert models.models[0].capabilities.tools == t.ENFORCEMENT_ENGINE
+        room = t.StoppingCriteria(max_tokens=96)
+        for seed in range(3):
+            named = ask(
+                "tiny",
+                tool_choice=t.ToolChoice(name="get_time"),
+                sampling=t.SamplingParams(seed=seed),
+                stopping=room,
+            )
+            reply = await stub.Generate(named)
+            assert reply.enforcement == t.ENFORCEMENT_ENGINE
+            [generation] = reply.generations
+            assert generation.finish_reason == t.FINISH_REASON_TOOL_CALLS
+            assert generation.tool_calls and {c.name for c in generation.tool_calls} == {"get_time"}
+            assert all(json.loads(c.arguments_json) == {} for c in generation.tool_calls)
+        one = ask(
+            "tiny",
+            tool_choice=t.ToolChoice(mode=t.TOOL_CHOICE_MODE_REQUIRED),
+            parallel_tool_calls=False,
+            sampling=t.SamplingParams(seed=1),
+            stopping=room,
+        )
+        frames = await stream_frames(stub, one)
+        [end] = [f.end for f in frames if f.HasField("end")]
+        assert end.finish_reason == t.FINISH_REASON_TOOL_CALLS and len(end.tool_calls) == 1
+        assert end.tool_calls[0].name in ("get_weather", "get_time")
+        heads = [(c.id, c.name) for f in frames if f.HasField("delta") for c in f.delta.tool_calls if c.name]
+        assert heads == [(end.tool_calls[0].id, end.tool_calls[0].name)]
 
 
 async def test_list_models_says_how_each_model_enforces_tools(

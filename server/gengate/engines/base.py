@@ -37,11 +37,13 @@ def engine_capabilities(
     backend_options: frozenset[str] = ENGINE_OPTIONS,
     special_tokens: frozenset[str] | None = None,
     chat_continuation: bool | None = None,
+    tools: Enforcement | None = None,
 ) -> ModelCapabilities:
     """A local engine's capabilities: every constraint kind enforced in its own decoding loop,
     seeds, text input, logprobs where it keeps any, the engine options, and raw prompts (Magpie),
     continuing a conversation where the model has a chat template. `special_tokens`: the
-    tokenizer's tokens among gengate.magpie.PRESET_TOKENS (None until the model is loaded)."""
+    tokenizer's tokens among gengate.magpie.PRESET_TOKENS (None until the model is loaded); `tools`:
+    how the engine enforces tool calls (None: it takes no tools)."""
     return ModelCapabilities(
         constraints={kind: Enforcement.ENGINE for kind in ConstraintKind},
         grammar_syntaxes=grammar_syntaxes,
@@ -56,6 +58,7 @@ def engine_capabilities(
         raw_prompt=True,
         chat_continuation=chat if chat_continuation is None else chat_continuation,
         special_tokens=special_tokens,
+        tools=tools,
     )
 
 

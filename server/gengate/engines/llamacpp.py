@@ -58,6 +58,7 @@ from gengate.engines.llamacpp_settings import (
 )
 from gengate.engines.options import EngineOptions, engine_options
 from gengate.engines.resampling import all_generations, merge_deltas, retry_seed
+from gengate.engines.toolcalls import chat_prompt, template_speaks_tools, tool_events, tool_plan
 from gengate.magpie import PRESET_TOKENS
 
 if TYPE_CHECKING:
@@ -169,6 +170,7 @@ class LlamaCppBackend:
         self._llm: Any = None
         self._compiler: Any = None
         self._chat_template: Any = None
+        self._template_speaks_tools = False  # the template renders tools and calls itself
         self._chat_formatter: ChatFormatter | None = None  # chat_format's, instead of the template
         self._format_stops: tuple[str, ...] = ()
         # Where llama.cpp put the layers (read from its load log); None before start or if untold.
@@ -195,6 +197,7 @@ class LlamaCppBackend:
             chat=chat,
             special_tokens=special_tokens,
             chat_continuation=chat_continuation,
+            tools=Enforcement.ENGINE,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -265,6 +268,7 @@ class LlamaCppBackend:
         if self._chat_formatter is not None:
             template = None  # chat_format renders the messages
         self._chat_template = _compile_template(template) if template else None
+        self._template_speaks_tools = template_speaks_tools(template)
         chat = self._chat_template is not None or self._chat_formatter is not None
         self.capabilities = self._capabilities(
             chat=chat,
@@ -317,9 +321,13 @@ class LlamaCppBackend:
             stopping = replace(stopping, stop=tuple(dict.fromkeys((*stopping.stop, *self._format_stops))))
         compiled = None
         enforcement = Enforcement.NONE
+        plan = tool_plan(request)
         if request.structured_output is not None:
             compiled = await self._compiler.compile(request.structured_output)
             enforcement = compiled.enforcement
+        elif plan is not None and plan.grammar is not None:
+            compiled = await self._compiler.compile(plan.grammar)
+            enforcement = plan.enforcement
         sampling = seeded(request.sampling)
         seed = sampling.seed
         assert seed is not None
@@ -331,8 +339,11 @@ class LlamaCppBackend:
                 request, indices, prompt, attempt_sampling, stopping, compiled, options, arrived
             )
 
-        async with aclosing(all_generations(request, enforcement, generations)) as events:
-            async for event in events:
+        async with (
+            aclosing(all_generations(request, enforcement, generations)) as events,
+            aclosing(tool_events(events, plan)) as split,
+        ):
+            async for event in split:
                 yield event
 
     async def _generations(
@@ -561,19 +572,20 @@ class LlamaCppBackend:
         return tokens
 
     def _render_chat(self, request: GenerationRequest) -> str:
-        messages = request.messages or ()
         refuse_images(request, self.name)
         if self._chat_formatter is not None:
-            return self._format_chat(messages)
+            return self._format_chat(request)
         if self._chat_template is None:
             raise errors.InvalidArgument.field(
                 "messages",
                 f"model {self.name!r} has no chat template; send a prompt",
                 reason="NO_CHAT_TEMPLATE",
             )
+        prompt = chat_prompt(request, native=self._template_speaks_tools)
         try:
             rendered: str = self._chat_template.render(
-                messages=[{"role": m.role.value, "content": m.text} for m in messages],
+                messages=prompt.messages,
+                **prompt.template_kwargs(),
                 bos_token=self._bos_text,
                 eos_token=self._eos_text,
                 add_generation_prompt=request.continuation is None,
@@ -584,13 +596,12 @@ class LlamaCppBackend:
             ) from exc
         return rendered + (request.continuation or "")
 
-    def _format_chat(self, messages: Sequence[Any]) -> str:
-        """The messages rendered with llama-cpp-python's formatter of `chat_format`."""
+    def _format_chat(self, request: GenerationRequest) -> str:
+        """The messages rendered with llama-cpp-python's formatter of `chat_format` (tools in the
+        generic form: its formatters take no tools)."""
         assert self._chat_formatter is not None
         try:
-            response = self._chat_formatter(
-                messages=[{"role": m.role.value, "content": m.text} for m in messages]
-            )
+            response = self._chat_formatter(messages=chat_prompt(request, native=False).messages)
         except Exception as exc:  # a format that refuses a role or an order
             raise errors.InvalidArgument.field(
                 "messages", f"chat format {self.options.chat_format!r} refused the messages: {exc}"

@@ -69,6 +69,7 @@ from gengate.domain import (
 from gengate.engines.base import engine_capabilities, output_room, special_tokens_of, stream_start
 from gengate.engines.options import ENGINE_OPTIONS, engine_options, refuse_own_keys
 from gengate.engines.resampling import all_generations, retry_seed
+from gengate.engines.toolcalls import chat_prompt, template_speaks_tools, tool_events, tool_plan
 from gengate.lru import LruCache
 
 StructuredBackend = Literal["guidance", "xgrammar", "outlines", "auto"]
@@ -511,6 +512,8 @@ def capabilities_for(
         | VLLM_SAMPLING_OPTIONS
         | (VLLM_OPTIONS if options.lora_adapters else frozenset()),
         special_tokens=special_tokens,
+        # the tools grammar is llguidance Lark (`%json` rules): only the guidance backend reads it
+        tools=Enforcement.ENGINE if options.structured_outputs_backend == "guidance" else None,
     )
 
 
@@ -680,18 +683,15 @@ class VLLMBackend:
             if len(ids) > 1 and ids[0] == ids[1] == bos:
                 ids = ids[1:]  # the prompt began with BOS (a pre-query's) and the tokenizer added one
             return ids
-        messages = [{"role": str(m.role), "content": m.text} for m in request.messages or ()]
+        template = self.options.chat_template or getattr(tokenizer, "chat_template", None)
+        prompt = chat_prompt(request, native=template_speaks_tools(template))
+        own = {"tools": prompt.tools, "chat_template": self.options.chat_template}
         if request.continuation is not None:  # the conversation continued from a text (Magpie)
             text = tokenizer.apply_chat_template(
-                messages,
-                tokenize=False,
-                add_generation_prompt=False,
-                chat_template=self.options.chat_template,
+                prompt.messages, tokenize=False, add_generation_prompt=False, **own
             )
             return list(tokenizer.encode(text + request.continuation, add_special_tokens=False))
-        ids = tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True, chat_template=self.options.chat_template
-        )
+        ids = tokenizer.apply_chat_template(prompt.messages, tokenize=True, add_generation_prompt=True, **own)
         if isinstance(ids, Mapping):  # tokenizers that answer a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
@@ -710,9 +710,14 @@ class VLLMBackend:
             request, default_max_tokens=max(1, self._context_length - prompt_len), vocab_size=self._vocab_size
         )
         enforcement = Enforcement.NONE
+        plan = tool_plan(request)
         if request.structured_output is not None:
             structured, enforcement = structured_outputs_kwargs(request.structured_output)
             kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
+        elif plan is not None and plan.grammar is not None:
+            structured, _ = structured_outputs_kwargs(plan.grammar)
+            kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
+            enforcement = plan.enforcement
         deltas = stream and enforcement is not Enforcement.VALIDATED
         kind = RequestOutputKind.DELTA if deltas else RequestOutputKind.FINAL_ONLY
         return self._vllm.SamplingParams(output_kind=kind, **kwargs), enforcement
@@ -754,8 +759,11 @@ class VLLMBackend:
             retry_id = f"{engine_request_id}-retry{attempt}"
             return self._run(prompt_ids, retry_params, lora, retry_id, retry, arrived, indices)
 
-        async with aclosing(all_generations(request, enforcement, generations)) as events:
-            async for event in events:
+        async with (
+            aclosing(all_generations(request, enforcement, generations)) as events,
+            aclosing(tool_events(events, tool_plan(request))) as split,
+        ):
+            async for event in split:
                 yield event
 
     async def _run(

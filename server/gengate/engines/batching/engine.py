@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,6 +31,7 @@ from gengate.engines.base import (
 )
 from gengate.engines.batching.request import Loaded
 from gengate.engines.options import engine_options
+from gengate.engines.toolcalls import chat_prompt, template_speaks_tools, tool_events, tool_plan
 
 MAX_TOP_LOGPROBS = 20
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
@@ -57,6 +59,7 @@ class BatchedEngine:
             context_length=context_length,
             chat=chat,
             special_tokens=special_tokens,
+            tools=Enforcement.ENGINE,
         )
 
     def _load(self) -> Loaded:
@@ -101,9 +104,14 @@ class BatchedEngine:
         stopping = output_room(request, len(prompt_ids), loaded.context_length)
         sampling = seeded(request.sampling)
         compiled = None
+        enforcement = Enforcement.NONE
+        plan = tool_plan(request)
         if request.structured_output is not None:
             compiled = await loaded.compiler.compile(request.structured_output)
-        enforcement = compiled.enforcement if compiled is not None else Enforcement.NONE
+            enforcement = compiled.enforcement
+        elif plan is not None and plan.grammar is not None:
+            compiled = await loaded.compiler.compile(plan.grammar)
+            enforcement = plan.enforcement
         yield stream_start(
             request, request.model or self.name, len(prompt_ids), enforcement, sampling, stopping
         )
@@ -112,8 +120,9 @@ class BatchedEngine:
 
         run = RequestRun(loaded, request, prompt_ids, sampling, stopping, compiled, arrived, options)
         try:
-            async for event in run.events():
-                yield event
+            async with aclosing(tool_events(run.events(), plan)) as events:
+                async for event in events:
+                    yield event
         finally:
             run.cancel()
 
@@ -135,9 +144,12 @@ class BatchedEngine:
                     f"model {self.name!r} has no chat template; send a prompt",
                     reason="NO_CHAT_TEMPLATE",
                 )
-            conversation = [{"role": m.role.value, "content": m.text} for m in request.messages]
+            prompt = chat_prompt(request, native=template_speaks_tools(tokenizer.chat_template))
             text = tokenizer.apply_chat_template(
-                conversation, add_generation_prompt=request.continuation is None, tokenize=False
+                prompt.messages,
+                tools=prompt.tools,
+                add_generation_prompt=request.continuation is None,
+                tokenize=False,
             )
             ids = list(tokenizer(text + (request.continuation or ""), add_special_tokens=False)["input_ids"])
         else:
