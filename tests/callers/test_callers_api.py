@@ -233,3 +233,59 @@ async def test_stream_releases_its_concurrency_when_the_caller_cancels(make_serv
 
 def _unused(*_: Any) -> None:  # keeps imports used by helpers above honest for linters
     return None
+
+
+def hold_first_call(server: Any, model: str, release: asyncio.Event) -> list[str]:
+    """The prompts in the order `model` is called; the call with prompt "holder" keeps its slot
+    until `release` is set."""
+    backend: Any = server.router.route(model).backend
+    original = backend.generate_stream
+    seen: list[str] = []
+
+    async def generate_stream(request: Any) -> Any:
+        seen.append(request.prompt or "")
+        if request.prompt == "holder":
+            await release.wait()
+        async for event in original(request):
+            yield event
+
+    backend.generate_stream = generate_stream
+    return seen
+
+
+@pytest.mark.parametrize("metrics", [False, True], ids=["plain", "with-metrics"])
+async def test_a_caller_with_quotas_finds_a_full_queue_full(
+    make_server: ServerFactory, metrics: bool
+) -> None:
+    # Quotas (and metrics) wrap the call: the model's queue bound must still hold for it.
+    narrow = [{"name": "narrow", "backend": "scripted", "max_concurrency": 1, "max_queue": 1}]
+    callers = [{"name": "team-a", "token_env": "TEAM_A_TOKEN", "requests_per_minute": 1000}]
+    server_settings: dict[str, Any] = {"metrics": {"port": 0}} if metrics else {}
+    server = await make_server(with_callers(narrow, callers, **server_settings))
+    release = asyncio.Event()
+    seen = hold_first_call(server, "narrow", release)
+    route = server.router.route("narrow")
+    async with AsyncClient(server.address, metadata=bearer(TOKEN_A), max_retries=0) as client:
+        holder = asyncio.create_task(client.generate("narrow", "holder"))
+        await until(lambda: seen == ["holder"], "the holder has the slot")
+        queued = asyncio.create_task(client.generate("narrow", "queued"))
+        await until(lambda: route.waiting == 1, "one call queued")
+        with pytest.raises(ResourceExhaustedError) as full:
+            await client.generate("narrow", "one too many", timeout=30)  # unbounded: it would wait
+        assert full.value.reason == "QUEUE_FULL"
+        release.set()
+        await asyncio.gather(holder, queued)
+
+
+async def test_batch_items_wait_for_room_under_their_callers_max_concurrency(
+    make_server: ServerFactory,
+) -> None:
+    # A batch bounds itself: its items over the caller's max_concurrency wait instead of failing.
+    callers = [
+        {"name": "team-a", "token_env": "TEAM_A_TOKEN", "max_concurrency": 1, "requests_per_minute": 1000}
+    ]
+    server = await make_server(with_callers(MODELS, callers))
+    async with AsyncClient(server.address, metadata=bearer(TOKEN_A), max_retries=0) as client:
+        items = await client.batch_generate([{"model": "slow", "prompt": f"p{i}"} for i in range(3)])
+    assert [item.error for item in items] == [None, None, None]
+    assert all(item.response is not None and item.response.text for item in items)
