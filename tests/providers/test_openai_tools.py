@@ -141,11 +141,20 @@ def test_every_member_declares_native_tools(cls: type[oai.OpenAIChatBackend]) ->
     assert (caps.reasoning_control, caps.reasoning) == (openai_itself, not openai_itself)
 
 
-async def test_a_provider_without_tools_refuses_them_before_any_request() -> None:
-    pytest.importorskip("anthropic")
-    from gengate.providers.anthropic import AnthropicBackend
+class _NoTools(ProviderBackend):
+    """A provider that maps no tool calling (every call upstream fails the test)."""
 
-    backend = AnthropicBackend("claude", AnthropicBackend.Options(model="c", api_key=SecretStr("k")))
+    kind = "no_tools"
+
+    async def _complete(self, call: Any) -> Completion:
+        raise AssertionError("refused tools must not reach the upstream")
+
+    def _stream(self, call: Any) -> AsyncIterator[Any]:
+        raise AssertionError("refused tools must not reach the upstream")
+
+
+async def test_a_provider_without_tools_refuses_them_before_any_request() -> None:
+    backend = _NoTools("plain", _NoTools.Options(model="c", api_key=SecretStr("k")))
     assert backend.capabilities.tools is None
     with pytest.raises(errors.Unimplemented) as info:
         await backend.generate(ask())  # never started: refused before any client is needed

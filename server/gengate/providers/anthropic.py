@@ -4,11 +4,15 @@ JSON Schema and choices are enforced natively with `output_config.format` (json_
 schema adapted by the SDK's own `transform_schema`); regex and JSON-object are prompted and
 validated; grammars are refused. Anthropic has no `n`: the base fans out. Offline jobs go
 through Message Batches (one request per item and choice, each the online call's body).
+
+Tools are native (tool_use / tool_result blocks, `tool_choice`, strict tools); thinking is set
+by `thinking` (a token budget, adaptive, or disabled) and `output_config.effort`, and comes back
+as the generation's reasoning with its signatures (the wire forms: providers.anthropic_wire).
 """
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -23,14 +27,17 @@ from gengate.domain import (
     FinishReason,
     Generation,
     GenerationRequest,
-    ImagePart,
-    Role,
+    ReasoningControl,
     StructuredOutput,
-    TextPart,
+    Tool,
+    ToolCall,
+    ToolChoiceMode,
     Usage,
 )
+from gengate.providers import anthropic_wire as wire
 from gengate.providers import batching
 from gengate.providers import structured as so
+from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
     Chunk,
     ChunkEnd,
@@ -45,8 +52,12 @@ from gengate.providers.base import (
 )
 from gengate.providers.errors import from_status
 from gengate.providers.retry import call_with_retries
+from gengate.tools import parameters_of
 
 T = TypeVar("T")
+
+# Anthropic's least thinking budget (`budget_tokens` below it is a 400).
+MIN_THINKING_BUDGET = 1024
 
 # Keywords Anthropic's structured outputs enforce; anything else is moved into a description by
 # `transform_schema`, so the result is then only VALIDATED.
@@ -108,18 +119,25 @@ def anthropic_plan(structured: StructuredOutput, level: Enforcement) -> so.Struc
     return so.plan_object_root(structured, level, transform=anthropic.transform_schema, relaxed=_relaxed)
 
 
-def _content(parts: tuple[TextPart | ImagePart, ...]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for part in parts:
-        if isinstance(part, TextPart):
-            out.append({"type": "text", "text": part.text})
-        elif part.url:
-            out.append({"type": "image", "source": {"type": "url", "url": part.url}})
-        else:
-            data = base64.b64encode(part.data or b"").decode()
-            media = part.mime_type or "image/png"
-            out.append({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
-    return out
+def _thinks(control: ReasoningControl | None) -> bool:
+    """Whether the request turns thinking on (a budget, or enabled)."""
+    return (
+        control is not None
+        and control.enabled is not False
+        and (control.budget_tokens is not None or control.enabled is True)
+    )
+
+
+def _thinking(control: ReasoningControl) -> dict[str, Any] | None:
+    """`thinking`: a budget as manual extended thinking, enabled alone as adaptive (Claude
+    decides how much), enabled false as disabled; None: the model's default."""
+    if control.budget_tokens is not None:
+        return {"type": "enabled", "budget_tokens": control.budget_tokens}
+    if control.enabled is True:
+        return {"type": "adaptive"}
+    if control.enabled is False:
+        return {"type": "disabled"}
+    return None
 
 
 def _finish(stop_reason: str | None) -> FinishReason:
@@ -142,6 +160,9 @@ class AnthropicBackend(ProviderBackend):
     }
     native_n: ClassVar[bool] = False
     image_input: ClassVar[bool] = True
+    tools_support: ClassVar[Enforcement | None] = Enforcement.NATIVE
+    reasoning_controls: ClassVar[bool] = True
+    reasoning_output: ClassVar[bool] = True
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)
@@ -176,18 +197,90 @@ class AnthropicBackend(ProviderBackend):
             raise RuntimeError(f"model {self.name!r} used before start()")
         return self._client
 
+    # --- tools and thinking ----------------------------------------------------------------
+
+    def check_reasoning(self, control: ReasoningControl) -> None:
+        """Every knob maps (a budget, adaptive, disabled, output_config.effort); a budget under
+        Anthropic's floor is refused here rather than by a 400 upstream."""
+        if control.budget_tokens is not None and control.budget_tokens < MIN_THINKING_BUDGET:
+            raise errors.InvalidArgument.field(
+                "reasoning.budget_tokens",
+                f"is {control.budget_tokens}, under Anthropic's least of {MIN_THINKING_BUDGET}",
+            )
+
+    def _prepare(self, req: GenerationRequest) -> ProviderCall:
+        """The base's checks, then what only Anthropic refuses: a budget that leaves max_tokens
+        nothing, a forced tool call while thinking, call arguments that are no JSON object."""
+        call = super()._prepare(req)
+        violations = wire.history_violations(req.messages or ())
+        if violations:
+            raise errors.InvalidArgument(
+                "; ".join(f"{v.field}: {v.description}" for v in violations), violations=violations
+            )
+        control = req.reasoning
+        budget = control.budget_tokens if control is not None else None
+        max_tokens = req.stopping.max_tokens
+        if budget is not None and max_tokens is not None and max_tokens <= budget:
+            raise errors.InvalidArgument.field(
+                "reasoning.budget_tokens",
+                f"is {budget}, not under stopping.max_tokens ({max_tokens}): Anthropic counts "
+                "thinking in max_tokens",
+            )
+        choice = req.tool_choice
+        forced = choice is not None and (choice.name is not None or choice.mode is ToolChoiceMode.REQUIRED)
+        if forced and _thinks(control):
+            raise tc.reasoning_refused(
+                f"{self.label} model {self.name!r}",
+                "tool_choice",
+                f"{self.label} cannot force a tool call while thinking: use auto or none, "
+                "or turn thinking off",
+            )
+        return call
+
+    def _strict_schema(self, tool: Tool) -> dict[str, Any] | None:
+        """A strict tool's schema as Anthropic's strict mode takes it, when it loses nothing."""
+        if not tool.strict:
+            return None
+        schema = dict(parameters_of(tool))
+        if _relaxed(schema):
+            return None
+        try:
+            return dict(anthropic.transform_schema(schema))
+        except (ValueError, TypeError, KeyError, AssertionError):
+            return None
+
+    def _tool_params(self, req: GenerationRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        if req.tools:
+            params["tools"] = [wire.tool(t, self._strict_schema(t)) for t in req.tools]
+        choice = wire.tool_choice(req.tool_choice, req.parallel_tool_calls)
+        if choice is not None:
+            params["tool_choice"] = choice
+        return params
+
+    def _max_tokens(self, req: GenerationRequest) -> int:
+        """The request's max_tokens; unset, the default answer length, after the thinking
+        budget when there is one (Anthropic counts thinking in max_tokens)."""
+        if req.stopping.max_tokens:
+            return req.stopping.max_tokens
+        budget = req.reasoning.budget_tokens if req.reasoning is not None else None
+        return self.opts.default_max_tokens + (budget or 0)
+
+    def final_tool_call(self, request: GenerationRequest, call: ToolCall) -> ToolCall:
+        """A streamed call to a tool without parameters may carry no input text: `{}`."""
+        if call.arguments.strip():
+            return call
+        return dataclasses.replace(call, arguments="{}")
+
+    # --- upstream calls ------------------------------------------------------------------------
+
     def _params(self, call: ProviderCall) -> dict[str, Any]:
         req = call.request
-        system = "\n\n".join(m.text for m in call.messages if m.role == Role.SYSTEM)
-        messages = [
-            {"role": m.role.value, "content": _content(m.content)}
-            for m in call.messages
-            if m.role != Role.SYSTEM
-        ]
+        system, messages = wire.messages(call.messages)
         params: dict[str, Any] = {
             "model": self.options.model,
             "messages": messages,
-            "max_tokens": req.stopping.max_tokens or self.opts.default_max_tokens,
+            "max_tokens": self._max_tokens(req),
             "timeout": call.timeout,
         }
         if system:
@@ -198,8 +291,19 @@ class AnthropicBackend(ProviderBackend):
         for key, value in (("temperature", s.temperature), ("top_p", s.top_p), ("top_k", s.top_k)):
             if value is not None:
                 params[key] = value
+        params.update(self._tool_params(req))
+        output_config: dict[str, Any] = {}
         if call.plan is not None and call.plan.native and call.plan.native_schema is not None:
-            params["output_config"] = {"format": {"type": "json_schema", "schema": call.plan.native_schema}}
+            output_config["format"] = {"type": "json_schema", "schema": call.plan.native_schema}
+        control = req.reasoning
+        if control is not None:
+            thinking = _thinking(control)
+            if thinking is not None:
+                params["thinking"] = thinking
+            if control.effort is not None:
+                output_config["effort"] = control.effort.value
+        if output_config:
+            params["output_config"] = output_config
         return params
 
     async def _complete(self, call: ProviderCall) -> Completion:
@@ -207,29 +311,52 @@ class AnthropicBackend(ProviderBackend):
 
     @staticmethod
     def _completion(message: Any) -> Completion:
-        """A Message (the SDK's object) as one generation and its usage."""
-        text = "".join(block.text for block in message.content if block.type == "text")
+        """A Message (the SDK's object) as one generation (text, calls, thinking) and its usage."""
+        text, calls, reasoning = wire.message_parts(message.content)
         generation = Generation(
             index=0,
             text=text,
             finish_reason=_finish(message.stop_reason),
             output_tokens=message.usage.output_tokens,
             matched_stop=message.stop_sequence,
+            tool_calls=calls,
+            reasoning=reasoning,
         )
         return Completion([generation], Usage(message.usage.input_tokens, message.usage.output_tokens))
 
     async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
         stream = await self.client.messages.create(**self._params(call), stream=True)
         input_tokens = 0
+        blocks = wire.StreamBlocks()
         try:
             check_event_stream(self.label, stream.response.headers.get("content-type"))
             async for event in stream:
                 if event.type == "message_start":
                     input_tokens = event.message.usage.input_tokens
-                elif event.type == "content_block_delta" and event.delta.type == "text_delta":
-                    yield ChunkText(0, event.delta.text)
+                elif event.type == "content_block_start":
+                    fragment = blocks.start(event.index, event.content_block)
+                    if fragment is not None:
+                        yield ChunkText(0, "", tool_calls=(fragment,))
+                elif event.type == "content_block_delta":
+                    delta = event.delta
+                    if delta.type == "text_delta":
+                        yield ChunkText(0, delta.text)
+                    elif delta.type == "input_json_delta":
+                        fragment = blocks.arguments(event.index, delta.partial_json)
+                        if fragment is not None:
+                            yield ChunkText(0, "", tool_calls=(fragment,))
+                    elif delta.type == "thinking_delta":
+                        blocks.think(event.index, delta.thinking)
+                        yield ChunkText(0, "", reasoning=delta.thinking)
+                    elif delta.type == "signature_delta":
+                        blocks.sign(event.index, delta.signature)
+                elif event.type == "content_block_stop":
+                    fragment = blocks.stop(event.index)
+                    if fragment is not None:
+                        yield ChunkText(0, "", tool_calls=(fragment,))
                 elif event.type == "message_delta":
-                    yield ChunkEnd(0, _finish(event.delta.stop_reason), event.delta.stop_sequence)
+                    finish = _finish(event.delta.stop_reason)
+                    yield ChunkEnd(0, finish, event.delta.stop_sequence, blocks.signatures())
                     yield ChunkUsage(input_tokens, event.usage.output_tokens)
         finally:
             await stream.close()

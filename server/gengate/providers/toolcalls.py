@@ -101,9 +101,10 @@ def reask_message(error: str, *, called: bool) -> str:
 def reask_feedback(bad: Generation, error: str) -> tuple[ChatMessage, ...]:
     """The turns appended to the chat to re-ask after `bad`: its message, calls included, then a
     tool message answering each call with the error (every call must be answered), or a user
-    message when it made none."""
+    message when it made none. Its reasoning goes back with it, for the providers that require
+    a call's thinking beside it (Anthropic)."""
     said = (TextPart(bad.text),) if bad.text else ()
-    assistant = ChatMessage(Role.ASSISTANT, said, tool_calls=bad.tool_calls)
+    assistant = ChatMessage(Role.ASSISTANT, said, tool_calls=bad.tool_calls, reasoning=bad.reasoning)
     if not bad.tool_calls:
         return assistant, ChatMessage(Role.USER, (TextPart(reask_message(error, called=False)),))
     text = (TextPart(reask_message(error, called=True)),)
