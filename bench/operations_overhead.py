@@ -8,10 +8,11 @@ fleet of replicas runs them.
 Ratios are req/s of each ÷ bare (1.00 = free), and each server process's CPU time per call
 (/proc; Redis's own CPU added for the Redis variant), which moves far less between sittings than
 req/s of separate processes: over the whole run, and as the median of paired rounds (each round
-runs the three one after the other; the median round is the estimate, so a burst of other work
-on the machine spoils a few rounds, not the result). The scripted model does no work, so this is the
-whole per-call cost over the server's fixed per-call cost (~1 ms); on a real model it is a
-fraction of that. Redis is the Debian `redis-server` (started in a temp dir, as the tests do).
+runs the three one after the other, every other round in reverse order; the median round is the
+estimate, so a burst of other work on the machine spoils a few rounds, not the result). The
+scripted model does no work, so this is the whole per-call cost over the server's fixed
+per-call cost (~1 ms); on a real model it is a fraction of that. Redis is the Debian
+`redis-server` (started in a temp dir, as the tests do).
 
     .venv/bin/python bench/operations_overhead.py [--quick] [--requests 1000] [--rounds 3] [--cpu-rounds 21]
 """
@@ -142,13 +143,17 @@ async def paired_cpu_ratios(
     the median round is the estimate (a burst of other work on the machine spoils a few rounds,
     not the result). The Redis variant counts redis-server's CPU too."""
     ratios: dict[str, list[float]] = {name: [] for name, _ in variants[1:]}
-    for _ in range(rounds):
-        per_call: list[float] = []
-        for i, ((_, call), pid) in enumerate(zip(variants, pids, strict=True)):
+    for round_ in range(rounds):
+        per_call = [0.0] * len(variants)
+        order = list(range(len(variants)))
+        if round_ % 2:  # every other round backwards: no variant always runs first
+            order.reverse()
+        for i in order:
+            call, pid = variants[i][1], pids[i]
             watched = [pid, redis_pid] if i == 2 else [pid]
             before = sum(cpu_seconds(p) for p in watched)
             await run_concurrent("cpu", call, requests, 8)
-            per_call.append((sum(cpu_seconds(p) for p in watched) - before) / requests)
+            per_call[i] = (sum(cpu_seconds(p) for p in watched) - before) / requests
         for (name, _), value in zip(variants[1:], per_call[1:], strict=True):
             ratios[name].append(value / per_call[0])
     return ratios
