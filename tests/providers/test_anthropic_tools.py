@@ -19,9 +19,7 @@ from gengate.domain import (
     ChatMessage,
     Enforcement,
     FinishReason,
-    GenerationDelta,
     GenerationEnd,
-    GenerationRequest,
     JsonSchemaConstraint,
     Reasoning,
     ReasoningControl,
@@ -39,19 +37,9 @@ from gengate.domain import (
 )
 from gengate.providers.anthropic import AnthropicBackend
 from pydantic import SecretStr
+from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
 
-WEATHER = Tool(
-    "get_weather",
-    "The weather in a city.",
-    {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}},
-        "required": ["city"],
-    },
-)
-CLOCK = Tool("get_time", parameters={"type": "object", "properties": {"zone": {"type": "string"}}})
 PING = Tool("ping")  # no parameters: a call takes only {}
-PARIS = json.dumps({"city": "Paris"})
 SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
 
 
@@ -81,19 +69,6 @@ async def build(fake: FakeAnthropic) -> AsyncIterator[Any]:
     yield start
     for backend in made:
         await backend.aclose()
-
-
-def chat(**kw: Any) -> GenerationRequest:
-    messages = kw.pop("messages", (ChatMessage(Role.USER, (TextPart("Weather in Paris?"),)),))
-    return GenerationRequest(model="m", messages=messages, request_id="req-tools", **kw)
-
-
-def ask(*tools: Tool, **kw: Any) -> GenerationRequest:
-    return chat(tools=tools or (WEATHER,), **kw)
-
-
-def deltas(events: list[StreamEvent]) -> list[GenerationDelta]:
-    return [e for e in events if isinstance(e, GenerationDelta)]
 
 
 def body(fake: FakeAnthropic, i: int = 0) -> dict[str, Any]:

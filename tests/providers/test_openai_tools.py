@@ -19,7 +19,6 @@ from gengate.domain import (
     ChatMessage,
     Enforcement,
     FinishReason,
-    GenerationDelta,
     GenerationEnd,
     GenerationRequest,
     ReasoningControl,
@@ -38,19 +37,9 @@ from gengate.providers.base import Completion, ProviderBackend
 from gengate.providers.ollama import OllamaBackend
 from gengate.tools import TOOL_CALL_ID_PREFIX
 from pydantic import SecretStr
+from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
 
-WEATHER = Tool(
-    "get_weather",
-    "The weather in a city.",
-    {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}},
-        "required": ["city"],
-    },
-)
 STRICT_WEATHER = Tool(WEATHER.name, WEATHER.description, WEATHER.parameters, strict=True)
-CLOCK = Tool("get_time", parameters={"type": "object", "properties": {"zone": {"type": "string"}}})
-PARIS = json.dumps({"city": "Paris"})
 
 
 @pytest.fixture(scope="module")
@@ -88,21 +77,6 @@ def build(fake: FakeOpenAI, made: list[ProviderBackend]) -> Any:
         return backend
 
     return start
-
-
-def chat(**kw: Any) -> GenerationRequest:
-    """A chat asking about the weather (no tools unless given)."""
-    messages = kw.pop("messages", (ChatMessage(Role.USER, (TextPart("Weather in Paris?"),)),))
-    return GenerationRequest(model="m", messages=messages, request_id="req-tools", **kw)
-
-
-def ask(*tools: Tool, **kw: Any) -> GenerationRequest:
-    """The chat offering `tools` (WEATHER by default)."""
-    return chat(tools=tools or (WEATHER,), **kw)
-
-
-def deltas(events: list[StreamEvent]) -> list[GenerationDelta]:
-    return [e for e in events if isinstance(e, GenerationDelta)]
 
 
 async def until_error(stream: AsyncIterator[StreamEvent]) -> tuple[list[StreamEvent], errors.GengateError]:
