@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 TOKEN_A = "team-a-token-5Jq2Vw9Lx"
@@ -20,3 +22,21 @@ def with_callers(
     models: list[dict[str, Any]], callers: list[dict[str, Any]], **server: Any
 ) -> dict[str, Any]:
     return {"models": models, "callers": callers, "server": server}
+
+
+def record_calls(server: Any, model: str, release: asyncio.Event) -> list[str]:
+    """The prompts in the order `model` is called; the call with prompt "holder" keeps its slot
+    until `release` is set (order observed where the model is called: no timing)."""
+    backend: Any = server.router.route(model).backend
+    original = backend.generate_stream
+    seen: list[str] = []
+
+    async def generate_stream(request: Any) -> AsyncIterator[Any]:
+        seen.append(request.prompt or "")
+        if request.prompt == "holder":
+            await release.wait()
+        async for event in original(request):
+            yield event
+
+    backend.generate_stream = generate_stream
+    return seen

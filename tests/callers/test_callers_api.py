@@ -20,7 +20,7 @@ from gengate_proto.v1 import generation_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from observe import ServerFactory, reason, status_of, until
-from teams import SHA_C, TOKEN_A, TOKEN_B, TOKEN_C, bearer, with_callers
+from teams import SHA_C, TOKEN_A, TOKEN_B, TOKEN_C, bearer, record_calls, with_callers
 
 MODELS = [
     {"name": "tiny", "backend": "scripted", "text": "one two three four"},
@@ -235,24 +235,6 @@ def _unused(*_: Any) -> None:  # keeps imports used by helpers above honest for 
     return None
 
 
-def hold_first_call(server: Any, model: str, release: asyncio.Event) -> list[str]:
-    """The prompts in the order `model` is called; the call with prompt "holder" keeps its slot
-    until `release` is set."""
-    backend: Any = server.router.route(model).backend
-    original = backend.generate_stream
-    seen: list[str] = []
-
-    async def generate_stream(request: Any) -> Any:
-        seen.append(request.prompt or "")
-        if request.prompt == "holder":
-            await release.wait()
-        async for event in original(request):
-            yield event
-
-    backend.generate_stream = generate_stream
-    return seen
-
-
 @pytest.mark.parametrize("metrics", [False, True], ids=["plain", "with-metrics"])
 async def test_a_caller_with_quotas_finds_a_full_queue_full(
     make_server: ServerFactory, metrics: bool
@@ -263,7 +245,7 @@ async def test_a_caller_with_quotas_finds_a_full_queue_full(
     server_settings: dict[str, Any] = {"metrics": {"port": 0}} if metrics else {}
     server = await make_server(with_callers(narrow, callers, **server_settings))
     release = asyncio.Event()
-    seen = hold_first_call(server, "narrow", release)
+    seen = record_calls(server, "narrow", release)
     route = server.router.route("narrow")
     async with AsyncClient(server.address, metadata=bearer(TOKEN_A), max_retries=0) as client:
         holder = asyncio.create_task(client.generate("narrow", "holder"))

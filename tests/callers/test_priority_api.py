@@ -6,16 +6,13 @@ event the test sets once everyone is queued."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from gengate.api.server import RunningServer
-from gengate.domain import GenerationRequest, StreamEvent
 from gengate_client import AsyncClient
 from gengate_client.errors import ResourceExhaustedError
 from observe import ServerFactory, until
-from teams import TOKEN_A, TOKEN_B, bearer, with_callers
+from teams import TOKEN_A, TOKEN_B, bearer, record_calls, with_callers
 
 CALLERS = [
     {"name": "batchy", "token_env": "TEAM_A_TOKEN", "priority": 0},
@@ -27,30 +24,12 @@ def narrow(max_queue: int = 100) -> list[dict[str, Any]]:
     return [{"name": "narrow", "backend": "scripted", "max_concurrency": 1, "max_queue": max_queue}]
 
 
-def record_admissions(server: RunningServer, release: asyncio.Event) -> list[str]:
-    """The prompts in the order the model is called; the call with prompt "holder" keeps the
-    model's one slot until `release` is set."""
-    backend: Any = server.router.route("narrow").backend
-    original = backend.generate_stream
-    order: list[str] = []
-
-    async def generate_stream(request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        order.append(request.prompt or "")
-        if request.prompt == "holder":
-            await release.wait()
-        async for event in original(request):
-            yield event
-
-    backend.generate_stream = generate_stream
-    return order
-
-
 async def test_a_higher_priority_call_is_admitted_before_earlier_lower_ones(
     make_server: ServerFactory,
 ) -> None:
     server = await make_server(with_callers(narrow(), CALLERS, priority_aging_s=3600))
     release = asyncio.Event()
-    order = record_admissions(server, release)
+    order = record_calls(server, "narrow", release)
     route = server.router.route("narrow")
     async with AsyncClient(server.address) as client:
         low, high = bearer(TOKEN_A), bearer(TOKEN_B)
@@ -71,7 +50,7 @@ async def test_a_full_queue_makes_room_for_higher_priority_by_refusing_the_lowes
 ) -> None:
     server = await make_server(with_callers(narrow(max_queue=2), CALLERS, priority_aging_s=3600))
     release = asyncio.Event()
-    order = record_admissions(server, release)
+    order = record_calls(server, "narrow", release)
     route = server.router.route("narrow")
     async with AsyncClient(server.address, max_retries=0) as client:  # the refusals are under test
         low, high = bearer(TOKEN_A), bearer(TOKEN_B)
@@ -98,7 +77,7 @@ async def test_a_full_queue_makes_room_for_higher_priority_by_refusing_the_lowes
 async def test_without_callers_the_queue_stays_first_come_first_served(make_server: ServerFactory) -> None:
     server = await make_server({"models": narrow()})
     release = asyncio.Event()
-    order = record_admissions(server, release)
+    order = record_calls(server, "narrow", release)
     route = server.router.route("narrow")
     async with AsyncClient(server.address) as client:
         calls = [asyncio.create_task(client.generate("narrow", "holder"))]
