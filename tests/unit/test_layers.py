@@ -179,3 +179,14 @@ def test_only_the_metrics_package_imports_prometheus_client() -> None:
                 offenders.append(module)
     assert offenders == []
     assert "gengate.metrics.families" in MODULES
+
+
+def test_test_files_have_unique_names() -> None:
+    # The test folders are no packages: pytest imports each test file by its basename, so two
+    # files of one name in two folders stop the whole run at collection.
+    tests = Path(__file__).resolve().parents[1]
+    names: dict[str, list[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        if "node_modules" not in path.parts:
+            names.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert not {name: where for name, where in names.items() if len(where) > 1}
