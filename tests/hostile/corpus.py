@@ -51,6 +51,7 @@ SERVER_CONFIG: dict[str, Any] = {
             "backend": "scripted",
             "text": DEEP_TEXT,
             "constraints": {"json_object": "engine", "json_schema": "native"},
+            "tools_enforcement": None,  # takes no tools
         },
         *TOOL_MODELS,
     ]

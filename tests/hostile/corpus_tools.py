@@ -227,8 +227,8 @@ TOOL_CASES: list[ToolCase] = [
         PARAMETERS,
     ),
     _case(
-        "tool schema on an engine model that takes no tools",
-        lambda: with_schema(nested(2), model="tiny"),
+        "tool schema on a model that takes no tools",
+        lambda: with_schema(nested(2), model="deep"),
         grpc.StatusCode.UNIMPLEMENTED,
         "TOOLS_UNSUPPORTED",
         "tools",
