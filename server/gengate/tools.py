@@ -27,7 +27,7 @@ from gengate.domain import (
     ToolChoiceMode,
 )
 from gengate.errors import FieldViolation, GengateError, echo
-from gengate.limits import RequestLimits, over_limit
+from gengate.limits import AtLeast, RequestLimits, json_shape, over_limit
 
 # The most tools one request offers (OpenAI's own limit is 128).
 MAX_TOOLS = 128
@@ -78,8 +78,9 @@ def tool_structured(tool: Tool) -> StructuredOutput:
 
 def limit_violations(request: GenerationRequest, limits: RequestLimits) -> list[FieldViolation]:
     """The tools' sizes, counts and nesting (cheap, linear; before anything reads a schema's
-    meaning). Each schema counts against max_constraint_bytes on its own; an assistant message
-    carries at most MAX_TOOLS calls (their text counts against max_prompt_bytes, gengate.limits)."""
+        meaning). Each schema counts against max_constraint_bytes on its own, and all of them with
+    their descriptions together (_total_violations); an assistant message
+        carries at most MAX_TOOLS calls (their text counts against max_prompt_bytes, gengate.limits)."""
     out: list[FieldViolation] = []
     for i, message in enumerate(request.messages or ()):
         if len(message.tool_calls) > MAX_TOOLS:
@@ -108,7 +109,22 @@ def limit_violations(request: GenerationRequest, limits: RequestLimits) -> list[
         constraint = JsonSchemaConstraint(dict(parameters_of(tool)))
         for v in constraint_violations(constraint, limits):
             out.append(FieldViolation(f"tools[{i}].parameters_json" + _after_field(v.field), v.description))
+    if not out and request.tools:
+        out += _total_violations(request.tools, limits)
     return out
+
+
+def _total_violations(offered: tuple[Tool, ...], limits: RequestLimits) -> list[FieldViolation]:
+    """All tools together, schemas and descriptions, count against max_constraint_bytes: a local
+    engine compiles them into one grammar, so 128 tools each at the limit must not pass."""
+    limit = limits.max_constraint_bytes
+    total = 0
+    for tool in offered:
+        total += len(tool.description) + json_shape(parameters_of(tool), stop_at_bytes=limit - total).size
+        if total > limit:
+            what = "the size of the tools' schemas and descriptions together in bytes"
+            return [over_limit("tools", what, AtLeast(total), "max_constraint_bytes", limit)]
+    return []
 
 
 def _after_field(field: str) -> str:

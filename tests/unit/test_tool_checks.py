@@ -21,8 +21,10 @@ from gengate.domain import (
     ToolCall,
     ToolChoice,
     ToolChoiceMode,
+    evolve,
 )
 from gengate.errors import GengateError, InvalidArgument
+from gengate.limits import RequestLimits
 
 CAPS = ModelCapabilities(max_n=4, raw_prompt=True, tools=Enforcement.VALIDATED, reasoning_control=True)
 CITY = Tool(
@@ -73,6 +75,20 @@ def test_an_assistant_turn_with_too_many_calls_is_over_the_limit() -> None:
     calls = tuple(ToolCall(f"c{i}", "city", "{}") for i in range(tools.MAX_TOOLS + 1))
     messages = (ChatMessage(Role.USER, (TextPart("q"),)), ChatMessage(Role.ASSISTANT, (), tool_calls=calls))
     assert fields_of(GenerationRequest(model="m", messages=messages)) == ["messages.messages[1].tool_calls"]
+
+
+def test_all_tools_together_count_against_the_constraint_size_limit() -> None:
+    # Each tool is within the limit on its own; together they are not (a local engine compiles
+    # them into one grammar). The request is refused naming `tools`, before anything is compiled.
+    limits = RequestLimits(max_constraint_bytes=2000)
+    each = Tool("t", "d" * 600, {"type": "object", "properties": {"a": {"type": "string"}}})
+    offered = tuple(evolve(each, name=f"t{i}") for i in range(4))
+    request = GenerationRequest(model="m", prompt="p", tools=offered)
+    with pytest.raises(InvalidArgument) as caught:
+        prepare(request, CAPS, limits=limits)
+    assert [v.field for v in caught.value.violations] == ["tools"]
+    assert "together" in caught.value.message and "max_constraint_bytes" in caught.value.message
+    prepare(evolve(request, tools=offered[:2]), CAPS, limits=limits)  # two fit
 
 
 def test_a_schema_refusal_is_moved_under_its_tool() -> None:
