@@ -24,17 +24,35 @@ CHATTY_HTTP_LOGGERS = ("httpx", "httpcore")
 
 _request: ContextVar[tuple[str, str] | None] = ContextVar("gengate_log_request", default=None)
 _format: LogFormat = "text"
+# The attribute an exception leaving about_request carries its request on.
+_ABOUT = "_gengate_log_request"
 
 
 @contextlib.contextmanager
 def about_request(request_id: str | None, model: str) -> Iterator[None]:
-    """Lines logged inside name this request (id and model)."""
-    token = _request.set((request_id or "", model))
+    """Lines logged inside name this request (id and model). An exception leaving it carries the
+    request with it (the innermost one), so the line that later logs it names the request too."""
+    about = (request_id or "", model)
+    token = _request.set(about)
     try:
         yield
+    except Exception as exc:
+        if getattr(exc, _ABOUT, None) is None:
+            with contextlib.suppress(AttributeError, TypeError):  # an exception without a __dict__
+                setattr(exc, _ABOUT, about)
+        raise
     finally:
         with contextlib.suppress(ValueError):  # a stream closed from another task's context
             _request.reset(token)
+
+
+def log_unexpected(logger: logging.Logger, exc: BaseException, message: str, *args: object) -> None:
+    """Logs `exc`'s traceback naming the request it escaped from (see about_request), even when
+    it is caught after that request's log context has closed; the context ends with the line."""
+    about: tuple[str, str] | None = getattr(exc, _ABOUT, None)
+    scope = about_request(*about) if about is not None else contextlib.nullcontext()
+    with scope:
+        logger.error(message, *args, exc_info=exc)
 
 
 class RequestContext(logging.Filter):

@@ -55,7 +55,7 @@ from gengate.errors import (
     echo,
 )
 from gengate.limits import LIMIT_REASON, RequestLimits
-from gengate.logs import about_request
+from gengate.logs import about_request, log_unexpected
 from gengate.observation import RequestObserver, RequestOutcome
 from gengate.router import Route, Router
 
@@ -457,7 +457,7 @@ class GenerationCore:
                 except GengateError as exc:
                     outcome = exc
                 except Exception as exc:  # one broken item never fails the batch
-                    log.exception("batch item %d failed", index)
+                    log_unexpected(log, exc, "batch item %d failed", index)
                     outcome = Internal(
                         f"item failed: unexpected server error ({type(exc).__name__})", reason="UNEXPECTED"
                     )

@@ -5,8 +5,11 @@ and batch items' field paths name the item, for small and large batches alike.""
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 import pytest
+from gengate.logs import RequestContext
 from gengate_proto.v1 import generation_pb2 as g
 from gengate_proto.v1 import generation_pb2_grpc
 from gengate_proto.v1 import types_pb2 as t
@@ -81,6 +84,39 @@ async def test_an_unexpected_backend_exception_is_internal_unexpected_and_the_se
         assert items[1].WhichOneof("result") == "response"
         reply = await stub.Generate(request("echo"), timeout=10)
         assert reply.generations[0].text == "hi"
+
+
+async def test_an_unexpected_error_is_logged_naming_its_request_and_leaves_no_context_behind(
+    make_server: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The traceback of a backend's bug names the request it came from (id and model) in each call
+    kind, though the servicer logs it after the call's log context has closed; and no line logged
+    after the call is tagged with that request."""
+    server = await make_server({"models": [BUGGY, {"name": "echo", "backend": "scripted"}]})
+    caplog.handler.addFilter(RequestContext())
+    caplog.set_level(logging.INFO)
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stub.Generate(request("buggy", request_id="req-unary"), timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError):
+            async for _ in stub.GenerateStream(
+                g.GenerateStreamRequest(request=request("buggy", request_id="req-stream")), timeout=10
+            ):
+                pass
+        batch = g.BatchGenerateRequest(requests=[request("buggy", request_id="req-item")])
+        [item] = [item async for item in stub.BatchGenerate(batch, timeout=10)]
+        assert item.WhichOneof("result") == "error"
+    logging.getLogger("gengate.test").info("after the calls")
+    failures = [r for r in caplog.records if r.exc_info and "ScriptedBug" in repr(r.exc_info[1])]
+    named = {(r.getMessage(), getattr(r, "request_id", None), getattr(r, "model", None)) for r in failures}
+    assert named == {
+        ("unexpected error", "req-unary", "buggy"),
+        ("unexpected error", "req-stream", "buggy"),
+        ("batch item 0 failed", "req-item", "buggy"),
+    }
+    after = next(r for r in caplog.records if r.getMessage() == "after the calls")
+    assert getattr(after, "request_id", "unset") is None and getattr(after, "model", "unset") is None
 
 
 @pytest.mark.parametrize("padding", [0, 70_000], ids=["small batch", "large batch (converted off the loop)"])

@@ -17,6 +17,7 @@ from gengate.api import convert
 from gengate.api.status import abort, to_rpc_status
 from gengate.domain import GenerationRequest
 from gengate.errors import GengateError, Internal, brief
+from gengate.logs import log_unexpected
 from gengate.service import INLINE_REQUEST_BYTES, GenerationCore
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ def _deadline(context: Context, default_timeout_s: float | None) -> float | None
 
 
 def _unexpected(exc: Exception) -> Internal:
-    log.exception("unexpected error")
+    log_unexpected(log, exc, "unexpected error")
     return Internal(f"unexpected server error: {type(exc).__name__}", reason="UNEXPECTED")
 
 

@@ -25,6 +25,7 @@ from gengate.errors import GengateError, Internal
 from gengate.jobs.model import AsOwner, ItemResult, Job, JobCodec, JobUsage, LeasedItem
 from gengate.jobs.offline import OfflineCore, OfflineDriver
 from gengate.jobs.store import JobStore, runner_identity
+from gengate.logs import log_unexpected
 
 log = logging.getLogger("gengate.jobs")
 
@@ -235,7 +236,7 @@ class JobRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one broken item never fails the job
-            log.exception("jobs: item %d failed", item.index)
+            log_unexpected(log, exc, "jobs: item %d failed", item.index)
             error = Internal(
                 f"item failed: unexpected server error ({type(exc).__name__})", reason="UNEXPECTED"
             )
