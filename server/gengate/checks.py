@@ -15,6 +15,7 @@ from gengate.constraints.kinds import constraint_violations, spec_of
 from gengate.domain import (
     GenerationRequest,
     ImagePart,
+    MagpieInput,
     Modality,
     ModelCapabilities,
     Role,
@@ -149,6 +150,30 @@ def _input_violations(request: GenerationRequest, caps: ModelCapabilities) -> li
     return out
 
 
+def _check_custom_pre_query(magpie: MagpieInput, caps: ModelCapabilities) -> None:
+    """Refuses (UNIMPLEMENTED) a custom pre-query template where the server could not write a
+    turn it asks for: a user turn after earlier ones needs the model's chat template to render
+    them (chat continuation), an answer needs a chat model. Found before the first call, not
+    as an unexpected error halfway through the conversation."""
+    answers = not magpie.only_instruction and (magpie.n_turns > 1 or not magpie.end_with_user)
+    later_user_turn = not magpie.only_instruction and magpie.n_turns > 1
+    if (magpie.conversation or magpie.system_prompt or later_user_turn) and not caps.chat_continuation:
+        raise Unimplemented(
+            "a custom pre-query template after a system prompt, a conversation or an earlier turn "
+            "needs the model's chat template, which this server cannot render for this model; use "
+            "a preset",
+            reason="MAGPIE_UNSUPPORTED",
+            violations=[FieldViolation("magpie.template", "needs a preset on this model")],
+        )
+    if answers and not caps.chat:
+        raise Unimplemented(
+            "this model has no chat template to answer the written turn with; use a preset or "
+            "only_instruction",
+            reason="MAGPIE_UNSUPPORTED",
+            violations=[FieldViolation("magpie.template", "needs a preset on this model")],
+        )
+
+
 def _magpie_violations(request: GenerationRequest, caps: ModelCapabilities) -> list[FieldViolation]:
     """A Magpie input on this model: refused (UNIMPLEMENTED) where prompts are not raw text, or
     (INVALID_ARGUMENT) for a preset whose special tokens the model's tokenizer lacks; else its
@@ -191,13 +216,8 @@ def _magpie_violations(request: GenerationRequest, caps: ModelCapabilities) -> l
                     f"magpie.conversation[{i}]", "Magpie conversations are user and assistant text turns"
                 )
             )
-    if (magpie.conversation or magpie.system_prompt) and magpie.preset is None and not caps.chat_continuation:
-        raise Unimplemented(
-            "a custom pre-query template after a system prompt or conversation needs the model's chat "
-            "template, which this server cannot render for this model; use a preset",
-            reason="MAGPIE_UNSUPPORTED",
-            violations=[FieldViolation("magpie.template", "needs a preset on this model")],
-        )
+    if magpie.preset is None:
+        _check_custom_pre_query(magpie, caps)
     if request.structured_output is not None:
         out.append(FieldViolation("structured_output", "is not supported with magpie"))
     if request.logprobs is not None:

@@ -71,6 +71,11 @@ class ScriptedOptions(BaseModel):
     latency_s: float = Field(default=0.0, ge=0, description="Delay before the first token.")
     tokens_per_s: float | None = Field(default=None, gt=0, description="Token rate; unset = instant.")
     max_n: int = Field(default=16, ge=1)
+    raw_prompt: bool = Field(
+        default=False,
+        description="Declare raw prompts (so Magpie requests reach it): each turn's prompt is echoed "
+        "unless `text` is set.",
+    )
     fail_after_tokens: int | None = Field(
         default=None,
         ge=0,
@@ -166,6 +171,7 @@ class ScriptedBackend:
             constraints=dict(options.constraints),
             grammar_syntaxes=syntaxes,
             tools=options.tools_enforcement,
+            raw_prompt=options.raw_prompt,
         )
         # Generations abandoned before their end (caller cancelled, deadline passed): what an
         # engine's abort would free, counted so tests can see the server did abort.
