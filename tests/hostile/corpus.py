@@ -38,6 +38,7 @@ SERVER_CONFIG: dict[str, Any] = {
             "name": "validated",
             "backend": "scripted",
             "text": VALIDATED_TEXT,
+            "raw_prompt": True,  # takes Magpie, without the chat continuation a custom template needs
             "constraints": {
                 "json_schema": "validated",
                 "json_object": "validated",

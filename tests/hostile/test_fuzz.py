@@ -292,6 +292,34 @@ def requests(draw: st.DrawFn) -> g.GenerateRequest:
     return msg
 
 
+def add_magpie(draw: st.DrawFn, msg: g.GenerateRequest) -> None:
+    """A Magpie input in place of the prompt, mostly sound (a known preset or a custom template,
+    a few turns), sometimes not (unknown presets, empty templates, system turns, huge counts)."""
+    magpie = msg.magpie
+    if draw(st.booleans()):
+        presets = [1, 2, 2, 3, 4] if draw(mostly) else [0, 99]
+        magpie.preset = draw(st.sampled_from(presets))  # type: ignore[assignment]
+    else:
+        magpie.template = draw(st.text(min_size=1, max_size=12) if draw(mostly) else st.just(""))
+    if draw(rarely):
+        magpie.system_prompt = draw(st.text(max_size=12))
+    if draw(st.booleans()):
+        counts = (
+            st.sampled_from([1, 2, 3])
+            if draw(mostly)
+            else st.sampled_from([0, 17]) | st.integers(0, 2**32 - 1)
+        )
+        magpie.n_turns = draw(counts)
+    magpie.only_instruction = draw(rarely)
+    magpie.end_with_user = draw(rarely)
+    if draw(rarely):
+        for i in range(draw(st.integers(1, 3))):
+            role = (
+                (t.ROLE_USER, t.ROLE_ASSISTANT)[i % 2] if draw(mostly) else draw(st.sampled_from([0, 1, 4]))
+            )
+            magpie.conversation.add(role=role).content.add(text=draw(st.text(max_size=10)))  # type: ignore[arg-type]
+
+
 def add_tools(draw: st.DrawFn, msg: g.GenerateRequest) -> None:
     """Tools (the scripted `tooly` calls `f`), a tool choice and the parallel flag, mostly sound."""
     for _ in range(draw(st.integers(0, 3))):
@@ -419,6 +447,38 @@ def test_any_request_gets_a_caller_status_and_never_an_invalid_success(
                     assert problem is None, f"generation {index} returned as a success: {problem}"
     if time.monotonic() - started > 5:  # a slow answer: is everyone else still served?
         _assert_healthy(health)
+
+
+def asked_roles(magpie: t.Magpie) -> list[int]:
+    """The roles of the turns a Magpie input asks to be written, worked out apart from the server."""
+    if magpie.only_instruction:
+        return [t.ROLE_USER]
+    turns = magpie.n_turns if magpie.HasField("n_turns") else 1
+    roles = [t.ROLE_USER, t.ROLE_ASSISTANT] * turns
+    return roles[:-1] if magpie.end_with_user else roles
+
+
+@settings(FUZZ_SETTINGS, max_examples=max(EXAMPLES // 10, 50))
+@given(data=st.data())
+def test_any_magpie_request_gets_a_caller_status_and_the_turns_it_asked_for(
+    stub: generation_pb2_grpc.GenerationServiceStub, data: st.DataObject
+) -> None:
+    """On the engine (its chat template continues the conversation) and on a raw-prompt model
+    without one (a custom template there can write only a first turn): a caller status, or the
+    conversation asked for, earlier turns included."""
+    for model in ("validated", "tiny"):
+        request = g.GenerateRequest(model=model)
+        add_magpie(data.draw, request)
+        request.stopping.max_tokens = 4
+        try:
+            response = stub.Generate(request, timeout=120)
+        except grpc.RpcError as error:
+            _settle(error)
+            continue
+        given_turns = [m.role for m in request.magpie.conversation]
+        for generation in response.generations:
+            roles = [turn.role for turn in generation.conversation]
+            assert roles == given_turns + asked_roles(request.magpie), roles
 
 
 @FUZZ_SETTINGS
