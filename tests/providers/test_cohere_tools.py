@@ -24,7 +24,6 @@ from gengate.domain import (
     ReasoningControl,
     ReasoningEffort,
     Role,
-    StreamEvent,
     StreamStart,
     TextPart,
     Tool,
@@ -33,8 +32,16 @@ from gengate.domain import (
     ToolChoiceMode,
 )
 from gengate.providers.cohere import CohereBackend
-from pydantic import SecretStr
-from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
+from tool_requests import (
+    CLOCK,
+    PARIS,
+    WEATHER,
+    ask,
+    chat,
+    check_invalid_stream_aborts,
+    check_reask_exhausted,
+    deltas,
+)
 
 PING = Tool("ping")  # no parameters: a call takes only {}
 PLAN = "I will look that up."
@@ -46,26 +53,17 @@ def fake() -> Iterator[FakeCohere]:
 
 
 @pytest.fixture
-async def build(fake: FakeCohere) -> AsyncIterator[Any]:
-    fake.reset()
-    made: list[CohereBackend] = []
-
-    async def start(**overrides: Any) -> CohereBackend:
-        opts: dict[str, Any] = {
-            "model": "command-test",
-            "base_url": fake.server.base_url,
-            "api_key": SecretStr(API_KEY),
-            "timeout": 5.0,
-            "max_retries": 0,
-        } | overrides
-        backend = CohereBackend("command", CohereBackend.Options(**opts))
-        await backend.start()
-        made.append(backend)
-        return backend
-
-    yield start
-    for backend in made:
-        await backend.aclose()
+async def build(fake: FakeCohere) -> AsyncIterator[cc.Make]:
+    async with cc.backends(
+        CohereBackend,
+        "command",
+        fake,
+        model="command-test",
+        base_url=fake.server.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+    ) as make:
+        yield make
 
 
 def body(fake: FakeCohere, i: int = 0) -> dict[str, Any]:
@@ -81,8 +79,7 @@ def wire_tool(t: Tool) -> dict[str, Any]:
 
 
 def test_capabilities_declare_native_tools_and_reasoning() -> None:
-    backend = CohereBackend("command", CohereBackend.Options(model="c", api_key=SecretStr("k")))
-    caps = backend.capabilities
+    caps = CohereBackend("command", CohereBackend.Options(model="c", api_key=API_KEY)).capabilities
     assert (caps.tools, caps.reasoning_control, caps.reasoning) == (Enforcement.NATIVE, True, True)
 
 
@@ -259,15 +256,7 @@ async def test_stream_fragments_then_the_complete_calls_in_the_end_frame(
 async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
     build: Any, fake: FakeCohere
 ) -> None:
-    backend = await build()
-    fake.calls.append([("get_weather", json.dumps({"city": "Paris", "unit": "K"}))])
-    events: list[StreamEvent] = []
-    with pytest.raises(errors.Aborted) as info:
-        async for event in backend.generate_stream(ask()):
-            events.append(event)
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert deltas(events) and not any(isinstance(e, GenerationEnd) for e in events)
-    assert len(fake.server.requests) == 1  # a stream is never re-asked
+    await check_invalid_stream_aborts(await build(), fake)
 
 
 # --- validation and the bounded re-ask ---------------------------------------------------------------
@@ -300,13 +289,7 @@ async def test_malformed_arguments_are_reasked_with_the_error_as_tool_results(
 
 
 async def test_reask_exhausted_is_validation_failed(build: Any, fake: FakeCohere) -> None:
-    backend = await build()
-    fake.calls.extend([[("get_weather", json.dumps({"town": "Paris"}))]] * 5)
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert "3 tries" in info.value.message and "get_weather" in info.value.message
-    assert len(fake.server.requests) == 3  # the first try and validation_retries (2) re-asks
+    await check_reask_exhausted(await build(), fake)
 
 
 async def test_a_tool_not_offered_is_reasked_then_accepted(build: Any, fake: FakeCohere) -> None:
