@@ -20,6 +20,7 @@ from gengate.domain import (
     Enforcement,
     FinishReason,
     GenerationEnd,
+    ImagePart,
     Reasoning,
     ReasoningControl,
     ReasoningEffort,
@@ -365,3 +366,17 @@ async def test_the_reask_sends_the_bad_turns_thinking_back_beside_its_call(
     assistant = body(fake, 1)["messages"][-2]
     assert assistant["content"] == [{"type": "thinking", "thinking": "Paris, so the city is Paris."}]
     assert assistant["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": "{}"}
+
+
+async def test_an_image_in_a_tool_result_is_refused_naming_the_message(build: Any, fake: FakeCohere) -> None:
+    backend = await build()
+    history = (
+        ChatMessage(Role.USER, (TextPart("What is on the map?"),)),
+        ChatMessage(Role.ASSISTANT, (), tool_calls=(ToolCall("call_1", "get_weather", PARIS),)),
+        ChatMessage(Role.TOOL, (ImagePart(url="https://example.com/map.png"),), tool_call_id="call_1"),
+    )
+    with pytest.raises(errors.Unimplemented) as info:
+        await backend.generate(ask(messages=history))
+    assert info.value.reason == "TOOLS_UNSUPPORTED"
+    assert [v.field for v in info.value.violations] == ["messages.messages[2].content"]
+    assert fake.server.requests == []

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import cohere
 import httpx
 
+from gengate import errors
 from gengate.domain import (
     ConstraintKind,
     Enforcement,
@@ -46,6 +47,7 @@ from gengate.providers.base import (
     ProviderOptions,
     map_finish_reason,
 )
+from gengate.tools import TOOLS_UNSUPPORTED
 
 
 class CohereOptions(ProviderOptions):
@@ -125,6 +127,18 @@ class CohereBackend(ProviderBackend):
     def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
         assert req.structured_output is not None
         return so.plan_object_root(req.structured_output, level)
+
+    def _prepare(self, req: GenerationRequest) -> ProviderCall:
+        """The base's checks, then what only Cohere refuses: an image in a tool result."""
+        call = super()._prepare(req)
+        violations = wire.history_violations(req.messages or ())
+        if violations:
+            raise errors.Unimplemented(
+                "; ".join(f"{v.field}: {v.description}" for v in violations),
+                reason=TOOLS_UNSUPPORTED,
+                violations=violations,
+            )
+        return call
 
     def check_reasoning(self, control: ReasoningControl) -> None:
         """Thinking on, off or with a token budget maps; an effort level has no Cohere form."""

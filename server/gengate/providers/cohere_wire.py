@@ -28,6 +28,7 @@ from gengate.domain import (
     ToolCallDelta,
     ToolChoiceMode,
 )
+from gengate.errors import FieldViolation
 from gengate.providers.base import ChunkText, image_url
 from gengate.tools import parameters_of
 
@@ -141,6 +142,18 @@ def messages(chat: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         else:
             out.append({"role": m.role.value, "content": content(m.content)})
     return out
+
+
+def history_violations(chat: Sequence[ChatMessage]) -> list[FieldViolation]:
+    """Tool results with images: Cohere's tool content is text and documents only."""
+    return [
+        FieldViolation(
+            f"messages.messages[{i}].content",
+            "a tool result to Cohere is text only (its tool content takes no images)",
+        )
+        for i, m in enumerate(chat)
+        if m.role is Role.TOOL and m.has_images
+    ]
 
 
 # --- in -----------------------------------------------------------------------------------------
