@@ -26,7 +26,6 @@ from gengate.domain import (
     ReasoningEffort,
     Role,
     StoppingCriteria,
-    StreamEvent,
     StreamStart,
     StructuredOutput,
     TextPart,
@@ -37,7 +36,16 @@ from gengate.domain import (
 )
 from gengate.providers.anthropic import AnthropicBackend
 from pydantic import SecretStr
-from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
+from tool_requests import (
+    CLOCK,
+    PARIS,
+    WEATHER,
+    ask,
+    chat,
+    check_invalid_stream_aborts,
+    check_reask_exhausted,
+    deltas,
+)
 
 PING = Tool("ping")  # no parameters: a call takes only {}
 SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
@@ -258,15 +266,7 @@ async def test_stream_fragments_then_the_complete_calls_in_the_end_frame(
 async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
     build: Any, fake: FakeAnthropic
 ) -> None:
-    backend = await build()
-    fake.calls.append([("get_weather", json.dumps({"city": "Paris", "unit": "K"}))])
-    events: list[StreamEvent] = []
-    with pytest.raises(errors.Aborted) as info:
-        async for event in backend.generate_stream(ask()):
-            events.append(event)
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert deltas(events) and not any(isinstance(e, GenerationEnd) for e in events)
-    assert len(fake.server.requests) == 1  # a stream is never re-asked
+    await check_invalid_stream_aborts(await build(), fake)
 
 
 # --- validation and the bounded re-ask ---------------------------------------------------------------
@@ -312,13 +312,7 @@ async def test_the_reask_sends_the_bad_turns_thinking_back_beside_its_call(
 
 
 async def test_reask_exhausted_is_validation_failed(build: Any, fake: FakeAnthropic) -> None:
-    backend = await build()
-    fake.calls.extend([[("get_weather", json.dumps({"town": "Paris"}))]] * 5)
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert "3 tries" in info.value.message and "get_weather" in info.value.message
-    assert len(fake.server.requests) == 3  # the first try and validation_retries (2) re-asks
+    await check_reask_exhausted(await build(), fake)
 
 
 async def test_a_tool_not_offered_and_parallel_calls_are_refused(build: Any, fake: FakeAnthropic) -> None:

@@ -3,41 +3,51 @@
 JSON Schema and choices are native through `response_format` {"type": "json_object",
 "json_schema": ...} (object root; others wrapped), JSON object natively; regex is prompted and
 validated; grammars are refused. Cohere has no `n`: the base fans out.
+
+Tools are native (`tools`, `tool_choice` REQUIRED / NONE, `strict_tools`, tool turns); a named
+tool choice is emulated by offering that tool alone with REQUIRED, and there is no parallel
+switch (the server's validation allows at most one call when parallel calls are off). A tool
+plan is the generation's text. Thinking (command-a-reasoning) is set by `thinking` (enabled,
+disabled, `token_budget`) and comes back as the generation's reasoning; effort is refused. The
+wire forms: providers.cohere_wire.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import cohere
 import httpx
 
+from gengate import errors
 from gengate.domain import (
     ConstraintKind,
     Enforcement,
     FinishReason,
     Generation,
     GenerationRequest,
-    ImagePart,
     JsonObjectConstraint,
-    TextPart,
+    ReasoningControl,
     TokenLogprob,
+    ToolCall,
     Usage,
 )
+from gengate.providers import cohere_wire as wire
 from gengate.providers import structured as so
+from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
     Chunk,
     ChunkEnd,
-    ChunkText,
     ChunkUsage,
     Completion,
     ProviderBackend,
     ProviderCall,
     ProviderOptions,
-    image_url,
     map_finish_reason,
 )
+from gengate.tools import TOOLS_UNSUPPORTED
 
 
 class CohereOptions(ProviderOptions):
@@ -47,21 +57,12 @@ class CohereOptions(ProviderOptions):
 
 
 def _finish(raw: str | None) -> FinishReason:
+    """Cohere's finish reason: TOOL_CALL and TIMEOUT are its own, the rest the usual names."""
     if raw == "TIMEOUT":
         return FinishReason.TIME_LIMIT
+    if raw == "TOOL_CALL":
+        return FinishReason.TOOL_CALLS
     return map_finish_reason(raw)
-
-
-def _content(parts: tuple[TextPart | ImagePart, ...]) -> str | list[dict[str, Any]]:
-    if all(isinstance(p, TextPart) for p in parts):
-        return "".join(p.text for p in parts if isinstance(p, TextPart))
-    out: list[dict[str, Any]] = []
-    for part in parts:
-        if isinstance(part, TextPart):
-            out.append({"type": "text", "text": part.text})
-        else:
-            out.append({"type": "image_url", "image_url": {"url": image_url(part)}})
-    return out
 
 
 def _usage(usage: Any) -> Usage | None:
@@ -90,6 +91,9 @@ class CohereBackend(ProviderBackend):
     logprobs_supported: ClassVar[bool] = True
     image_input: ClassVar[bool] = True
     seed_supported: ClassVar[bool] = True
+    tools_support: ClassVar[Enforcement | None] = Enforcement.NATIVE
+    reasoning_controls: ClassVar[bool] = True
+    reasoning_output: ClassVar[bool] = True
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)
@@ -124,11 +128,38 @@ class CohereBackend(ProviderBackend):
         assert req.structured_output is not None
         return so.plan_object_root(req.structured_output, level)
 
+    def _prepare(self, req: GenerationRequest) -> ProviderCall:
+        """The base's checks, then what only Cohere refuses: an image in a tool result."""
+        call = super()._prepare(req)
+        violations = wire.history_violations(req.messages or ())
+        if violations:
+            raise errors.Unimplemented(
+                "; ".join(f"{v.field}: {v.description}" for v in violations),
+                reason=TOOLS_UNSUPPORTED,
+                violations=violations,
+            )
+        return call
+
+    def check_reasoning(self, control: ReasoningControl) -> None:
+        """Thinking on, off or with a token budget maps; an effort level has no Cohere form."""
+        if control.effort is not None:
+            raise tc.reasoning_refused(
+                f"{self.label} model {self.name!r}",
+                "reasoning.effort",
+                f"{self.label} takes a thinking token budget, not an effort level",
+            )
+
+    def final_tool_call(self, request: GenerationRequest, call: ToolCall) -> ToolCall:
+        """A call to a tool without parameters may carry no arguments text: `{}`."""
+        if call.arguments.strip():
+            return call
+        return dataclasses.replace(call, arguments="{}")
+
     def _params(self, call: ProviderCall) -> dict[str, Any]:
         req = call.request
         params: dict[str, Any] = {
             "model": self.options.model,
-            "messages": [{"role": m.role.value, "content": _content(m.content)} for m in call.messages],
+            "messages": wire.messages(call.messages),
             # The SDK's own retries stay off: the base retries with the caller's deadline in mind.
             "request_options": {"timeout_in_seconds": call.timeout, "max_retries": 0},
         }
@@ -150,6 +181,10 @@ class CohereBackend(ProviderBackend):
             params["logprobs"] = True
         if isinstance(self.options, CohereOptions) and self.options.safety_mode:
             params["safety_mode"] = self.options.safety_mode
+        params.update(wire.tool_params(req))
+        thinking = wire.thinking(req.reasoning)
+        if thinking is not None:
+            params["thinking"] = thinking
         plan = call.plan
         if plan is not None and plan.native:
             response_format: dict[str, Any] = {"type": "json_object"}
@@ -162,11 +197,7 @@ class CohereBackend(ProviderBackend):
 
     async def _complete(self, call: ProviderCall) -> Completion:
         response = await self.client.chat(**self._params(call))
-        text = "".join(
-            getattr(item, "text", "") or ""
-            for item in (response.message.content or [])
-            if item.type == "text"
-        )
+        text, calls, reasoning = wire.message_parts(response.message)
         logprobs = None
         if response.logprobs:
             logprobs = tuple(
@@ -184,23 +215,24 @@ class CohereBackend(ProviderBackend):
             finish_reason=_finish(response.finish_reason),
             output_tokens=usage.output_tokens if usage else 0,
             logprobs=logprobs,
+            tool_calls=calls,
+            reasoning=reasoning,
         )
         return Completion([generation], usage)
 
     async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
         stream = self.client.chat_stream(**self._params(call))
+        calls = wire.StreamState()
         try:
             async for event in stream:
-                if event.type == "content-delta":
-                    content = event.delta.message.content if event.delta and event.delta.message else None
-                    text = getattr(content, "text", None)
-                    if text:
-                        yield ChunkText(0, text)
-                elif event.type == "message-end":
-                    delta = event.delta
-                    yield ChunkEnd(0, _finish(delta.finish_reason if delta else None))
-                    usage = _usage(delta.usage if delta else None)
-                    if usage is not None:
-                        yield ChunkUsage(usage.input_tokens, usage.output_tokens)
+                if event.type != "message-end":
+                    for chunk in calls.chunks(event):
+                        yield chunk
+                    continue
+                delta = event.delta
+                yield ChunkEnd(0, _finish(delta.finish_reason if delta else None))
+                usage = _usage(delta.usage if delta else None)
+                if usage is not None:
+                    yield ChunkUsage(usage.input_tokens, usage.output_tokens)
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
