@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("google.genai", reason="the google-genai SDK is not installed (extra: gengate[gemini])")
 
 import contract_checks as cc
+import tool_requests as tr
 from fake_gemini import API_KEY, FakeGemini, camel
 from gengate import errors
 from gengate.domain import (
@@ -27,7 +28,6 @@ from gengate.domain import (
     ReasoningControl,
     ReasoningEffort,
     Role,
-    StreamEvent,
     StreamStart,
     TextPart,
     Tool,
@@ -268,15 +268,7 @@ async def test_stream_sends_each_call_whole_and_the_end_frame_agrees(make: cc.Ma
 async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
     make: cc.Make, fake: FakeGemini
 ) -> None:
-    backend = await make()
-    fake.calls.append([("get_weather", json.dumps({"city": "Paris", "unit": "K"}))])
-    events: list[StreamEvent] = []
-    with pytest.raises(errors.Aborted) as info:
-        async for event in backend.generate_stream(ask()):
-            events.append(event)
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert deltas(events) and not any(isinstance(e, GenerationEnd) for e in events)
-    assert len(fake.server.requests) == 1  # a stream is never re-asked
+    await tr.check_invalid_stream_aborts(await make(), fake)
 
 
 # --- validation and the bounded re-ask ---------------------------------------------------------------
@@ -311,26 +303,11 @@ async def test_bad_arguments_are_reasked_with_the_error_as_function_responses(
 
 
 async def test_reask_exhausted_is_validation_failed(make: cc.Make, fake: FakeGemini) -> None:
-    backend = await make(validation_retries=2)
-    fake.calls.extend([[("get_weather", json.dumps({"town": "Paris"}))]] * 5)
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert "3 tries" in info.value.message and "get_weather" in info.value.message
-    assert len(fake.server.requests) == 3  # the first try and validation_retries (2) re-asks
+    await tr.check_reask_exhausted(await make(), fake)
 
 
 async def test_a_tool_not_offered_and_parallel_calls_are_refused(make: cc.Make, fake: FakeGemini) -> None:
-    backend = await make(validation_retries=0)
-    fake.calls.append([("delete_everything", "{}")])
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert "'delete_everything', which is not an offered tool" in info.value.message
-    fake.calls.append([("get_weather", PARIS), ("get_weather", PARIS)])
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask(parallel_tool_calls=False))
-    assert "parallel_tool_calls is false" in info.value.message
-    assert len(fake.server.requests) == 2  # no re-ask allowed
+    await tr.check_unoffered_and_parallel_refused(await make(validation_retries=0), fake)
 
 
 async def test_a_malformed_function_call_is_an_error_and_reasked_where_a_call_is_required(

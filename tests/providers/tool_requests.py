@@ -1,11 +1,24 @@
-"""The tools and requests the providers' tool-calling tests share (OpenAI family, Anthropic)."""
+"""The tools, requests and checks the providers' tool-calling tests share (OpenAI family,
+Anthropic, Gemini). A check takes a started backend and its fake, whose `calls` holds scripted
+calls (name, arguments) one list per answer and whose `server.requests` records what came."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from gengate.domain import ChatMessage, GenerationDelta, GenerationRequest, Role, StreamEvent, TextPart, Tool
+import pytest
+from gengate import errors
+from gengate.domain import (
+    ChatMessage,
+    GenerationDelta,
+    GenerationEnd,
+    GenerationRequest,
+    Role,
+    StreamEvent,
+    TextPart,
+    Tool,
+)
 
 WEATHER = Tool(
     "get_weather",
@@ -33,3 +46,40 @@ def ask(*tools: Tool, **kw: Any) -> GenerationRequest:
 
 def deltas(events: list[StreamEvent]) -> list[GenerationDelta]:
     return [e for e in events if isinstance(e, GenerationDelta)]
+
+
+async def check_invalid_stream_aborts(backend: Any, fake: Any) -> None:
+    """A streamed call whose arguments break the schema ends the stream with Aborted
+    VALIDATION_FAILED after its fragments, without an end frame and without a re-ask."""
+    fake.calls.append([("get_weather", json.dumps({"city": "Paris", "unit": "K"}))])
+    events: list[StreamEvent] = []
+    with pytest.raises(errors.Aborted) as info:
+        async for event in backend.generate_stream(ask()):
+            events.append(event)
+    assert info.value.reason == "VALIDATION_FAILED"
+    assert deltas(events) and not any(isinstance(e, GenerationEnd) for e in events)
+    assert len(fake.server.requests) == 1  # a stream is never re-asked
+
+
+async def check_reask_exhausted(backend: Any, fake: Any) -> None:
+    """Calls that stay invalid through validation_retries (2) re-asks: Aborted VALIDATION_FAILED."""
+    fake.calls.extend([[("get_weather", json.dumps({"town": "Paris"}))]] * 5)
+    with pytest.raises(errors.Aborted) as info:
+        await backend.generate(ask())
+    assert info.value.reason == "VALIDATION_FAILED"
+    assert "3 tries" in info.value.message and "get_weather" in info.value.message
+    assert len(fake.server.requests) == 3  # the first try and validation_retries (2) re-asks
+
+
+async def check_unoffered_and_parallel_refused(backend: Any, fake: Any) -> None:
+    """With no re-ask allowed (validation_retries 0), a tool not offered and two calls where
+    parallel_tool_calls is false are each Aborted after one request."""
+    fake.calls.append([("delete_everything", "{}")])
+    with pytest.raises(errors.Aborted) as info:
+        await backend.generate(ask())
+    assert "'delete_everything', which is not an offered tool" in info.value.message
+    fake.calls.append([("get_weather", PARIS), ("get_weather", PARIS)])
+    with pytest.raises(errors.Aborted) as info:
+        await backend.generate(ask(parallel_tool_calls=False))
+    assert "parallel_tool_calls is false" in info.value.message
+    assert len(fake.server.requests) == 2  # no re-ask allowed
