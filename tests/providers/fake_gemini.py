@@ -8,7 +8,8 @@ unless `call_ids` is off), finishReason STOP as Gemini sends it, the first call'
 `call_signature` as its thoughtSignature; streamed whole, all of a turn's calls in one chunk.
 `thinking` puts thought parts (text, signature or "") first when the request asks for them
 (thinkingConfig.includeThoughts), streamed a word a chunk; `text_signature` signs the last text
-part (streamed on an empty text part of the final chunk, as Gemini does)."""
+part (streamed on an empty text part of the final chunk, as Gemini does). Thinking is counted
+apart from the answer in `thoughtsTokenCount`, whether its text is shown or not."""
 
 from __future__ import annotations
 
@@ -123,11 +124,12 @@ class FakeGemini:
         turns = [self._turn(i, thoughts) for i in range(n)]
         prompt_tokens = sum(len(json.dumps(c).split()) for c in body["contents"])
         output_tokens = sum(len(words(self._said(t))) for t in turns)
+        thought_tokens = n * sum(len(words(text)) for text, _ in self.thinking)  # shown or not
         usage = {
             "promptTokenCount": prompt_tokens,
-            "candidatesTokenCount": output_tokens,
-            "totalTokenCount": prompt_tokens + output_tokens,
-        }
+            "candidatesTokenCount": output_tokens - (thought_tokens if thoughts else 0),
+            "totalTokenCount": prompt_tokens + output_tokens + (0 if thoughts else thought_tokens),
+        } | ({"thoughtsTokenCount": thought_tokens} if thought_tokens else {})
         if method == "generateContent":
             candidates = [
                 {"content": {"parts": t, "role": "model"}, "finishReason": self.finish_reason, "index": i}

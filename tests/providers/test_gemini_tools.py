@@ -365,7 +365,9 @@ async def test_thoughts_come_back_unary_and_streamed_with_their_signatures(
     fake.text_signature = SIG_TEXT
     fake.answers.extend(["Hello!", "Hello again!", "Hi."])
     thinking = ReasoningControl(enabled=True)
-    gen = (await backend.generate(chat(reasoning=thinking))).generations[0]
+    result = await backend.generate(chat(reasoning=thinking))
+    gen = result.generations[0]
+    assert result.usage.output_tokens == 1 + 5  # the answer's token and the thoughts' five
     entries = (f"thought:{safe(SIG_THOUGHT)}", f"text:{safe(SIG_TEXT)}")
     assert gen.reasoning == Reasoning("The user wants a greeting.", entries)
     assert gen.text == "Hello!"
@@ -375,8 +377,9 @@ async def test_thoughts_come_back_unary_and_streamed_with_their_signatures(
     end = events[-1]
     assert isinstance(end, GenerationEnd) and end.reasoning_signatures == entries
     # Not asked for, Gemini sends no thought text: only the text part's signature comes back.
-    plain = (await backend.generate(chat())).generations[0]
-    assert plain.reasoning == Reasoning("", (f"text:{safe(SIG_TEXT)}",))
+    plain = await backend.generate(chat())
+    assert plain.generations[0].reasoning == Reasoning("", (f"text:{safe(SIG_TEXT)}",))
+    assert plain.usage.output_tokens == 1 + 5  # thinking not shown is counted all the same
 
 
 async def test_a_thinking_turn_with_calls_goes_back_as_it_came(make: cc.Make, fake: FakeGemini) -> None:

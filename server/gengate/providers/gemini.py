@@ -294,10 +294,13 @@ class GeminiBackend(ProviderBackend):
 
     @staticmethod
     def _usage(response: Any) -> Usage | None:
+        """Prompt and output tokens; thinking counts as output (billed so, as other providers
+        count it), though Gemini reports it apart (`thoughtsTokenCount`)."""
         meta = response.usage_metadata
         if meta is None or meta.candidates_token_count is None:
             return None
-        return Usage(meta.prompt_token_count or 0, meta.candidates_token_count)
+        output = meta.candidates_token_count + (meta.thoughts_token_count or 0)
+        return Usage(meta.prompt_token_count or 0, output)
 
     async def _complete(self, call: ProviderCall) -> Completion:
         response = await self.client.aio.models.generate_content(**self._request(call))
