@@ -1,6 +1,15 @@
 """A loopback Gemini API (generativelanguage v1 / v1beta): POST models/{model}:generateContent and
 :streamGenerateContent?alt=sse, camelCase JSON, usageMetadata, candidateCount, x-goog-api-key
-auth answered like Google does (HTTP 400 "API key not valid", status INVALID_ARGUMENT)."""
+auth answered like Google does (HTTP 400 "API key not valid", status INVALID_ARGUMENT).
+
+Function calls: `calls` holds scripted calls, one list per candidate (taken before `answers`;
+an empty list answers with a text): functionCall parts (`args` the arguments parsed, an `id`
+unless `call_ids` is off), finishReason STOP as Gemini sends it, the first call's part carrying
+`call_signature` as its thoughtSignature; streamed whole, all of a turn's calls in one chunk.
+`thinking` puts thought parts (text, signature or "") first when the request asks for them
+(thinkingConfig.includeThoughts), streamed a word a chunk; `text_signature` signs the last text
+part (streamed on an empty text part of the final chunk, as Gemini does). Thinking is counted
+apart from the answer in `thoughtsTokenCount`, whether its text is shown or not."""
 
 from __future__ import annotations
 
@@ -13,12 +22,28 @@ from fakehttp import FakeServer, Json, Recorded, Sse
 API_KEY = "AIzaSyFakeKey0123456789abcdefghijk"
 
 
+def camel(value: Any) -> Any:
+    """A request body with every key in lowerCamelCase: the SDK writes some nested messages
+    (function declarations, thinking config, function responses) with their proto field names
+    (`include_thoughts`), which Google's JSON parser takes like `includeThoughts`."""
+    if isinstance(value, list):
+        return [camel(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, v in value.items():
+        head, *rest = str(key).split("_")
+        out[head + "".join(w[:1].upper() + w[1:] for w in rest) if head else key] = camel(v)
+    return out
+
+
 class FakeGemini:
     """Answers scripted texts (or a greeting) with Gemini shapes; records every request."""
 
     def __init__(self) -> None:
         self.answers: list[str] = []
-        self.finish_reason = "STOP"
+        self.calls: list[list[tuple[str, str]]] = []
+        self.reset_quirks()
         self.server = FakeServer(auth=self._auth, unauthorized=self._unauthorized)
         for version in ("v1", "v1beta"):  # the SDK's default version moved from v1beta to v1
             self.server.add_route("POST", f"/{version}/models/{{tail}}", self._dispatch)
@@ -32,7 +57,16 @@ class FakeGemini:
     def reset(self) -> None:
         self.server.reset()
         self.answers.clear()
+        self.calls.clear()
+        self.reset_quirks()
+
+    def reset_quirks(self) -> None:
         self.finish_reason = "STOP"
+        self.call_ids = True
+        self.call_signature: str | None = None  # base64, on each turn's first functionCall part
+        self.thinking: list[tuple[str, str]] = []  # (text, signature or "") of each thought part
+        self.text_signature: str | None = None
+        self.served = 0
 
     @staticmethod
     def _auth(rec: Recorded) -> bool:
@@ -52,37 +86,65 @@ class FakeGemini:
         }
         return Json(body, status=400)
 
+    def _turn(self, i: int, thoughts: bool) -> list[dict[str, Any]]:
+        """Candidate `i`'s parts: thoughts (when asked for), then scripted calls or a text."""
+        parts: list[dict[str, Any]] = []
+        if thoughts:
+            for text, signature in self.thinking:
+                parts.append(
+                    {"text": text, "thought": True} | ({"thoughtSignature": signature} if signature else {})
+                )
+        scripted = self.calls.pop(0) if self.calls else []
+        for j, (name, arguments) in enumerate(scripted):
+            call: dict[str, Any] = {"name": name, "args": json.loads(arguments) if arguments else {}}
+            if self.call_ids:
+                call = {"id": f"fc_fake_{self.served}_{i}_{j}"} | call
+            part: dict[str, Any] = {"functionCall": call}
+            if j == 0 and self.call_signature:
+                part["thoughtSignature"] = self.call_signature
+            parts.append(part)
+        if not scripted:
+            text = self.answers.pop(0) if self.answers else f"Hello from the fake Gemini {i}"
+            parts.append(
+                {"text": text} | ({"thoughtSignature": self.text_signature} if self.text_signature else {})
+            )
+        return parts
+
+    @staticmethod
+    def _said(parts: list[dict[str, Any]]) -> str:
+        return " ".join(p.get("text") or json.dumps(p.get("functionCall", {}).get("args", "")) for p in parts)
+
     def _dispatch(self, rec: Recorded) -> Json | Sse:
         model, _, method = rec.path.rsplit("/", 1)[-1].partition(":")
-        body: dict[str, Any] = rec.body
+        body: dict[str, Any] = camel(rec.body)
         config = body.get("generationConfig", {})
         n = int(config.get("candidateCount") or 1)
-        texts = [self.answers.pop(0) if self.answers else f"Hello from the fake Gemini {i}" for i in range(n)]
+        thoughts = bool(config.get("thinkingConfig", {}).get("includeThoughts"))
+        self.served += 1
+        turns = [self._turn(i, thoughts) for i in range(n)]
         prompt_tokens = sum(len(json.dumps(c).split()) for c in body["contents"])
+        output_tokens = sum(len(words(self._said(t))) for t in turns)
+        thought_tokens = n * sum(len(words(text)) for text, _ in self.thinking)  # shown or not
         usage = {
             "promptTokenCount": prompt_tokens,
-            "candidatesTokenCount": sum(len(words(t)) for t in texts),
-            "totalTokenCount": prompt_tokens + sum(len(words(t)) for t in texts),
-        }
+            "candidatesTokenCount": output_tokens - (thought_tokens if thoughts else 0),
+            "totalTokenCount": prompt_tokens + output_tokens + (0 if thoughts else thought_tokens),
+        } | ({"thoughtsTokenCount": thought_tokens} if thought_tokens else {})
         if method == "generateContent":
             candidates = [
-                {
-                    "content": {"parts": [{"text": t}], "role": "model"},
-                    "finishReason": self.finish_reason,
-                    "index": i,
-                }
-                for i, t in enumerate(texts)
+                {"content": {"parts": t, "role": "model"}, "finishReason": self.finish_reason, "index": i}
+                for i, t in enumerate(turns)
             ]
             return Json({"candidates": candidates, "usageMetadata": usage, "modelVersion": model})
         if method != "streamGenerateContent":
             return Json({"error": {"code": 404, "message": "no such method", "status": "NOT_FOUND"}}, 404)
+        chunks = [self._chunks(t) for t in turns]
         events: list[tuple[str | None, str]] = []
-        pieces = [words(t) for t in texts]
-        for step in range(max(len(p) for p in pieces)):
+        for step in range(max(len(c) for c in chunks)):
             candidates = [
-                {"content": {"parts": [{"text": p[step]}], "role": "model"}, "index": i}
-                for i, p in enumerate(pieces)
-                if step < len(p)
+                {"content": {"parts": c[step], "role": "model"}, "index": i}
+                for i, c in enumerate(chunks)
+                if step < len(c)
             ]
             events.append(
                 (
@@ -94,13 +156,37 @@ class FakeGemini:
             )
         final = [
             {
-                "content": {"parts": [{"text": ""}], "role": "model"},
+                "content": {"parts": [{"text": ""} | self._signed_end(t)], "role": "model"},
                 "finishReason": self.finish_reason,
                 "index": i,
             }
-            for i in range(n)
+            for i, t in enumerate(turns)
         ]
         events.append(
             (None, json.dumps({"candidates": final, "usageMetadata": usage, "modelVersion": model}))
         )
         return Sse(events)
+
+    @staticmethod
+    def _chunks(parts: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        """A turn's parts as streamed: thoughts and text a word a chunk (signatures held for the
+        end), all calls in one chunk."""
+        out: list[list[dict[str, Any]]] = []
+        calls = [p for p in parts if "functionCall" in p]
+        for p in parts:
+            if "text" in p:
+                flags = {"thought": True} if p.get("thought") else {}
+                out.extend([{"text": w} | flags] for w in words(p["text"]))
+                if p.get("thought") and p.get("thoughtSignature"):
+                    out.append([{"text": "", "thought": True, "thoughtSignature": p["thoughtSignature"]}])
+        if calls:
+            out.append(calls)
+        return out
+
+    @staticmethod
+    def _signed_end(parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """The text part's signature, sent on the final chunk's empty text part."""
+        for p in parts:
+            if "text" in p and not p.get("thought") and p.get("thoughtSignature"):
+                return {"thoughtSignature": p["thoughtSignature"]}
+        return {}

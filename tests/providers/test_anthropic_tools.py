@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("anthropic", reason="the anthropic SDK is not installed (extra: gengate[anthropic])")
 
 import contract_checks as cc
+import tool_requests as tr
 from fake_anthropic import API_KEY, ARGUMENT_FRAGMENT, FakeAnthropic
 from gengate import errors
 from gengate.domain import (
@@ -266,7 +267,7 @@ async def test_stream_fragments_then_the_complete_calls_in_the_end_frame(
 async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
     build: Any, fake: FakeAnthropic
 ) -> None:
-    await check_invalid_stream_aborts(await build(), fake)
+    await tr.check_invalid_stream_aborts(await build(), fake)
 
 
 # --- validation and the bounded re-ask ---------------------------------------------------------------
@@ -312,20 +313,11 @@ async def test_the_reask_sends_the_bad_turns_thinking_back_beside_its_call(
 
 
 async def test_reask_exhausted_is_validation_failed(build: Any, fake: FakeAnthropic) -> None:
-    await check_reask_exhausted(await build(), fake)
+    await tr.check_reask_exhausted(await build(), fake)
 
 
 async def test_a_tool_not_offered_and_parallel_calls_are_refused(build: Any, fake: FakeAnthropic) -> None:
-    backend = await build(validation_retries=0)
-    fake.calls.append([("delete_everything", "{}")])
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert "'delete_everything', which is not an offered tool" in info.value.message
-    fake.calls.append([("get_weather", PARIS), ("get_weather", PARIS)])
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask(parallel_tool_calls=False))
-    assert "parallel_tool_calls is false" in info.value.message
-    assert len(fake.server.requests) == 2  # no re-ask allowed
+    await tr.check_unoffered_and_parallel_refused(await build(validation_retries=0), fake)
 
 
 async def test_text_where_a_call_is_required_is_reasked_as_a_user_turn(

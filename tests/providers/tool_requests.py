@@ -1,5 +1,6 @@
 """The tools, requests and checks the providers' tool-calling tests share (OpenAI family,
-Anthropic, Cohere)."""
+Anthropic, Cohere, Gemini). A check takes a started backend and its fake, whose `calls` holds
+scripted calls (name, arguments) one list per answer and whose `server.requests` records what came."""
 
 from __future__ import annotations
 
@@ -76,3 +77,16 @@ async def check_reask_exhausted(backend: Any, fake: ScriptedFake) -> None:
     assert info.value.reason == "VALIDATION_FAILED"
     assert "3 tries" in info.value.message and "get_weather" in info.value.message
     assert len(fake.server.requests) == 3
+
+async def check_unoffered_and_parallel_refused(backend: Any, fake: ScriptedFake) -> None:
+    """With no re-ask allowed (validation_retries 0), a tool not offered and two calls where
+    parallel_tool_calls is false are each Aborted after one request."""
+    fake.calls.append([("delete_everything", "{}")])
+    with pytest.raises(errors.Aborted) as info:
+        await backend.generate(ask())
+    assert "'delete_everything', which is not an offered tool" in info.value.message
+    fake.calls.append([("get_weather", PARIS), ("get_weather", PARIS)])
+    with pytest.raises(errors.Aborted) as info:
+        await backend.generate(ask(parallel_tool_calls=False))
+    assert "parallel_tool_calls is false" in info.value.message
+    assert len(fake.server.requests) == 2  # no re-ask allowed

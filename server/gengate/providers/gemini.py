@@ -4,6 +4,13 @@ JSON Schema is native through `response_json_schema` (Gemini enforces a subset o
 a schema using others is still sent, and reported VALIDATED), choices through the
 `text/x.enum` MIME type, JSON object through `application/json`; regex is prompted and
 validated; grammars are refused. `n` is native (`candidate_count`).
+
+Tools are native: function declarations with their full JSON Schema (`parametersJsonSchema`),
+`functionCallingConfig` for the choice (a named tool: ANY limited to it), functionCall parts in,
+functionResponse parts out. Gemini has no parallel-calls switch: with parallel_tool_calls false
+the server's validation (at most one call) and its re-ask enforce it. Thinking is set by
+`thinkingConfig` (budget, level, off) and comes back as the generation's reasoning, with the
+thought signatures Gemini requires back beside its calls (the wire forms: providers.gemini_wire).
 """
 
 from __future__ import annotations
@@ -23,17 +30,19 @@ from gengate.domain import (
     ChoiceConstraint,
     ConstraintKind,
     Enforcement,
+    FinishReason,
     Generation,
     GenerationRequest,
-    ImagePart,
     JsonObjectConstraint,
     JsonSchemaConstraint,
+    ReasoningControl,
     Role,
     StructuredOutput,
-    TextPart,
     Usage,
 )
+from gengate.providers import gemini_wire as wire
 from gengate.providers import structured as so
+from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
     Chunk,
     ChunkEnd,
@@ -120,22 +129,6 @@ def gemini_plan(structured: StructuredOutput, level: Enforcement) -> so.Structur
     return so.StructuredPlan(structured, Enforcement.NATIVE, native=True)
 
 
-def _parts(parts: tuple[TextPart | ImagePart, ...]) -> list[types.Part]:
-    out: list[types.Part] = []
-    for part in parts:
-        if isinstance(part, TextPart):
-            out.append(types.Part(text=part.text))
-        elif part.url:
-            out.append(
-                types.Part(file_data=types.FileData(file_uri=part.url, mime_type=part.mime_type or None))
-            )
-        else:
-            out.append(
-                types.Part(inline_data=types.Blob(data=part.data, mime_type=part.mime_type or "image/png"))
-            )
-    return out
-
-
 def _retry_delay(details: Any) -> float | None:
     """RetryInfo.retryDelay ("12s") from a google.rpc error body, if any."""
     error = details.get("error", details) if isinstance(details, Mapping) else None
@@ -147,16 +140,20 @@ def _retry_delay(details: Any) -> float | None:
     return None
 
 
-def _candidate_text(candidate: Any) -> str:
-    content = candidate.content
-    if content is None or not content.parts:
-        return ""
-    return "".join(p.text for p in content.parts if p.text and not p.thought)
+# Finish reasons of a failed function call: Gemini gives no call, and no answer either.
+_CALL_FAILED = frozenset(
+    {"MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "TOO_MANY_TOOL_CALLS", "MISSING_THOUGHT_SIGNATURE"}
+)
 
 
-def _finish(candidate: Any) -> Any:
+def _finish(candidate: Any) -> FinishReason:
+    """The candidate's finish reason; one that says its function call failed is ERROR (a call
+    made stops with STOP, which settling turns into TOOL_CALLS)."""
     reason = candidate.finish_reason
-    return map_finish_reason(reason.value if reason is not None else None)
+    raw = reason.value if reason is not None else None
+    if raw in _CALL_FAILED:
+        return FinishReason.ERROR
+    return map_finish_reason(raw)
 
 
 class GeminiBackend(ProviderBackend):
@@ -174,6 +171,9 @@ class GeminiBackend(ProviderBackend):
     native_n: ClassVar[bool] = True
     image_input: ClassVar[bool] = True
     seed_supported: ClassVar[bool] = True
+    tools_support: ClassVar[Enforcement | None] = Enforcement.NATIVE
+    reasoning_controls: ClassVar[bool] = True
+    reasoning_output: ClassVar[bool] = True
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)
@@ -219,6 +219,28 @@ class GeminiBackend(ProviderBackend):
         assert req.structured_output is not None
         return gemini_plan(req.structured_output, level)
 
+    # --- tools and thinking ----------------------------------------------------------------
+
+    def check_reasoning(self, control: ReasoningControl) -> None:
+        """Budget, effort (thinkingLevel) and on/off all map; a budget and an effort together
+        do not: Gemini takes a thinking level or a thinking budget, never both."""
+        if control.effort is not None and control.budget_tokens is not None:
+            raise tc.reasoning_refused(
+                f"{self.label} model {self.name!r}",
+                "reasoning.effort",
+                "Gemini takes a thinking level (effort) or a thinking budget (budget_tokens), not both",
+            )
+
+    def _prepare(self, req: GenerationRequest) -> ProviderCall:
+        """The base's checks, then the conversation's tool turns Gemini cannot take back."""
+        call = super()._prepare(req)
+        violations = wire.history_violations(req.messages or ())
+        if violations:
+            raise errors.InvalidArgument(
+                "; ".join(f"{v.field}: {v.description}" for v in violations), violations=violations
+            )
+        return call
+
     def normalize_error(self, exc: BaseException) -> errors.GengateError:
         if isinstance(exc, genai_errors.APIError) and isinstance(exc.code, int) and exc.code >= 400:
             headers = getattr(exc.response, "headers", None)
@@ -238,11 +260,7 @@ class GeminiBackend(ProviderBackend):
     def _request(self, call: ProviderCall) -> dict[str, Any]:
         req = call.request
         system = "\n\n".join(m.text for m in call.messages if m.role == Role.SYSTEM)
-        contents = [
-            types.Content(role="model" if m.role == Role.ASSISTANT else "user", parts=_parts(m.content))
-            for m in call.messages
-            if m.role != Role.SYSTEM
-        ]
+        contents = wire.contents(call.messages)
         s = req.sampling
         config: dict[str, Any] = {
             "system_instruction": system or None,
@@ -256,6 +274,9 @@ class GeminiBackend(ProviderBackend):
             "max_output_tokens": req.stopping.max_tokens,
             "stop_sequences": list(req.stopping.stop) or None,
             "http_options": types.HttpOptions(timeout=max(1, int(call.timeout * 1000))),
+            "tools": wire.tools(req.tools) if req.tools else None,
+            "tool_config": wire.tool_config(req.tool_choice),
+            "thinking_config": wire.thinking_config(req.reasoning),
         }
         plan = call.plan
         if plan is not None and plan.native:
@@ -273,35 +294,53 @@ class GeminiBackend(ProviderBackend):
 
     @staticmethod
     def _usage(response: Any) -> Usage | None:
+        """Prompt and output tokens; thinking counts as output (billed so, as other providers
+        count it), though Gemini reports it apart (`thoughtsTokenCount`)."""
         meta = response.usage_metadata
         if meta is None or meta.candidates_token_count is None:
             return None
-        return Usage(meta.prompt_token_count or 0, meta.candidates_token_count)
+        output = meta.candidates_token_count + (meta.thoughts_token_count or 0)
+        return Usage(meta.prompt_token_count or 0, output)
 
     async def _complete(self, call: ProviderCall) -> Completion:
         response = await self.client.aio.models.generate_content(**self._request(call))
-        generations = [
-            Generation(index=c.index or 0, text=_candidate_text(c), finish_reason=_finish(c))
-            for c in response.candidates or []
-        ]
+        generations = []
+        for c in response.candidates or []:
+            got = wire.CandidateParts()
+            got.add(c.content)
+            generations.append(
+                Generation(
+                    index=c.index or 0,
+                    text="".join(got.text),
+                    finish_reason=_finish(c),
+                    tool_calls=tuple(got.calls),
+                    reasoning=got.reasoning(),
+                )
+            )
         return Completion(sorted(generations, key=lambda g: g.index), self._usage(response))
 
     async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
+        """Text and thought text as they come; a function call whole, as Gemini sends it, as one
+        fragment; the turn's signature entries with its end."""
         # The SDK's stream nests generators, so closing ours would leave the HTTP response open
         # until garbage collection: each stream gets its own connection, closed in `finally`.
         http = httpx.AsyncClient(timeout=call.timeout)
         client = genai.Client(**self._client_kwargs(http))
         stream: Any = None
+        turns: dict[int, wire.CandidateParts] = {}
         try:
             stream = await client.aio.models.generate_content_stream(**self._request(call))
             async for response in stream:
                 for candidate in response.candidates or []:
                     index = candidate.index or 0
-                    text = _candidate_text(candidate)
-                    if text:
-                        yield ChunkText(index, text)
+                    got = turns.setdefault(index, wire.CandidateParts())
+                    text, thought, calls = got.add(candidate.content)
+                    if text or thought or calls:
+                        yield ChunkText(index, text, tool_calls=calls, reasoning=thought)
                     if candidate.finish_reason is not None:
-                        yield ChunkEnd(index, _finish(candidate))
+                        reasoning = got.reasoning()
+                        signatures = reasoning.signatures if reasoning is not None else ()
+                        yield ChunkEnd(index, _finish(candidate), reasoning_signatures=signatures)
                 usage = self._usage(response)
                 if usage is not None:
                     yield ChunkUsage(usage.input_tokens, usage.output_tokens)
