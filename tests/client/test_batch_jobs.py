@@ -17,8 +17,17 @@ class Pet(BaseModel):
     name: str
 
 
+class GetWeather(BaseModel):
+    city: str
+
+
 MODELS = [
     {"name": "echo", "backend": "scripted"},
+    {
+        "name": "caller",
+        "backend": "scripted",
+        "tool_calls": [{"id": "call_1", "name": "GetWeather", "arguments": {"city": "Paris"}}],
+    },
     {
         "name": "pets",
         "backend": "scripted",
@@ -49,6 +58,23 @@ async def test_create_then_typed_results_resumed_from_an_index(address: str) -> 
     assert resumed == [3, 4]
     assert job.state == "succeeded" and (job.total, job.done, job.failed) == (5, 5, 0) and job.finished
     assert job.display_name == "pets" and job.create_time is not None and job.end_time is not None
+
+
+async def test_job_results_given_the_tools_parse_calls_into_their_types(address: str) -> None:
+    """A job's stored calls come back linked to the tools passed to `results`, sync and async, so
+    `arguments()` gives the tool's model; without `tools` they stay plain dicts."""
+    with Client(address) as client:
+        job = await asyncio.to_thread(
+            client.batch_jobs.create, [Request(model="caller", prompt="weather?", tools=[GetWeather])] * 2
+        )
+        typed = await asyncio.to_thread(lambda: list(client.batch_jobs.results(job.id, tools=[GetWeather])))
+        plain = await asyncio.to_thread(lambda: list(client.batch_jobs.results(job.id)))
+    async with AsyncClient(address) as aclient:
+        atyped = [item async for item in aclient.batch_jobs.results(job.id, tools=[GetWeather])]
+    for item in typed + atyped:
+        (call,) = item.unwrap().tool_calls
+        assert call.name == "GetWeather" and call.arguments() == GetWeather(city="Paris")
+    assert [item.unwrap().tool_calls[0].arguments() for item in plain] == [{"city": "Paris"}] * 2
 
 
 async def test_a_large_job_is_uploaded_in_pieces(address: str, monkeypatch: pytest.MonkeyPatch) -> None:

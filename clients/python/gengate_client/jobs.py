@@ -20,7 +20,8 @@ from gengate_client._channel import LoopChannel
 from gengate_client._convert import CallSettings, MetadataLike
 from gengate_client.errors import OutputError, error_from_rpc, error_from_status
 from gengate_client.output_types import resolve_output_type
-from gengate_client.types import ItemResult, Request
+from gengate_client.tools import resolve_tools
+from gengate_client.types import ItemResult, Request, ToolLike
 
 # Jobs with more items than this are sent with the client-streaming upload, in pieces.
 UPLOAD_ABOVE = 1000
@@ -81,6 +82,11 @@ def job_from_pb(pb: jobs_pb2.BatchJob) -> BatchJob:
         error=pb.error,
         raw=pb,
     )
+
+
+def results_spec(output_type: Any, tools: Sequence[ToolLike] | None) -> convert.ResultSpec:
+    """How a job's stored responses are read: their output type and the tools they may call."""
+    return convert.ResultSpec(resolve_output_type(output_type), {t.name: t for t in resolve_tools(tools)})
 
 
 def result_from_pb(pb: jobs_pb2.StreamBatchJobResultsResponse, spec: Any) -> ItemResult:
@@ -184,13 +190,16 @@ class BatchJobs:
         after_index: int | None = None,
         follow: bool = True,
         output_type: Any = None,
+        tools: Sequence[ToolLike] | None = None,
         timeout: float | None = None,
         metadata: MetadataLike | None = None,
     ) -> Iterator[ItemResult]:
         """Each item's outcome in index order, from `after_index + 1`: resume a download where it
         stopped. `follow` waits for items still running (until the last); without it the stream
-        ends at the first unfinished item. `output_type` parses each response as `generate` does."""
-        spec = resolve_output_type(output_type)
+        ends at the first unfinished item. `output_type` parses each response as `generate` does;
+        `tools` (the job's, as offered) links each returned call to its tool, so `arguments()`
+        parses into its type."""
+        spec = results_spec(output_type, tools)
         request = jobs_pb2.StreamBatchJobResultsRequest(id=job_id, follow=follow)
         if after_index is not None:
             request.after_index = after_index
@@ -342,11 +351,12 @@ class AsyncBatchJobs:
         after_index: int | None = None,
         follow: bool = True,
         output_type: Any = None,
+        tools: Sequence[ToolLike] | None = None,
         timeout: float | None = None,
         metadata: MetadataLike | None = None,
     ) -> AsyncIterator[ItemResult]:
         """As BatchJobs.results: each item's outcome in index order, from `after_index + 1`."""
-        spec = resolve_output_type(output_type)
+        spec = results_spec(output_type, tools)
         request = jobs_pb2.StreamBatchJobResultsRequest(id=job_id, follow=follow)
         if after_index is not None:
             request.after_index = after_index
