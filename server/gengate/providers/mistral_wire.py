@@ -127,8 +127,9 @@ def _assistant(m: ChatMessage) -> dict[str, Any]:
                 "id": call_id(c.id),
                 "type": "function",
                 "function": {"name": c.name, "arguments": c.arguments},
+                "index": k,  # the SDK would say 0 for every call
             }
-            for c in m.tool_calls
+            for k, c in enumerate(m.tool_calls)
         ]
     return entry
 
