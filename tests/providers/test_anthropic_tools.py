@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("anthropic", reason="the anthropic SDK is not installed (extra: gengate[anthropic])")
 
 import contract_checks as cc
+import tool_contract
 from fake_anthropic import API_KEY, ARGUMENT_FRAGMENT, FakeAnthropic
 from gengate import errors
 from gengate.domain import (
@@ -26,7 +27,6 @@ from gengate.domain import (
     ReasoningEffort,
     Role,
     StoppingCriteria,
-    StreamEvent,
     StreamStart,
     StructuredOutput,
     TextPart,
@@ -215,17 +215,7 @@ async def test_history_arguments_that_are_no_object_are_refused(build: Any, fake
 
 
 async def test_unary_calls_returned(build: Any, fake: FakeAnthropic) -> None:
-    backend = await build()
-    fake.calls.append([("get_weather", PARIS), ("get_time", json.dumps({"zone": "CET"}))])
-    result = await backend.generate(ask(WEATHER, CLOCK))
-    gen = result.generations[0]
-    assert gen.tool_calls == (
-        ToolCall("toolu_fake_1_0", "get_weather", PARIS),
-        ToolCall("toolu_fake_1_1", "get_time", json.dumps({"zone": "CET"})),
-    )
-    assert (gen.finish_reason, gen.text) == (FinishReason.TOOL_CALLS, "")
-    assert result.enforcement == Enforcement.NATIVE
-    assert result.usage.output_tokens > 0
+    await tool_contract.check_unary_calls(await build(), fake, ("toolu_fake_1_0", "toolu_fake_1_1"))
 
 
 async def test_stream_fragments_then_the_complete_calls_in_the_end_frame(
@@ -258,15 +248,7 @@ async def test_stream_fragments_then_the_complete_calls_in_the_end_frame(
 async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
     build: Any, fake: FakeAnthropic
 ) -> None:
-    backend = await build()
-    fake.calls.append([("get_weather", json.dumps({"city": "Paris", "unit": "K"}))])
-    events: list[StreamEvent] = []
-    with pytest.raises(errors.Aborted) as info:
-        async for event in backend.generate_stream(ask()):
-            events.append(event)
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert deltas(events) and not any(isinstance(e, GenerationEnd) for e in events)
-    assert len(fake.server.requests) == 1  # a stream is never re-asked
+    await tool_contract.check_invalid_stream_aborts(await build(), fake)
 
 
 # --- validation and the bounded re-ask ---------------------------------------------------------------
@@ -312,37 +294,17 @@ async def test_the_reask_sends_the_bad_turns_thinking_back_beside_its_call(
 
 
 async def test_reask_exhausted_is_validation_failed(build: Any, fake: FakeAnthropic) -> None:
-    backend = await build()
-    fake.calls.extend([[("get_weather", json.dumps({"town": "Paris"}))]] * 5)
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert "3 tries" in info.value.message and "get_weather" in info.value.message
-    assert len(fake.server.requests) == 3  # the first try and validation_retries (2) re-asks
+    await tool_contract.check_reask_exhausted(await build(), fake)
 
 
 async def test_a_tool_not_offered_and_parallel_calls_are_refused(build: Any, fake: FakeAnthropic) -> None:
-    backend = await build(validation_retries=0)
-    fake.calls.append([("delete_everything", "{}")])
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert "'delete_everything', which is not an offered tool" in info.value.message
-    fake.calls.append([("get_weather", PARIS), ("get_weather", PARIS)])
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask(parallel_tool_calls=False))
-    assert "parallel_tool_calls is false" in info.value.message
-    assert len(fake.server.requests) == 2  # no re-ask allowed
+    await tool_contract.check_not_offered_and_parallel_refused(await build(validation_retries=0), fake)
 
 
 async def test_text_where_a_call_is_required_is_reasked_as_a_user_turn(
     build: Any, fake: FakeAnthropic
 ) -> None:
-    backend = await build()
-    fake.calls.extend([[], [("get_weather", PARIS)]])  # a text first, then the call
-    fake.answers.append("It is sunny, I think.")
-    result = await backend.generate(ask(tool_choice=ToolChoice(ToolChoiceMode.REQUIRED)))
-    assert result.generations[0].tool_calls[0].arguments == PARIS
-    said, feedback = body(fake, 1)["messages"][-2:]
+    said, feedback = await tool_contract.check_required_text_reasked(await build(), fake)
     assert said == {"role": "assistant", "content": [{"type": "text", "text": "It is sunny, I think."}]}
     assert feedback["role"] == "user" and "a tool call is required" in feedback["content"][0]["text"]
 
@@ -416,25 +378,12 @@ async def test_thinking_comes_back_unary_and_streamed_with_its_signature(
 async def test_several_and_redacted_thinking_blocks_go_back_as_they_came(
     build: Any, fake: FakeAnthropic
 ) -> None:
-    backend = await build()
     fake.thinking = [("First thought. ", "sigA"), ("Second thought.", "sigB")]
     fake.redacted = "OPAQUE"
-    fake.calls.extend([[("get_weather", PARIS)], [("get_weather", PARIS)]])
-    unary = (await backend.generate(ask())).generations[0]
-    events = await cc.collect(backend.generate_stream(ask()))
-    end = events[-1]
-    assert isinstance(end, GenerationEnd)
-    assert unary.reasoning is not None and unary.reasoning.text == "First thought. Second thought."
-    assert end.reasoning_signatures == unary.reasoning.signatures  # the stream says the same
-    assert "".join(d.reasoning for d in deltas(events)) == unary.reasoning.text
-    fake.reset()
-    history = (
-        ChatMessage(Role.USER, (TextPart("Weather in Paris?"),)),
-        ChatMessage(Role.ASSISTANT, (), tool_calls=unary.tool_calls, reasoning=unary.reasoning),
-        ChatMessage(Role.TOOL, (TextPart("sunny"),), tool_call_id=unary.tool_calls[0].id),
+    turn = await tool_contract.check_thinking_round_trip(
+        await build(), fake, "First thought. Second thought."
     )
-    await backend.generate(ask(messages=history))
-    assert body(fake)["messages"][1]["content"][:3] == [
+    assert turn["content"][:3] == [
         {"type": "thinking", "thinking": "First thought. ", "signature": "sigA"},
         {"type": "thinking", "thinking": "Second thought.", "signature": "sigB"},
         {"type": "redacted_thinking", "data": "OPAQUE"},

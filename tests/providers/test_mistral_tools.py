@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("mistralai", reason="the mistralai SDK is not installed (extra: gengate[mistral])")
 
 import contract_checks as cc
+import tool_contract
 from fake_mistral import API_KEY, ARGUMENT_FRAGMENT, FakeMistral
 from gengate import errors
 from gengate.domain import (
@@ -26,7 +27,6 @@ from gengate.domain import (
     ReasoningControl,
     ReasoningEffort,
     Role,
-    StreamEvent,
     StreamStart,
     TextPart,
     Tool,
@@ -90,17 +90,7 @@ async def test_tools_each_choice_and_the_parallel_switch_on_the_wire(
         ask(WEATHER, CLOCK, tool_choice=ToolChoice(name="get_weather"), parallel_tool_calls=False)
     )
     sent = body(fake)
-    assert sent["tools"] == [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "The weather in a city.",
-                "parameters": WEATHER.parameters,
-            },
-        },
-        {"type": "function", "function": {"name": "get_time", "parameters": CLOCK.parameters}},
-    ]
+    assert sent["tools"] == tool_contract.FUNCTION_TOOLS
     assert sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert sent["parallel_tool_calls"] is False
     cases = [
@@ -227,16 +217,7 @@ async def test_an_unmapped_id_is_what_mistral_refuses(fake: FakeMistral, make: c
 
 
 async def test_unary_calls_returned(make: cc.Make, fake: FakeMistral) -> None:
-    backend = await make()
-    fake.calls.append([("get_weather", PARIS), ("get_time", json.dumps({"zone": "CET"}))])
-    result = await backend.generate(ask(WEATHER, CLOCK))
-    gen = result.generations[0]
-    assert gen.tool_calls == (
-        ToolCall("r0001c000", "get_weather", PARIS),
-        ToolCall("r0001c001", "get_time", json.dumps({"zone": "CET"})),
-    )
-    assert (gen.finish_reason, gen.text) == (FinishReason.TOOL_CALLS, "")
-    assert result.enforcement == Enforcement.NATIVE and result.usage.output_tokens > 0
+    await tool_contract.check_unary_calls(await make(), fake, ("r0001c000", "r0001c001"))
 
 
 async def test_arguments_sent_as_an_object_come_back_as_json_text(make: cc.Make, fake: FakeMistral) -> None:
@@ -291,15 +272,7 @@ async def test_stream_call_pieces_assemble_into_the_end_frames_call(make: cc.Mak
 async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
     make: cc.Make, fake: FakeMistral
 ) -> None:
-    backend = await make()
-    fake.calls.append([("get_weather", json.dumps({"city": "Paris", "unit": "K"}))])
-    events: list[StreamEvent] = []
-    with pytest.raises(errors.Aborted) as info:
-        async for event in backend.generate_stream(ask()):
-            events.append(event)
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert deltas(events) and not any(isinstance(e, GenerationEnd) for e in events)
-    assert len(fake.server.requests) == 1  # a stream is never re-asked
+    await tool_contract.check_invalid_stream_aborts(await make(), fake)
 
 
 # --- validation and the bounded re-ask ---------------------------------------------------------------
@@ -334,26 +307,11 @@ async def test_bad_arguments_are_reasked_with_the_error_as_tool_results(
 
 
 async def test_reask_exhausted_is_validation_failed(make: cc.Make, fake: FakeMistral) -> None:
-    backend = await make()
-    fake.calls.extend([[("get_weather", json.dumps({"town": "Paris"}))]] * 5)
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert "3 tries" in info.value.message and "get_weather" in info.value.message
-    assert len(fake.server.requests) == 3  # the first try and validation_retries (2) re-asks
+    await tool_contract.check_reask_exhausted(await make(), fake)
 
 
 async def test_a_tool_not_offered_and_parallel_calls_are_refused(make: cc.Make, fake: FakeMistral) -> None:
-    backend = await make(validation_retries=0)
-    fake.calls.append([("delete_everything", "{}")])
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert "'delete_everything', which is not an offered tool" in info.value.message
-    fake.calls.append([("get_weather", PARIS), ("get_weather", PARIS)])
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask(parallel_tool_calls=False))
-    assert "parallel_tool_calls is false" in info.value.message
-    assert len(fake.server.requests) == 2  # no re-ask allowed
+    await tool_contract.check_not_offered_and_parallel_refused(await make(validation_retries=0), fake)
 
 
 async def test_a_tool_not_offered_is_reasked_then_answered(make: cc.Make, fake: FakeMistral) -> None:
@@ -368,12 +326,7 @@ async def test_a_tool_not_offered_is_reasked_then_answered(make: cc.Make, fake: 
 async def test_text_where_a_call_is_required_is_reasked_as_a_user_turn(
     make: cc.Make, fake: FakeMistral
 ) -> None:
-    backend = await make()
-    fake.calls.extend([[], [("get_weather", PARIS)]])  # a text first, then the call
-    fake.answers.append("It is sunny, I think.")
-    result = await backend.generate(ask(tool_choice=ToolChoice(ToolChoiceMode.REQUIRED)))
-    assert result.generations[0].tool_calls[0].arguments == PARIS
-    said, feedback = body(fake, 1)["messages"][-2:]
+    said, feedback = await tool_contract.check_required_text_reasked(await make(), fake)
     assert said == {"role": "assistant", "content": "It is sunny, I think.", "prefix": False}
     assert feedback["role"] == "user" and "a tool call is required" in feedback["content"]
 
@@ -423,25 +376,9 @@ async def test_thinking_comes_back_unary_and_streamed(make: cc.Make, fake: FakeM
 async def test_signed_thinking_chunks_come_back_and_go_back_as_they_came(
     make: cc.Make, fake: FakeMistral
 ) -> None:
-    backend = await make()
     fake.thinking = [("First thought. ", "sigA"), ("Second thought.", "sigB")]
-    fake.calls.extend([[("get_weather", PARIS)], [("get_weather", PARIS)]])
-    unary = (await backend.generate(ask())).generations[0]
-    events = await cc.collect(backend.generate_stream(ask()))
-    end = events[-1]
-    assert isinstance(end, GenerationEnd)
-    assert unary.reasoning is not None and unary.reasoning.text == "First thought. Second thought."
-    assert len(unary.reasoning.signatures) == 2
-    assert end.reasoning_signatures == unary.reasoning.signatures  # the stream says the same
-    assert "".join(d.reasoning for d in deltas(events)) == unary.reasoning.text
-    fake.reset()
-    history = (
-        ChatMessage(Role.USER, (TextPart("Weather in Paris?"),)),
-        ChatMessage(Role.ASSISTANT, (), tool_calls=unary.tool_calls, reasoning=unary.reasoning),
-        ChatMessage(Role.TOOL, (TextPart("sunny"),), tool_call_id=unary.tool_calls[0].id),
-    )
-    await backend.generate(ask(messages=history))
-    assert body(fake)["messages"][1]["content"] == [
+    turn = await tool_contract.check_thinking_round_trip(await make(), fake, "First thought. Second thought.")
+    assert turn["content"] == [
         {"type": "thinking", "thinking": [{"type": "text", "text": "First thought. "}], "signature": "sigA"},
         {"type": "thinking", "thinking": [{"type": "text", "text": "Second thought."}], "signature": "sigB"},
     ]
