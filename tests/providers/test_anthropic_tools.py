@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("anthropic", reason="the anthropic SDK is not installed (extra: gengate[anthropic])")
 
 import contract_checks as cc
-import tool_requests as tr
+import tool_contract
 from fake_anthropic import API_KEY, ARGUMENT_FRAGMENT, FakeAnthropic
 from gengate import errors
 from gengate.domain import (
@@ -43,8 +43,6 @@ from tool_requests import (
     WEATHER,
     ask,
     chat,
-    check_invalid_stream_aborts,
-    check_reask_exhausted,
     deltas,
 )
 
@@ -224,17 +222,7 @@ async def test_history_arguments_that_are_no_object_are_refused(build: Any, fake
 
 
 async def test_unary_calls_returned(build: Any, fake: FakeAnthropic) -> None:
-    backend = await build()
-    fake.calls.append([("get_weather", PARIS), ("get_time", json.dumps({"zone": "CET"}))])
-    result = await backend.generate(ask(WEATHER, CLOCK))
-    gen = result.generations[0]
-    assert gen.tool_calls == (
-        ToolCall("toolu_fake_1_0", "get_weather", PARIS),
-        ToolCall("toolu_fake_1_1", "get_time", json.dumps({"zone": "CET"})),
-    )
-    assert (gen.finish_reason, gen.text) == (FinishReason.TOOL_CALLS, "")
-    assert result.enforcement == Enforcement.NATIVE
-    assert result.usage.output_tokens > 0
+    await tool_contract.check_unary_calls(await build(), fake, ("toolu_fake_1_0", "toolu_fake_1_1"))
 
 
 async def test_stream_fragments_then_the_complete_calls_in_the_end_frame(
@@ -267,7 +255,7 @@ async def test_stream_fragments_then_the_complete_calls_in_the_end_frame(
 async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
     build: Any, fake: FakeAnthropic
 ) -> None:
-    await tr.check_invalid_stream_aborts(await build(), fake)
+    await tool_contract.check_invalid_stream_aborts(await build(), fake)
 
 
 # --- validation and the bounded re-ask ---------------------------------------------------------------
@@ -313,22 +301,17 @@ async def test_the_reask_sends_the_bad_turns_thinking_back_beside_its_call(
 
 
 async def test_reask_exhausted_is_validation_failed(build: Any, fake: FakeAnthropic) -> None:
-    await tr.check_reask_exhausted(await build(), fake)
+    await tool_contract.check_reask_exhausted(await build(), fake)
 
 
 async def test_a_tool_not_offered_and_parallel_calls_are_refused(build: Any, fake: FakeAnthropic) -> None:
-    await tr.check_unoffered_and_parallel_refused(await build(validation_retries=0), fake)
+    await tool_contract.check_not_offered_and_parallel_refused(await build(validation_retries=0), fake)
 
 
 async def test_text_where_a_call_is_required_is_reasked_as_a_user_turn(
     build: Any, fake: FakeAnthropic
 ) -> None:
-    backend = await build()
-    fake.calls.extend([[], [("get_weather", PARIS)]])  # a text first, then the call
-    fake.answers.append("It is sunny, I think.")
-    result = await backend.generate(ask(tool_choice=ToolChoice(ToolChoiceMode.REQUIRED)))
-    assert result.generations[0].tool_calls[0].arguments == PARIS
-    said, feedback = body(fake, 1)["messages"][-2:]
+    said, feedback = await tool_contract.check_required_text_reasked(await build(), fake)
     assert said == {"role": "assistant", "content": [{"type": "text", "text": "It is sunny, I think."}]}
     assert feedback["role"] == "user" and "a tool call is required" in feedback["content"][0]["text"]
 
@@ -402,25 +385,12 @@ async def test_thinking_comes_back_unary_and_streamed_with_its_signature(
 async def test_several_and_redacted_thinking_blocks_go_back_as_they_came(
     build: Any, fake: FakeAnthropic
 ) -> None:
-    backend = await build()
     fake.thinking = [("First thought. ", "sigA"), ("Second thought.", "sigB")]
     fake.redacted = "OPAQUE"
-    fake.calls.extend([[("get_weather", PARIS)], [("get_weather", PARIS)]])
-    unary = (await backend.generate(ask())).generations[0]
-    events = await cc.collect(backend.generate_stream(ask()))
-    end = events[-1]
-    assert isinstance(end, GenerationEnd)
-    assert unary.reasoning is not None and unary.reasoning.text == "First thought. Second thought."
-    assert end.reasoning_signatures == unary.reasoning.signatures  # the stream says the same
-    assert "".join(d.reasoning for d in deltas(events)) == unary.reasoning.text
-    fake.reset()
-    history = (
-        ChatMessage(Role.USER, (TextPart("Weather in Paris?"),)),
-        ChatMessage(Role.ASSISTANT, (), tool_calls=unary.tool_calls, reasoning=unary.reasoning),
-        ChatMessage(Role.TOOL, (TextPart("sunny"),), tool_call_id=unary.tool_calls[0].id),
+    turn = await tool_contract.check_thinking_round_trip(
+        await build(), fake, "First thought. Second thought."
     )
-    await backend.generate(ask(messages=history))
-    assert body(fake)["messages"][1]["content"][:3] == [
+    assert turn["content"][:3] == [
         {"type": "thinking", "thinking": "First thought. ", "signature": "sigA"},
         {"type": "thinking", "thinking": "Second thought.", "signature": "sigB"},
         {"type": "redacted_thinking", "data": "OPAQUE"},

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("cohere", reason="the cohere SDK is not installed (extra: gengate[cohere])")
 
 import contract_checks as cc
+import tool_contract
 from fake_cohere import API_KEY, ARGUMENT_FRAGMENT, FakeCohere
 from gengate import errors
 from gengate.domain import (
@@ -39,8 +40,6 @@ from tool_requests import (
     WEATHER,
     ask,
     chat,
-    check_invalid_stream_aborts,
-    check_reask_exhausted,
     deltas,
 )
 
@@ -257,7 +256,7 @@ async def test_stream_fragments_then_the_complete_calls_in_the_end_frame(
 async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
     build: Any, fake: FakeCohere
 ) -> None:
-    await check_invalid_stream_aborts(await build(), fake)
+    await tool_contract.check_invalid_stream_aborts(await build(), fake)
 
 
 # --- validation and the bounded re-ask ---------------------------------------------------------------
@@ -290,7 +289,7 @@ async def test_malformed_arguments_are_reasked_with_the_error_as_tool_results(
 
 
 async def test_reask_exhausted_is_validation_failed(build: Any, fake: FakeCohere) -> None:
-    await check_reask_exhausted(await build(), fake)
+    await tool_contract.check_reask_exhausted(await build(), fake)
 
 
 async def test_a_tool_not_offered_is_reasked_then_accepted(build: Any, fake: FakeCohere) -> None:

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("google.genai", reason="the google-genai SDK is not installed (extra: gengate[gemini])")
 
 import contract_checks as cc
-import tool_requests as tr
+import tool_contract
 from fake_gemini import API_KEY, FakeGemini, camel
 from gengate import errors
 from gengate.domain import (
@@ -268,7 +268,7 @@ async def test_stream_sends_each_call_whole_and_the_end_frame_agrees(make: cc.Ma
 async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
     make: cc.Make, fake: FakeGemini
 ) -> None:
-    await tr.check_invalid_stream_aborts(await make(), fake)
+    await tool_contract.check_invalid_stream_aborts(await make(), fake)
 
 
 # --- validation and the bounded re-ask ---------------------------------------------------------------
@@ -303,11 +303,11 @@ async def test_bad_arguments_are_reasked_with_the_error_as_function_responses(
 
 
 async def test_reask_exhausted_is_validation_failed(make: cc.Make, fake: FakeGemini) -> None:
-    await tr.check_reask_exhausted(await make(), fake)
+    await tool_contract.check_reask_exhausted(await make(), fake)
 
 
 async def test_a_tool_not_offered_and_parallel_calls_are_refused(make: cc.Make, fake: FakeGemini) -> None:
-    await tr.check_unoffered_and_parallel_refused(await make(validation_retries=0), fake)
+    await tool_contract.check_not_offered_and_parallel_refused(await make(validation_retries=0), fake)
 
 
 async def test_a_malformed_function_call_is_an_error_and_reasked_where_a_call_is_required(

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("openai", reason="the openai SDK is not installed (extra: gengate[openai])")
 
 import contract_checks as cc
+import tool_contract
 from fake_openai import API_KEY, ARGUMENT_FRAGMENT, FakeOpenAI
 from gengate import errors
 from gengate.domain import (
@@ -153,17 +154,7 @@ async def test_tools_choice_and_parallel_on_the_wire(build: Any, fake: FakeOpenA
     req = ask(WEATHER, CLOCK, tool_choice=ToolChoice(name="get_weather"), parallel_tool_calls=False)
     await backend.generate(req)
     body = fake.server.requests[0].body
-    assert body["tools"] == [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "The weather in a city.",
-                "parameters": WEATHER.parameters,
-            },
-        },
-        {"type": "function", "function": {"name": "get_time", "parameters": CLOCK.parameters}},
-    ]
+    assert body["tools"] == tool_contract.FUNCTION_TOOLS
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert body["parallel_tool_calls"] is False
     for mode, wire in (("auto", "auto"), ("none", "none"), ("required", "required")):
