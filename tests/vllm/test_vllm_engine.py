@@ -21,6 +21,7 @@ import pytest
 from gengate import errors
 from gengate.backend import collect_stream
 from gengate.domain import (
+    ChatMessage,
     ChoiceConstraint,
     Enforcement,
     FinishReason,
@@ -32,10 +33,15 @@ from gengate.domain import (
     JsonObjectConstraint,
     JsonSchemaConstraint,
     RegexConstraint,
+    Role,
     SamplingParams,
     StoppingCriteria,
     StreamStart,
     StructuredOutput,
+    TextPart,
+    Tool,
+    ToolChoice,
+    ToolChoiceMode,
     Whitespace,
 )
 from gengate.workers.backend import WorkerBackend, WorkerStartError
@@ -94,8 +100,6 @@ async def test_text_and_usage(vllm: WorkerBackend) -> None:
 
 
 async def test_chat_messages_use_the_chat_template(vllm: WorkerBackend) -> None:
-    from gengate.domain import ChatMessage, Role, TextPart
-
     plain = await vllm.generate(req(prompt="Hi", stopping=StoppingCriteria(max_tokens=1)))
     chat = await vllm.generate(
         req(
@@ -421,3 +425,68 @@ async def test_kill_9_mid_stream_fails_fast_leaves_no_engine_process_and_recover
     assert vllm.pid not in (None, pid)
     result = await vllm.generate(req(structured_output=StructuredOutput(ChoiceConstraint(("yes", "no")))))
     assert result.generations[0].text in ("yes", "no")
+
+
+# --- tool calls: the grammar of engines/toolcalls.py through vLLM's guidance backend -------------
+
+WEATHER_TOOL = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"],
+}
+
+
+def tool_request(**kwargs: object) -> GenerationRequest:
+    tools = (Tool("weather", "The weather in a city", WEATHER_TOOL), Tool("time-now", "The time now"))
+    kwargs.setdefault("stopping", StoppingCriteria(max_tokens=160))
+    messages = (ChatMessage(Role.USER, (TextPart("Weather in Paris?"),)),)
+    return req(prompt=None, messages=messages, tools=tools, **kwargs)
+
+
+def assert_valid_calls(gen: Any, names: set[str]) -> None:
+    """Every call names one of `names` and its arguments validate: the random weights cannot
+    write that on their own, so it is the grammar's doing. Random weights may go on calling
+    until max_tokens: then the finish is LENGTH and only the complete calls are kept."""
+    assert gen.tool_calls and gen.finish_reason in (FinishReason.TOOL_CALLS, FinishReason.LENGTH), gen
+    for call in gen.tool_calls:
+        assert call.name in names and call.id
+        arguments = json.loads(call.arguments)
+        jsonschema.validate(arguments, WEATHER_TOOL if call.name == "weather" else {"type": "object"})
+
+
+async def test_required_tool_calls_are_valid_with_n_2(vllm: WorkerBackend) -> None:
+    result = await vllm.generate(tool_request(n=2, tool_choice=ToolChoice(ToolChoiceMode.REQUIRED)))
+    assert result.enforcement is Enforcement.ENGINE
+    for gen in result.generations:
+        assert_valid_calls(gen, {"weather", "time-now"})
+
+
+async def test_a_named_tool_and_one_call_only(vllm: WorkerBackend) -> None:
+    result = await vllm.generate(
+        tool_request(tool_choice=ToolChoice(name="weather"), parallel_tool_calls=False)
+    )
+    (gen,) = result.generations
+    assert_valid_calls(gen, {"weather"})
+    assert len(gen.tool_calls) == 1
+
+
+async def test_tool_choice_none_answers_text(vllm: WorkerBackend) -> None:
+    result = await vllm.generate(
+        tool_request(tool_choice=ToolChoice(ToolChoiceMode.NONE), stopping=StoppingCriteria(max_tokens=16))
+    )
+    (gen,) = result.generations
+    assert not gen.tool_calls and gen.finish_reason is not FinishReason.TOOL_CALLS
+
+
+async def test_a_streamed_call_matches_its_end_frame(vllm: WorkerBackend) -> None:
+    events = [
+        e async for e in vllm.generate_stream(tool_request(tool_choice=ToolChoice(ToolChoiceMode.REQUIRED)))
+    ]
+    end = events[-1]
+    assert isinstance(end, GenerationEnd) and end.tool_calls
+    assert end.finish_reason in (FinishReason.TOOL_CALLS, FinishReason.LENGTH)
+    fragments = [f for e in events if isinstance(e, GenerationDelta) for f in e.tool_calls]
+    for index, call in enumerate(end.tool_calls):
+        mine = [f for f in fragments if f.index == index]
+        assert mine[0].id == call.id and mine[0].name == call.name
+        assert "".join(f.arguments for f in mine) == call.arguments
