@@ -45,6 +45,7 @@ from gengate.domain import (
     Usage,
 )
 from gengate.engines.base import engine_capabilities, output_room, refuse_images, seeded, stream_start
+from gengate.engines.chat_vars import reads_thinking, refuse_unsupported_control, template_variables
 from gengate.engines.llamacpp_settings import (
     LOAD_LOG,
     ChatFormatter,
@@ -170,6 +171,7 @@ class LlamaCppBackend:
         self._llm: Any = None
         self._compiler: Any = None
         self._chat_template: Any = None
+        self._template_source: str | None = None  # the template's text, when it renders chats
         self._template_speaks_tools = False  # the template renders tools and calls itself
         self._chat_formatter: ChatFormatter | None = None  # chat_format's, instead of the template
         self._format_stops: tuple[str, ...] = ()
@@ -188,6 +190,7 @@ class LlamaCppBackend:
         chat: bool,
         special_tokens: frozenset[str] | None = None,
         chat_continuation: bool | None = None,
+        template: str | None = None,
     ) -> ModelCapabilities:
         return engine_capabilities(
             grammar_syntaxes=frozenset({GrammarSyntax.LARK, GrammarSyntax.GBNF, GrammarSyntax.EBNF}),
@@ -198,6 +201,8 @@ class LlamaCppBackend:
             special_tokens=special_tokens,
             chat_continuation=chat_continuation,
             tools=Enforcement.ENGINE,
+            chat_template_kwargs=template is not None,
+            reasoning_control=reads_thinking(template),
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -268,6 +273,7 @@ class LlamaCppBackend:
         if self._chat_formatter is not None:
             template = None  # chat_format renders the messages
         self._chat_template = _compile_template(template) if template else None
+        self._template_source = template or None
         self._template_speaks_tools = template_speaks_tools(template)
         chat = self._chat_template is not None or self._chat_formatter is not None
         self.capabilities = self._capabilities(
@@ -275,6 +281,7 @@ class LlamaCppBackend:
             special_tokens=_special_tokens(llm, PRESET_TOKENS),
             # a chat_format formatter always adds the generation prompt: no continuing from a text
             chat_continuation=self._chat_template is not None,
+            template=self._template_source,
         )
         with warnings.catch_warnings():  # llguidance's helper calls a deprecated llama.cpp function
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -558,7 +565,9 @@ class LlamaCppBackend:
     def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
         """Tokenizes the raw prompt, or the messages rendered with the model's chat template."""
         llm = self._llm
-        text = request.prompt if request.prompt is not None else self._render_chat(request)
+        variables = template_variables(request, self._template_source)
+        refuse_unsupported_control(request, budget=False)
+        text = request.prompt if request.prompt is not None else self._render_chat(request, variables)
         tokens: list[int] = llm.tokenize(text.encode(), add_bos=True, special=True)
         bos = llm.token_bos()
         if len(tokens) > 1 and tokens[0] == tokens[1] == bos:
@@ -571,7 +580,9 @@ class LlamaCppBackend:
             tokens = [llm.token_bos()]
         return tokens
 
-    def _render_chat(self, request: GenerationRequest) -> str:
+    def _render_chat(self, request: GenerationRequest, variables: Mapping[str, Any] | None = None) -> str:
+        """The messages as the model reads them: rendered by its chat template (with the request's
+        template variables) or by llama-cpp-python's chat_format formatter."""
         refuse_images(request, self.name)
         if self._chat_formatter is not None:
             return self._format_chat(request)
@@ -584,6 +595,7 @@ class LlamaCppBackend:
         prompt = chat_prompt(request, native=self._template_speaks_tools)
         try:
             rendered: str = self._chat_template.render(
+                **(variables or {}),
                 messages=prompt.messages,
                 **prompt.template_kwargs(),
                 bos_token=self._bos_text,

@@ -30,6 +30,7 @@ from gengate.engines.base import (
     stream_start,
 )
 from gengate.engines.batching.request import Loaded
+from gengate.engines.chat_vars import reads_thinking, refuse_unsupported_control, template_variables
 from gengate.engines.options import engine_options
 from gengate.engines.toolcalls import chat_prompt, template_speaks_tools, tool_events, tool_plan
 
@@ -50,7 +51,11 @@ class BatchedEngine:
         self.capabilities = self._capabilities(context_length)
 
     def _capabilities(
-        self, context_length: int, chat: bool = True, special_tokens: frozenset[str] | None = None
+        self,
+        context_length: int,
+        chat: bool = True,
+        special_tokens: frozenset[str] | None = None,
+        template: Any = None,
     ) -> ModelCapabilities:
         return engine_capabilities(
             grammar_syntaxes=frozenset(GrammarSyntax),
@@ -60,6 +65,8 @@ class BatchedEngine:
             chat=chat,
             special_tokens=special_tokens,
             tools=Enforcement.ENGINE,
+            chat_template_kwargs=template is not None,
+            reasoning_control=reads_thinking(template),
         )
 
     def _load(self) -> Loaded:
@@ -80,6 +87,7 @@ class BatchedEngine:
                     self._loaded.context_length,
                     chat=tokenizer.chat_template is not None,
                     special_tokens=special_tokens_of(tokenizer),
+                    template=tokenizer.chat_template,
                 )
 
     async def aclose(self) -> None:
@@ -136,6 +144,8 @@ class BatchedEngine:
     def _prompt_ids(self, loaded: Loaded, request: GenerationRequest) -> list[int]:
         """Token ids of the raw prompt, or of the messages rendered by the chat template."""
         tokenizer = loaded.tokenizer
+        variables = template_variables(request, tokenizer.chat_template)
+        refuse_unsupported_control(request, budget=False)
         if request.messages is not None:
             refuse_images(request, self.name)
             if tokenizer.chat_template is None:
@@ -147,6 +157,7 @@ class BatchedEngine:
             prompt = chat_prompt(request, native=template_speaks_tools(tokenizer.chat_template))
             text = tokenizer.apply_chat_template(
                 prompt.messages,
+                **variables,
                 tools=prompt.tools,
                 add_generation_prompt=request.continuation is None,
                 tokenize=False,
