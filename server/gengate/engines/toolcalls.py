@@ -417,7 +417,7 @@ async def tool_events(
             splitter = splitters.setdefault(event.index, CallSplitter())
             before = len(splitter.calls)
             text, new = splitter.feed(event.text)
-            if text or new or event.logprobs is not None:
+            if text or new or event.reasoning or event.logprobs is not None:
                 yield replace(
                     event,
                     text=text,

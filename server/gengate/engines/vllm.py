@@ -67,11 +67,12 @@ from gengate.domain import (
     Whitespace,
 )
 from gengate.engines.base import engine_capabilities, output_room, special_tokens_of, stream_start
-from gengate.engines.chat_vars import reads_thinking
+from gengate.engines.chat_vars import reads_thinking, template_text
 from gengate.engines.options import ENGINE_OPTIONS, engine_options, refuse_own_keys
+from gengate.engines.reasoning import ReasoningConfig, reasoning_events
 from gengate.engines.resampling import all_generations, retry_seed
 from gengate.engines.toolcalls import tool_events, tool_plan
-from gengate.engines.vllm_prompt import chat_template_of, vllm_prompt_ids
+from gengate.engines.vllm_prompt import chat_template_of, vllm_prompt
 from gengate.lru import LruCache
 
 StructuredBackend = Literal["guidance", "xgrammar", "outlines", "auto"]
@@ -118,7 +119,7 @@ OWN_ENGINE_ARGS: dict[str, str] = {
 }
 
 
-class VLLMOptions(BaseModel):
+class VLLMOptions(ReasoningConfig):
     """Config keys of a `vllm` model (engine arguments gengate passes on to vLLM)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -523,6 +524,7 @@ def capabilities_for(
         tools=Enforcement.ENGINE if options.structured_outputs_backend == "guidance" else None,
         chat_template_kwargs=bool(template),
         reasoning_control=reads_thinking(template),
+        reasoning=options.tags_for(template_text(template)) is not None,
     )
 
 
@@ -686,7 +688,7 @@ class VLLMBackend:
             self._scratch = None
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        return vllm_prompt_ids(self._tokenizer, request, self.options.chat_template)
+        return vllm_prompt(self._tokenizer, request, self.options.chat_template, self.options)[0]
 
     def _sampling_params(
         self, request: GenerationRequest, prompt_len: int, *, stream: bool
@@ -730,7 +732,7 @@ class VLLMBackend:
         if self._engine is None:
             raise errors.Unavailable(f"model {self.name!r} is not loaded")
         arrived = time.monotonic()
-        prompt_ids = self._prompt_ids(request)
+        prompt_ids, thinking = vllm_prompt(self._tokenizer, request, self.options.chat_template, self.options)
         output_room(request, len(prompt_ids), self._context_length)  # PROMPT_TOO_LONG when none is left
         params, enforcement = self._sampling_params(request, len(prompt_ids), stream=stream)
         lora = self._lora_request(request)
@@ -753,7 +755,8 @@ class VLLMBackend:
 
         async with (
             aclosing(all_generations(request, enforcement, generations)) as events,
-            aclosing(tool_events(events, tool_plan(request))) as split,
+            aclosing(reasoning_events(events, thinking)) as thought,
+            aclosing(tool_events(thought, tool_plan(request))) as split,
         ):
             async for event in split:
                 yield event

@@ -7,14 +7,52 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gengate import errors
 from gengate.domain import GenerationRequest
-from gengate.engines.chat_vars import refuse_unsupported_control, template_variables
+from gengate.engines.chat_vars import (
+    refuse_unsupported_control,
+    template_text,
+    template_variables,
+    thinking_enabled,
+)
+from gengate.engines.reasoning import ReasoningConfig, ReasoningPlan, reasoning_plan
 from gengate.engines.toolcalls import chat_prompt, template_speaks_tools
 
 
 def chat_template_of(tokenizer: Any, configured: str | None) -> Any:
     """The template vLLM renders chats with: the configured one, else the tokenizer's (or None)."""
     return configured or getattr(tokenizer, "chat_template", None)
+
+
+def vllm_prompt(
+    tokenizer: Any, request: GenerationRequest, configured: str | None, reasoning: ReasoningConfig
+) -> tuple[list[int], ReasoningPlan | None]:
+    """The prompt's token ids and how its think blocks are read. vLLM takes the constraint as it is
+    (no think block can be put before it), so a constraint with a think block is refused."""
+    template = chat_template_of(tokenizer, configured)
+    ids = vllm_prompt_ids(tokenizer, request, configured)
+    tags = reasoning.tags_for(template_text(template))
+    if tags is None or request.messages is None:
+        return ids, None
+    variables = template_variables(request, template)
+    text = tokenizer.apply_chat_template(
+        chat_prompt(request, native=template_speaks_tools(template)).messages,
+        tokenize=False,
+        add_generation_prompt=request.continuation is None,
+        **{**variables, "chat_template": configured},
+    )
+    plan = reasoning_plan(
+        request, tags, str(text) + (request.continuation or ""), thinking_enabled(variables)
+    )
+    if plan is not None and (request.structured_output is not None or request.tools):
+        where = "structured_output" if request.structured_output is not None else "tools"
+        raise errors.Unimplemented(
+            f"model {request.model!r} thinks first, and vLLM holds a constraint from the first token: "
+            "set reasoning.enabled false (where the template has the switch) or leave out " + where,
+            reason="REASONING_WITH_CONSTRAINT_UNSUPPORTED",
+            violations=[errors.FieldViolation(where, "does not go with a think block on this engine")],
+        )
+    return ids, plan
 
 
 def vllm_prompt_ids(tokenizer: Any, request: GenerationRequest, configured: str | None) -> list[int]:
