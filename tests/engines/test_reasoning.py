@@ -200,3 +200,49 @@ async def test_without_a_constraint_the_split_still_happens(backend: Backend) ->
     req = ask(reasoning=ReasoningControl(budget_tokens=2), stopping=StoppingCriteria(max_tokens=12))
     (gen,) = (await backend.generate(req)).generations
     assert "</think>" not in gen.text and "<think>" not in gen.text
+
+
+async def test_thinking_switched_off_leaves_the_text_as_it_is(tiny_model: TinyModelPaths) -> None:
+    engine = _engine("llamacpp", tiny_model, SWITCH_TEMPLATE)
+    await engine.start()
+    try:
+        req = ask(
+            reasoning=ReasoningControl(enabled=False),
+            structured_output=StructuredOutput(RegexConstraint("<think>[a-z]{3}</think>[0-9]")),
+            sampling=SamplingParams(seed=1),
+        )
+        (gen,) = (await engine.generate(req)).generations
+        assert re.fullmatch("<think>[a-z]{3}</think>[0-9]", gen.text) and gen.reasoning is None
+    finally:
+        await engine.aclose()
+
+
+class _FakeTokenizer:
+    chat_template = "{{ '<think>' }}"
+    bos_token_id = 1
+
+    def apply_chat_template(self, messages: Any, *, tokenize: bool, **kwargs: Any) -> Any:
+        return [1, 2] if tokenize else "<|assistant|>\n<think>\n"
+
+
+def test_vllm_reads_the_block_and_refuses_a_constraint_after_it() -> None:
+    from gengate import errors
+    from gengate.engines.reasoning import ReasoningConfig
+    from gengate.engines.vllm_prompt import vllm_prompt
+
+    ids, plan = vllm_prompt(_FakeTokenizer(), ask(), None, ReasoningConfig())
+    assert ids == [1, 2] and plan == ReasoningPlan(TAGS, inside=True)
+    assert vllm_prompt(_FakeTokenizer(), ask(), None, ReasoningConfig(reasoning_parser="off"))[1] is None
+    with pytest.raises(errors.Unimplemented) as caught:
+        vllm_prompt(
+            _FakeTokenizer(),
+            ask(structured_output=StructuredOutput(RegexConstraint("a"))),
+            None,
+            ReasoningConfig(),
+        )
+    assert [v.field for v in caught.value.violations] == ["structured_output"]
+    with pytest.raises(errors.Unimplemented) as caught:
+        vllm_prompt(
+            _FakeTokenizer(), ask(reasoning=ReasoningControl(budget_tokens=3)), None, ReasoningConfig()
+        )
+    assert [v.field for v in caught.value.violations] == ["reasoning.budget_tokens"]
