@@ -36,6 +36,7 @@ from gengate.domain import (
     StreamEvent,
     StructuredOutput,
 )
+from gengate.engines.toolcalls import tag_prefix_length
 
 ANSWER_GRAMMAR = "gengate_answer"
 FREE_TEXT = "start: /(?s:.*)/"  # what follows a capped think block without a constraint
@@ -142,7 +143,7 @@ class ThinkSplitter:
                     reasoning.append(self._reasoning(self._pending[:end], last=True))
                     self._pending, self._state = self._pending[end + len(self._tags.close) :], _State.AFTER
                     continue
-                keep = _tag_prefix_length(self._pending, self._tags.close)
+                keep = tag_prefix_length(self._pending, self._tags.close)
                 head = self._pending[: len(self._pending) - keep]
                 released = self._reasoning(head.rstrip(), last=False)
                 reasoning.append(released)
@@ -169,14 +170,6 @@ class ThinkSplitter:
             text = text.lstrip()
             self._started = bool(text)
         return text.rstrip() if last else text
-
-
-def _tag_prefix_length(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that begins `tag`."""
-    for n in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 async def reasoning_events(
