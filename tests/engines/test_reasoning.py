@@ -197,7 +197,11 @@ async def test_tool_calls_come_after_the_think_block(backend: Backend) -> None:
 
 
 async def test_without_a_constraint_the_split_still_happens(backend: Backend) -> None:
-    req = ask(reasoning=ReasoningControl(budget_tokens=2), stopping=StoppingCriteria(max_tokens=12))
+    req = ask(
+        reasoning=ReasoningControl(budget_tokens=2),
+        stopping=StoppingCriteria(max_tokens=12),
+        sampling=SamplingParams(seed=0),
+    )
     (gen,) = (await backend.generate(req)).generations
     assert "</think>" not in gen.text and "<think>" not in gen.text
 
@@ -246,3 +250,25 @@ def test_vllm_reads_the_block_and_refuses_a_constraint_after_it() -> None:
             _FakeTokenizer(), ask(reasoning=ReasoningControl(budget_tokens=3)), None, ReasoningConfig()
         )
     assert [v.field for v in caught.value.violations] == ["reasoning.budget_tokens"]
+
+
+async def test_enabled_true_is_taken_without_a_switch_and_false_is_refused(
+    tiny_model: TinyModelPaths,
+) -> None:
+    from gengate import errors
+
+    engine = _engine("llamacpp", tiny_model, OPENING_TEMPLATE)  # thinks always, no enable_thinking
+    await engine.start()
+    try:
+        req = ask(
+            reasoning=ReasoningControl(enabled=True),
+            stopping=StoppingCriteria(max_tokens=4),
+            sampling=SamplingParams(seed=0),
+        )
+        (gen,) = (await engine.generate(req)).generations
+        assert gen.reasoning is not None and gen.text == ""  # the 4 tokens are all inside the opened block
+        with pytest.raises(errors.Unimplemented) as caught:
+            await engine.generate(ask(reasoning=ReasoningControl(enabled=False)))
+        assert [v.field for v in caught.value.violations] == ["reasoning.enabled"]
+    finally:
+        await engine.aclose()

@@ -66,12 +66,13 @@ def reads_thinking(template: str | Mapping[str, str] | None) -> bool:
 
 
 def template_variables(
-    request: GenerationRequest, template: str | Mapping[str, str] | None
+    request: GenerationRequest, template: str | Mapping[str, str] | None, *, thinks: bool = False
 ) -> dict[str, Any]:
     """The request's variables for its chat template, with reasoning.enabled as `enable_thinking`;
     InvalidArgument naming `chat_template_kwargs_json.<key>` for a key the engine sets itself or one
     that contradicts reasoning.enabled, and for variables sent with a raw prompt; UNIMPLEMENTED
-    REASONING_UNSUPPORTED for reasoning.enabled where the template has no switch for it."""
+    REASONING_UNSUPPORTED for reasoning.enabled where the template has no switch for it (true is
+    taken without one where the engine parses think blocks, `thinks`: the model thinks anyway)."""
     given = dict(request.chat_template_kwargs)
     if given and not template_text(template):
         raise errors.Unimplemented(
@@ -89,7 +90,7 @@ def template_variables(
             raise errors.InvalidArgument.field(FIELD, "applies to messages; a raw prompt is sent as it is")
         return given
     enabled = None if request.reasoning is None else request.reasoning.enabled
-    if enabled is None:
+    if enabled is None or (enabled and thinks and not reads_thinking(template)):
         return given
     if not reads_thinking(template):
         raise errors.Unimplemented(

@@ -588,8 +588,8 @@ class LlamaCppBackend:
     def _prompt(self, request: GenerationRequest) -> tuple[list[int], ReasoningPlan | None]:
         """The prompt's tokens, and how its generations' think blocks are read."""
         llm = self._llm
-        variables = template_variables(request, self._template_source)
         tags = self.options.tags_for(self._template_source or "")
+        variables = template_variables(request, self._template_source, thinks=tags is not None)
         refuse_unsupported_control(request, budget=tags is not None)
         text = request.prompt if request.prompt is not None else self._render_chat(request, variables)
         thinking = reasoning_plan(request, tags, text, thinking_enabled(variables))

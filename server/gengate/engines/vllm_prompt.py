@@ -30,11 +30,11 @@ def vllm_prompt(
     """The prompt's token ids and how its think blocks are read. vLLM takes the constraint as it is
     (no think block can be put before it), so a constraint with a think block is refused."""
     template = chat_template_of(tokenizer, configured)
-    ids = vllm_prompt_ids(tokenizer, request, configured)
     tags = reasoning.tags_for(template_text(template))
+    ids = vllm_prompt_ids(tokenizer, request, configured, thinks=tags is not None)
     if tags is None or request.messages is None:
         return ids, None
-    variables = template_variables(request, template)
+    variables = template_variables(request, template, thinks=True)
     text = tokenizer.apply_chat_template(
         chat_prompt(request, native=template_speaks_tools(template)).messages,
         tokenize=False,
@@ -55,10 +55,12 @@ def vllm_prompt(
     return ids, plan
 
 
-def vllm_prompt_ids(tokenizer: Any, request: GenerationRequest, configured: str | None) -> list[int]:
+def vllm_prompt_ids(
+    tokenizer: Any, request: GenerationRequest, configured: str | None, *, thinks: bool = False
+) -> list[int]:
     """Token ids of the request's prompt; refuses template variables the engine sets itself."""
     template = chat_template_of(tokenizer, configured)
-    variables = template_variables(request, template)
+    variables = template_variables(request, template, thinks=thinks)
     refuse_unsupported_control(request, budget=False)
     if request.prompt is not None:
         ids = list(tokenizer.encode(request.prompt))

@@ -171,8 +171,8 @@ class BatchedEngine:
     def _prompt(self, loaded: Loaded, request: GenerationRequest) -> tuple[list[int], ReasoningPlan | None]:
         """The prompt's token ids, and how its generations' think blocks are read."""
         tokenizer = loaded.tokenizer
-        variables = template_variables(request, tokenizer.chat_template)
         tags = self._tags(tokenizer.chat_template)
+        variables = template_variables(request, tokenizer.chat_template, thinks=tags is not None)
         refuse_unsupported_control(request, budget=tags is not None)
         text = ""
         if request.messages is not None:
