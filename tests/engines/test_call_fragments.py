@@ -71,6 +71,14 @@ def test_every_single_cut_gives_the_same_calls() -> None:
         check(deltas, splitter)
 
 
+def test_space_before_the_arguments_is_left_out_wherever_the_chunks_cut() -> None:
+    spaced = '<tool_call>\n{"name": "weather", "arguments":   {"city":"Oslo"}}\n</tool_call>'
+    for cut in range(len(spaced) + 1):
+        _, deltas, splitter = run([spaced[:cut], spaced[cut:]])
+        assert splitter.calls[0].arguments == '{"city":"Oslo"}', cut
+        assert "".join(d.arguments for d in deltas) == '{"city":"Oslo"}'
+
+
 def test_a_block_not_in_the_format_goes_out_whole_when_it_closes() -> None:
     _, deltas, splitter = run(["<tool_call>\nnot", " json\n</tool_call>"])
     assert [(d.index, d.name, d.arguments) for d in deltas] == [(0, "", "not json")]

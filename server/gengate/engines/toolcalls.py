@@ -426,6 +426,9 @@ class CallSplitter:
                 self._pending = self._pending[end + len(CALL_CLOSE) :]
                 return parsed
         sent = sum(len(f) for f in call.sent)
+        if call.name is not None and not sent:  # the arguments begin at their first non-space
+            start = self._pending[call.head_end :]
+            call.head_end += len(start) - len(start.lstrip())
         if call.name is not None and end >= 0:
             body = self._pending[call.head_end : end].rstrip()
             arguments = body[:-1].rstrip() if body.endswith("}") else body  # the `}` closing the call
