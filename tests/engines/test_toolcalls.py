@@ -147,10 +147,12 @@ async def test_tool_events_put_calls_on_deltas_and_the_end() -> None:
     assert "".join(d.text for d in deltas) == "Hi"
     assert sum(d.token_count for d in deltas) == 10  # held-back text's tokens are carried on
     streamed = [c for d in deltas for c in d.tool_calls]
-    assert [(c.index, c.name) for c in streamed] == [(0, "weather"), (1, "time-now")]
+    heads = [c for c in streamed if c.name]  # id and name on each call's first fragment
+    assert [(c.index, c.name) for c in heads] == [(0, "weather"), (1, "time-now")]
     assert end.finish_reason is FinishReason.TOOL_CALLS
+    joined = ["".join(c.arguments for c in streamed if c.index == i) for i in range(len(heads))]
     assert [(c.id, c.name, c.arguments) for c in end.tool_calls] == [
-        (c.id, c.name, c.arguments) for c in streamed
+        (h.id, h.name, arguments) for h, arguments in zip(heads, joined, strict=True)
     ]
 
 

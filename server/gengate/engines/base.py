@@ -38,12 +38,16 @@ def engine_capabilities(
     special_tokens: frozenset[str] | None = None,
     chat_continuation: bool | None = None,
     tools: Enforcement | None = None,
+    chat_template_kwargs: bool = False,
+    reasoning_control: bool = False,
+    reasoning: bool = False,
 ) -> ModelCapabilities:
     """A local engine's capabilities: every constraint kind enforced in its own decoding loop,
     seeds, text input, logprobs where it keeps any, the engine options, and raw prompts (Magpie),
     continuing a conversation where the model has a chat template. `special_tokens`: the
     tokenizer's tokens among gengate.magpie.PRESET_TOKENS (None until the model is loaded); `tools`:
-    how the engine enforces tool calls (None: it takes no tools)."""
+    how the engine enforces tool calls (None: it takes no tools); `chat_template_kwargs`: it renders
+    a chat template of its own; `reasoning_control` / `reasoning`: see engines/reasoning.py."""
     return ModelCapabilities(
         constraints={kind: Enforcement.ENGINE for kind in ConstraintKind},
         grammar_syntaxes=grammar_syntaxes,
@@ -59,6 +63,9 @@ def engine_capabilities(
         chat_continuation=chat if chat_continuation is None else chat_continuation,
         special_tokens=special_tokens,
         tools=tools,
+        chat_template_kwargs=chat_template_kwargs,
+        reasoning_control=reasoning_control,
+        reasoning=reasoning,
     )
 
 

@@ -45,6 +45,12 @@ from gengate.domain import (
     Usage,
 )
 from gengate.engines.base import engine_capabilities, output_room, refuse_images, seeded, stream_start
+from gengate.engines.chat_vars import (
+    reads_thinking,
+    refuse_unsupported_control,
+    template_variables,
+    thinking_enabled,
+)
 from gengate.engines.llamacpp_settings import (
     LOAD_LOG,
     ChatFormatter,
@@ -57,6 +63,13 @@ from gengate.engines.llamacpp_settings import (
     layer_placement,
 )
 from gengate.engines.options import EngineOptions, engine_options
+from gengate.engines.reasoning import (
+    ReasoningConfig,
+    ReasoningPlan,
+    compile_with_reasoning,
+    reasoning_events,
+    reasoning_plan,
+)
 from gengate.engines.resampling import all_generations, merge_deltas, retry_seed
 from gengate.engines.toolcalls import chat_prompt, template_speaks_tools, tool_events, tool_plan
 from gengate.magpie import PRESET_TOKENS
@@ -74,7 +87,7 @@ INLINE_TOKENIZE_CHARS = 4096
 log = logging.getLogger(__name__)
 
 
-class LlamaCppOptions(BaseModel):
+class LlamaCppOptions(ReasoningConfig):
     """Config keys of a `llamacpp` model: a GGUF file, or the built-in tiny model."""
 
     model_config = ConfigDict(extra="forbid")
@@ -170,6 +183,7 @@ class LlamaCppBackend:
         self._llm: Any = None
         self._compiler: Any = None
         self._chat_template: Any = None
+        self._template_source: str | None = None  # the template's text, when it renders chats
         self._template_speaks_tools = False  # the template renders tools and calls itself
         self._chat_formatter: ChatFormatter | None = None  # chat_format's, instead of the template
         self._format_stops: tuple[str, ...] = ()
@@ -188,7 +202,9 @@ class LlamaCppBackend:
         chat: bool,
         special_tokens: frozenset[str] | None = None,
         chat_continuation: bool | None = None,
+        template: str | None = None,
     ) -> ModelCapabilities:
+        tags = self.options.tags_for(template or "")
         return engine_capabilities(
             grammar_syntaxes=frozenset({GrammarSyntax.LARK, GrammarSyntax.GBNF, GrammarSyntax.EBNF}),
             max_n=MAX_N,
@@ -198,6 +214,9 @@ class LlamaCppBackend:
             special_tokens=special_tokens,
             chat_continuation=chat_continuation,
             tools=Enforcement.ENGINE,
+            chat_template_kwargs=template is not None,
+            reasoning_control=reads_thinking(template) or tags is not None,
+            reasoning=tags is not None,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -268,6 +287,7 @@ class LlamaCppBackend:
         if self._chat_formatter is not None:
             template = None  # chat_format renders the messages
         self._chat_template = _compile_template(template) if template else None
+        self._template_source = template or None
         self._template_speaks_tools = template_speaks_tools(template)
         chat = self._chat_template is not None or self._chat_formatter is not None
         self.capabilities = self._capabilities(
@@ -275,6 +295,7 @@ class LlamaCppBackend:
             special_tokens=_special_tokens(llm, PRESET_TOKENS),
             # a chat_format formatter always adds the generation prompt: no continuing from a text
             chat_continuation=self._chat_template is not None,
+            template=self._template_source,
         )
         with warnings.catch_warnings():  # llguidance's helper calls a deprecated llama.cpp function
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -313,21 +334,21 @@ class LlamaCppBackend:
             raise errors.Unavailable(f"model {self.name!r} is not loaded", reason="MODEL_NOT_LOADED")
         options = engine_options(request)
         if _prompt_chars(request) <= INLINE_TOKENIZE_CHARS:
-            prompt = self._prompt_tokens(request)
+            prompt, thinking = self._prompt(request)
         else:
-            prompt = await asyncio.to_thread(self._prompt_tokens, request)
+            prompt, thinking = await asyncio.to_thread(self._prompt, request)
         stopping = output_room(request, len(prompt), self.options.n_ctx)
         if self._format_stops and request.messages is not None:  # chat_format's, as llama-cpp-python adds
             stopping = replace(stopping, stop=tuple(dict.fromkeys((*stopping.stop, *self._format_stops))))
-        compiled = None
         enforcement = Enforcement.NONE
         plan = tool_plan(request)
-        if request.structured_output is not None:
-            compiled = await self._compiler.compile(request.structured_output)
-            enforcement = compiled.enforcement
-        elif plan is not None and plan.grammar is not None:
-            compiled = await self._compiler.compile(plan.grammar)
+        grammar = request.structured_output
+        if grammar is None and plan is not None and plan.grammar is not None:
+            grammar = plan.grammar
             enforcement = plan.enforcement
+        compiled = await compile_with_reasoning(self._compiler, grammar, thinking)
+        if request.structured_output is not None and compiled is not None:
+            enforcement = compiled.enforcement
         sampling = seeded(request.sampling)
         seed = sampling.seed
         assert seed is not None
@@ -340,8 +361,13 @@ class LlamaCppBackend:
             )
 
         async with (
-            aclosing(all_generations(request, enforcement, generations)) as events,
-            aclosing(tool_events(events, plan)) as split,
+            aclosing(
+                all_generations(
+                    request, enforcement, generations, None if thinking is None else thinking.answer_of
+                )
+            ) as events,
+            aclosing(reasoning_events(events, thinking)) as thought,
+            aclosing(tool_events(thought, plan)) as split,
         ):
             async for event in split:
                 yield event
@@ -557,8 +583,16 @@ class LlamaCppBackend:
 
     def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
         """Tokenizes the raw prompt, or the messages rendered with the model's chat template."""
+        return self._prompt(request)[0]
+
+    def _prompt(self, request: GenerationRequest) -> tuple[list[int], ReasoningPlan | None]:
+        """The prompt's tokens, and how its generations' think blocks are read."""
         llm = self._llm
-        text = request.prompt if request.prompt is not None else self._render_chat(request)
+        tags = self.options.tags_for(self._template_source or "")
+        variables = template_variables(request, self._template_source, thinks=tags is not None)
+        refuse_unsupported_control(request, budget=tags is not None)
+        text = request.prompt if request.prompt is not None else self._render_chat(request, variables)
+        thinking = reasoning_plan(request, tags, text, thinking_enabled(variables))
         tokens: list[int] = llm.tokenize(text.encode(), add_bos=True, special=True)
         bos = llm.token_bos()
         if len(tokens) > 1 and tokens[0] == tokens[1] == bos:
@@ -569,9 +603,11 @@ class LlamaCppBackend:
             if llm.token_bos() < 0:
                 raise errors.InvalidArgument.field("prompt", "the prompt is empty")
             tokens = [llm.token_bos()]
-        return tokens
+        return tokens, thinking
 
-    def _render_chat(self, request: GenerationRequest) -> str:
+    def _render_chat(self, request: GenerationRequest, variables: Mapping[str, Any] | None = None) -> str:
+        """The messages as the model reads them: rendered by its chat template (with the request's
+        template variables) or by llama-cpp-python's chat_format formatter."""
         refuse_images(request, self.name)
         if self._chat_formatter is not None:
             return self._format_chat(request)
@@ -584,6 +620,7 @@ class LlamaCppBackend:
         prompt = chat_prompt(request, native=self._template_speaks_tools)
         try:
             rendered: str = self._chat_template.render(
+                **(variables or {}),
                 messages=prompt.messages,
                 **prompt.template_kwargs(),
                 bos_token=self._bos_text,

@@ -52,17 +52,21 @@ def merge_deltas(deltas: Sequence[GenerationDelta]) -> GenerationDelta:
 
 
 def all_generations(
-    request: GenerationRequest, enforcement: Enforcement, run: GenerationRunner
+    request: GenerationRequest,
+    enforcement: Enforcement,
+    run: GenerationRunner,
+    answer: Callable[[str], str] | None = None,
 ) -> AsyncGenerator[StreamEvent, None]:
     """The request's n generations from `run`: as they come, or held back and re-sampled until
-    they validate when its constraint is only VALIDATED."""
+    they validate when its constraint is only VALIDATED (`answer`: the part of a generation's
+    text the constraint holds for, when a think block comes first)."""
     if enforcement is Enforcement.VALIDATED and request.structured_output is not None:
-        return validated_events(request.structured_output, request.n, run)
+        return validated_events(request.structured_output, request.n, run, answer)
     return run(range(request.n), 0)
 
 
 async def validated_events(
-    structured: StructuredOutput, n: int, run: GenerationRunner
+    structured: StructuredOutput, n: int, run: GenerationRunner, answer: Callable[[str], str] | None = None
 ) -> AsyncGenerator[StreamEvent, None]:
     """Generations 0..n-1 from `run`, each released (one merged delta, then its end) once its
     text validates; those that fail are run again together, with the next attempt's seed."""
@@ -80,7 +84,8 @@ async def validated_events(
                     continue
                 deltas = held.pop(event.index)
                 complete = event.finish_reason is FinishReason.STOP
-                problem = validate_output(structured, "".join(d.text for d in deltas)) if complete else None
+                text = "".join(d.text for d in deltas)
+                problem = validate_output(structured, answer(text) if answer else text) if complete else None
                 if problem is not None:
                     attempts.failed(event.index, problem)
                     continue

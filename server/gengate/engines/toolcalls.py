@@ -19,13 +19,15 @@ The grammar (llguidance Lark; each tool's arguments a `%json` rule of its lowere
 tool_choice auto: free text, or text then calls; required: calls only; a named tool: calls of that
 tool only; none: no grammar (plain text, and the tools are left out of the prompt).
 parallel_tool_calls false allows one call. The engine's stream goes through `tool_events`, which
-holds back what may open a call, emits each call as one ToolCallDelta when its block closes, and
-puts the complete calls on the generation's end (finish reason TOOL_CALLS).
+holds back what may open a call, streams each call (its id and name, then its arguments' fragments
+as they are generated), and puts the complete calls on the generation's end (finish reason
+TOOL_CALLS).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -331,37 +333,64 @@ def parse_call(body: str) -> ToolCall:
     return ToolCall(new_call_id(), name if isinstance(name, str) else "", text)
 
 
+# What the grammar writes before a call's arguments: `\n{"name": "<name>", "arguments": `.
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+
+
+@dataclass
+class _OpenCall:
+    """The call whose block is open: its id, and once its head is read, its name and how much of
+    its arguments went out."""
+
+    index: int
+    id: str = field(default_factory=new_call_id)
+    name: str | None = None
+    head_end: int = 0  # where the arguments begin in the block's body
+    sent: list[str] = field(default_factory=list)
+
+
 @dataclass
 class CallSplitter:
     """Splits one generation's text, as it streams, into free text and calls.
 
     Text that may begin a call's open tag is held back, and so is whitespace just before it (a
     call's text ends where its first call begins); once a call opens, anything that is not a call
-    block is dropped (the grammar allows only separators there).
+    block is dropped (the grammar allows only separators there). A call streams as the grammar
+    writes it: a ToolCallDelta with its id and name once its head is read, then its arguments as
+    they come (what may be the block's end held back); the complete call's arguments are those
+    fragments joined. A block not in the format goes out whole when it closes.
     """
 
     _pending: str = ""
     _in_call: bool = False
     _searched: int = 0  # how far into an open call's body the close tag was looked for
     _after_call: bool = False
+    _open: _OpenCall | None = None
     calls: list[ToolCall] = field(default_factory=list)
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         """Free text that can be released now, and the calls that closed in `text`."""
+        released, _, closed = self._split(text)
+        return released, closed
+
+    def stream(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        """Free text that can be released now, and the calls' fragments that can go out."""
+        released, deltas, _ = self._split(text)
+        return released, deltas
+
+    def _split(self, text: str) -> tuple[str, list[ToolCallDelta], list[ToolCall]]:
         self._pending += text
         released: list[str] = []
+        deltas: list[ToolCallDelta] = []
         new: list[ToolCall] = []
         while True:
             if self._in_call:
-                end = self._pending.find(CALL_CLOSE, self._searched)
-                if end < 0:
-                    self._searched = max(0, len(self._pending) - len(CALL_CLOSE) + 1)
+                call = self._call_step(deltas)
+                if call is None:
                     break
-                call = parse_call(self._pending[:end])
                 self.calls.append(call)
                 new.append(call)
-                self._pending = self._pending[end + len(CALL_CLOSE) :]
-                self._in_call, self._after_call = False, True
+                self._in_call, self._after_call, self._open = False, True, None
                 continue
             start = self._pending.find(CALL_OPEN)
             if start >= 0:
@@ -369,6 +398,7 @@ class CallSplitter:
                     released.append(self._pending[:start].rstrip())
                 self._pending = self._pending[start + len(CALL_OPEN) :]
                 self._in_call, self._searched = True, 0
+                self._open = _OpenCall(len(self.calls))
                 continue
             keep = _open_prefix_length(self._pending)
             head = self._pending[: len(self._pending) - keep]
@@ -377,7 +407,45 @@ class CallSplitter:
                 released.append(free)
             self._pending = (head[len(free) :] if not self._after_call else "") + self._pending[len(head) :]
             break
-        return "".join(released), new
+        return "".join(released), deltas, new
+
+    def _call_step(self, deltas: list[ToolCallDelta]) -> ToolCall | None:
+        """Reads the open block: its fragments into `deltas`, and the call once it closes (its
+        text taken out of the pending text), else None."""
+        call = self._open
+        assert call is not None
+        end = self._pending.find(CALL_CLOSE, self._searched)
+        if call.name is None:
+            head = _HEAD.match(self._pending)
+            if head is not None:
+                call.name, call.head_end = json.loads(head.group(1)), head.end()
+                deltas.append(ToolCallDelta(index=call.index, id=call.id, name=call.name))
+            elif end >= 0:  # not the grammar's format: the whole block, as parse_call reads it
+                parsed = replace(parse_call(self._pending[:end]), id=call.id)
+                deltas.append(_call_delta(call.index, parsed))
+                self._pending = self._pending[end + len(CALL_CLOSE) :]
+                return parsed
+        sent = sum(len(f) for f in call.sent)
+        if call.name is not None and not sent:  # the arguments begin at their first non-space
+            start = self._pending[call.head_end :]
+            call.head_end += len(start) - len(start.lstrip())
+        if call.name is not None and end >= 0:
+            body = self._pending[call.head_end : end].rstrip()
+            arguments = body[:-1].rstrip() if body.endswith("}") else body  # the `}` closing the call
+            rest = arguments[sent:]
+            if rest:
+                call.sent.append(rest)
+                deltas.append(ToolCallDelta(index=call.index, arguments=rest))
+            self._pending = self._pending[end + len(CALL_CLOSE) :]
+            return ToolCall(call.id, call.name, "".join(call.sent))
+        if call.name is not None:
+            available = self._pending[call.head_end :]
+            fragment = available[sent : max(sent, len(available) - _end_hold_length(available))]
+            if fragment:
+                call.sent.append(fragment)
+                deltas.append(ToolCallDelta(index=call.index, arguments=fragment))
+        self._searched = max(0, len(self._pending) - len(CALL_CLOSE) + 1)
+        return None
 
     def finish(self) -> str:
         """The free text still held back at the end (none once a call opened)."""
@@ -385,10 +453,24 @@ class CallSplitter:
         return "" if self._in_call or self._after_call else pending
 
 
+def _end_hold_length(arguments: str) -> int:
+    """How much of the end of an open call's arguments text may be the block's end (`}`, the
+    separator and a part of the close tag), so is held back."""
+    kept = arguments[: len(arguments) - tag_prefix_length(arguments, CALL_CLOSE)].rstrip()
+    if kept.endswith("}"):
+        kept = kept[:-1]
+    return len(arguments) - len(kept)
+
+
 def _open_prefix_length(text: str) -> int:
     """The length of the longest end of `text` that begins the open tag."""
-    for n in range(min(len(text), len(CALL_OPEN) - 1), 0, -1):
-        if CALL_OPEN.startswith(text[-n:]):
+    return tag_prefix_length(text, CALL_OPEN)
+
+
+def tag_prefix_length(text: str, tag: str) -> int:
+    """The length of the longest end of `text` that begins `tag`."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-n:]):
             return n
     return 0
 
@@ -404,7 +486,7 @@ async def tool_events(
     events: AsyncIterator[StreamEvent], plan: ToolPlan | None
 ) -> AsyncGenerator[StreamEvent, None]:
     """An engine's stream with each generation's calls taken out of its text: free text deltas,
-    one ToolCallDelta per call as its block closes, and the complete calls on the generation's end
+    each call's id and name then its arguments' fragments, and the complete calls on the generation's end
     (finish reason TOOL_CALLS when it ended there). Unchanged without a plan that parses calls."""
     if plan is None or not plan.parses_calls:
         async for event in events:
@@ -415,14 +497,13 @@ async def tool_events(
     async for event in events:
         if isinstance(event, GenerationDelta):
             splitter = splitters.setdefault(event.index, CallSplitter())
-            before = len(splitter.calls)
-            text, new = splitter.feed(event.text)
-            if text or new or event.logprobs is not None:
+            text, deltas = splitter.stream(event.text)
+            if text or deltas or event.reasoning or event.logprobs is not None:
                 yield replace(
                     event,
                     text=text,
                     token_count=event.token_count + carried.pop(event.index, 0),
-                    tool_calls=tuple(_call_delta(before + i, c) for i, c in enumerate(new)),
+                    tool_calls=tuple(deltas),
                 )
             else:
                 carried[event.index] = carried.get(event.index, 0) + event.token_count

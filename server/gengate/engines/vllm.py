@@ -67,9 +67,12 @@ from gengate.domain import (
     Whitespace,
 )
 from gengate.engines.base import engine_capabilities, output_room, special_tokens_of, stream_start
+from gengate.engines.chat_vars import reads_thinking, template_text
 from gengate.engines.options import ENGINE_OPTIONS, engine_options, refuse_own_keys
+from gengate.engines.reasoning import ReasoningConfig, reasoning_events
 from gengate.engines.resampling import all_generations, retry_seed
-from gengate.engines.toolcalls import chat_prompt, template_speaks_tools, tool_events, tool_plan
+from gengate.engines.toolcalls import tool_events, tool_plan
+from gengate.engines.vllm_prompt import chat_template_of, vllm_prompt
 from gengate.lru import LruCache
 
 StructuredBackend = Literal["guidance", "xgrammar", "outlines", "auto"]
@@ -116,7 +119,7 @@ OWN_ENGINE_ARGS: dict[str, str] = {
 }
 
 
-class VLLMOptions(BaseModel):
+class VLLMOptions(ReasoningConfig):
     """Config keys of a `vllm` model (engine arguments gengate passes on to vLLM)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -500,7 +503,12 @@ class OutputTracker:
 
 
 def capabilities_for(
-    options: VLLMOptions, *, context_length: int, chat: bool, special_tokens: frozenset[str] | None = None
+    options: VLLMOptions,
+    *,
+    context_length: int,
+    chat: bool,
+    special_tokens: frozenset[str] | None = None,
+    template: Any = None,
 ) -> ModelCapabilities:
     return engine_capabilities(
         grammar_syntaxes=GRAMMAR_SYNTAXES[options.structured_outputs_backend],
@@ -514,6 +522,9 @@ def capabilities_for(
         special_tokens=special_tokens,
         # the tools grammar is llguidance Lark (`%json` rules): only the guidance backend reads it
         tools=Enforcement.ENGINE if options.structured_outputs_backend == "guidance" else None,
+        chat_template_kwargs=bool(template),
+        reasoning_control=reads_thinking(template),
+        reasoning=options.tags_for(template_text(template)) is not None,
     )
 
 
@@ -639,12 +650,13 @@ class VLLMBackend:
         self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
         self._vocab_size = len(self._tokenizer) if hasattr(self._tokenizer, "__len__") else None
         self._context_length = int(self._engine.model_config.max_model_len)
-        chat = bool(self.options.chat_template or getattr(self._tokenizer, "chat_template", None))
+        template = chat_template_of(self._tokenizer, self.options.chat_template)
         self.capabilities = capabilities_for(
             self.options,
             context_length=self._context_length,
-            chat=chat,
+            chat=bool(template),
             special_tokens=special_tokens_of(self._tokenizer),
+            template=template,
         )
         await self._load_adapters()
 
@@ -676,25 +688,7 @@ class VLLMBackend:
             self._scratch = None
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        tokenizer = self._tokenizer
-        if request.prompt is not None:
-            ids = list(tokenizer.encode(request.prompt))
-            bos = getattr(tokenizer, "bos_token_id", None)
-            if len(ids) > 1 and ids[0] == ids[1] == bos:
-                ids = ids[1:]  # the prompt began with BOS (a pre-query's) and the tokenizer added one
-            return ids
-        template = self.options.chat_template or getattr(tokenizer, "chat_template", None)
-        prompt = chat_prompt(request, native=template_speaks_tools(template))
-        own = {"tools": prompt.tools, "chat_template": self.options.chat_template}
-        if request.continuation is not None:  # the conversation continued from a text (Magpie)
-            text = tokenizer.apply_chat_template(
-                prompt.messages, tokenize=False, add_generation_prompt=False, **own
-            )
-            return list(tokenizer.encode(text + request.continuation, add_special_tokens=False))
-        ids = tokenizer.apply_chat_template(prompt.messages, tokenize=True, add_generation_prompt=True, **own)
-        if isinstance(ids, Mapping):  # tokenizers that answer a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
+        return vllm_prompt(self._tokenizer, request, self.options.chat_template, self.options)[0]
 
     def _sampling_params(
         self, request: GenerationRequest, prompt_len: int, *, stream: bool
@@ -738,7 +732,7 @@ class VLLMBackend:
         if self._engine is None:
             raise errors.Unavailable(f"model {self.name!r} is not loaded")
         arrived = time.monotonic()
-        prompt_ids = self._prompt_ids(request)
+        prompt_ids, thinking = vllm_prompt(self._tokenizer, request, self.options.chat_template, self.options)
         output_room(request, len(prompt_ids), self._context_length)  # PROMPT_TOO_LONG when none is left
         params, enforcement = self._sampling_params(request, len(prompt_ids), stream=stream)
         lora = self._lora_request(request)
@@ -761,7 +755,8 @@ class VLLMBackend:
 
         async with (
             aclosing(all_generations(request, enforcement, generations)) as events,
-            aclosing(tool_events(events, tool_plan(request))) as split,
+            aclosing(reasoning_events(events, thinking)) as thought,
+            aclosing(tool_events(thought, tool_plan(request))) as split,
         ):
             async for event in split:
                 yield event

@@ -30,7 +30,21 @@ from gengate.engines.base import (
     stream_start,
 )
 from gengate.engines.batching.request import Loaded
+from gengate.engines.chat_vars import (
+    reads_thinking,
+    refuse_unsupported_control,
+    template_text,
+    template_variables,
+    thinking_enabled,
+)
 from gengate.engines.options import engine_options
+from gengate.engines.reasoning import (
+    ReasoningPlan,
+    ThinkTags,
+    compile_with_reasoning,
+    reasoning_events,
+    reasoning_plan,
+)
 from gengate.engines.toolcalls import chat_prompt, template_speaks_tools, tool_events, tool_plan
 
 MAX_TOP_LOGPROBS = 20
@@ -50,7 +64,11 @@ class BatchedEngine:
         self.capabilities = self._capabilities(context_length)
 
     def _capabilities(
-        self, context_length: int, chat: bool = True, special_tokens: frozenset[str] | None = None
+        self,
+        context_length: int,
+        chat: bool = True,
+        special_tokens: frozenset[str] | None = None,
+        template: Any = None,
     ) -> ModelCapabilities:
         return engine_capabilities(
             grammar_syntaxes=frozenset(GrammarSyntax),
@@ -60,7 +78,15 @@ class BatchedEngine:
             chat=chat,
             special_tokens=special_tokens,
             tools=Enforcement.ENGINE,
+            chat_template_kwargs=template is not None,
+            reasoning_control=reads_thinking(template) or self._tags(template) is not None,
+            reasoning=self._tags(template) is not None,
         )
+
+    def _tags(self, template: Any) -> ThinkTags | None:
+        """The think tags this engine parses for a model with `template` (None: no parsing)."""
+        options = getattr(self, "options", None)
+        return None if options is None else options.tags_for(template_text(template))
 
     def _load(self) -> Loaded:
         """Loads the model and starts its scheduler (runs in a thread)."""
@@ -80,6 +106,7 @@ class BatchedEngine:
                     self._loaded.context_length,
                     chat=tokenizer.chat_template is not None,
                     special_tokens=special_tokens_of(tokenizer),
+                    template=tokenizer.chat_template,
                 )
 
     async def aclose(self) -> None:
@@ -100,27 +127,31 @@ class BatchedEngine:
             raise errors.Unavailable(f"model {self.name!r} is not started", reason="NOT_STARTED")
         self._check(request)
         options = engine_options(request)
-        prompt_ids = self._prompt_ids(loaded, request)
+        prompt_ids, thinking = self._prompt(loaded, request)
         stopping = output_room(request, len(prompt_ids), loaded.context_length)
         sampling = seeded(request.sampling)
-        compiled = None
         enforcement = Enforcement.NONE
         plan = tool_plan(request)
-        if request.structured_output is not None:
-            compiled = await loaded.compiler.compile(request.structured_output)
-            enforcement = compiled.enforcement
-        elif plan is not None and plan.grammar is not None:
-            compiled = await loaded.compiler.compile(plan.grammar)
+        grammar = request.structured_output
+        if grammar is None and plan is not None and plan.grammar is not None:
+            grammar = plan.grammar
             enforcement = plan.enforcement
+        compiled = await compile_with_reasoning(loaded.compiler, grammar, thinking)
+        if request.structured_output is not None and compiled is not None:
+            enforcement = compiled.enforcement
         yield stream_start(
             request, request.model or self.name, len(prompt_ids), enforcement, sampling, stopping
         )
 
         from gengate.engines.batching.request import RequestRun
 
-        run = RequestRun(loaded, request, prompt_ids, sampling, stopping, compiled, arrived, options)
+        answer = None if thinking is None else thinking.answer_of
+        run = RequestRun(loaded, request, prompt_ids, sampling, stopping, compiled, arrived, options, answer)
         try:
-            async with aclosing(tool_events(run.events(), plan)) as events:
+            async with (
+                aclosing(reasoning_events(run.events(), thinking)) as split,
+                aclosing(tool_events(split, plan)) as events,
+            ):
                 async for event in events:
                     yield event
         finally:
@@ -135,7 +166,15 @@ class BatchedEngine:
 
     def _prompt_ids(self, loaded: Loaded, request: GenerationRequest) -> list[int]:
         """Token ids of the raw prompt, or of the messages rendered by the chat template."""
+        return self._prompt(loaded, request)[0]
+
+    def _prompt(self, loaded: Loaded, request: GenerationRequest) -> tuple[list[int], ReasoningPlan | None]:
+        """The prompt's token ids, and how its generations' think blocks are read."""
         tokenizer = loaded.tokenizer
+        tags = self._tags(tokenizer.chat_template)
+        variables = template_variables(request, tokenizer.chat_template, thinks=tags is not None)
+        refuse_unsupported_control(request, budget=tags is not None)
+        text = ""
         if request.messages is not None:
             refuse_images(request, self.name)
             if tokenizer.chat_template is None:
@@ -147,11 +186,13 @@ class BatchedEngine:
             prompt = chat_prompt(request, native=template_speaks_tools(tokenizer.chat_template))
             text = tokenizer.apply_chat_template(
                 prompt.messages,
+                **variables,
                 tools=prompt.tools,
                 add_generation_prompt=request.continuation is None,
                 tokenize=False,
             )
-            ids = list(tokenizer(text + (request.continuation or ""), add_special_tokens=False)["input_ids"])
+            text += request.continuation or ""
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         else:
             ids = list(tokenizer(request.prompt or "")["input_ids"])
             bos = tokenizer.bos_token_id
@@ -164,7 +205,7 @@ class BatchedEngine:
                     "prompt", "is empty and the model has no BOS token to start from"
                 )
             ids = [bos]
-        return ids
+        return ids, reasoning_plan(request, tags, text, thinking_enabled(variables))
 
 
 def hf_eos_token_ids(tokenizer: Any, generation_config: Any) -> frozenset[int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -86,6 +86,7 @@ class RequestRun:
         compiled: CompiledConstraint | None,
         arrived: float,
         options: EngineOptions = NO_OPTIONS,
+        answer: Callable[[str], str] | None = None,
     ) -> None:
         self.loaded = loaded
         self.request = request
@@ -95,6 +96,7 @@ class RequestRun:
         self.compiled = compiled
         self.arrived = arrived
         self.options = options
+        self.answer = answer  # the part of a text its constraint holds for (after a think block)
         self.validating = compiled is not None and compiled.enforcement is Enforcement.VALIDATED
         self._attempts = Attempts()
         self._queue: asyncio.Queue[tuple[Sequence, SequenceEvent]] = asyncio.Queue()
@@ -205,7 +207,8 @@ class RequestRun:
         text = "".join(gen.held_text)
         structured = self.request.structured_output
         assert structured is not None
-        problem = validate_output(structured, text) if reason is FinishReason.STOP else None
+        answer = self.answer(text) if self.answer else text
+        problem = validate_output(structured, answer) if reason is FinishReason.STOP else None
         if problem is not None:
             if not self._attempts.failed(gen.index, problem):
                 raise self._attempts.refusal(gen.index)

@@ -27,9 +27,10 @@ from gengate.engines.batching.engine import (
     model_source,
 )
 from gengate.engines.batching.request import Loaded
+from gengate.engines.reasoning import ReasoningConfig
 
 
-class MlxOptions(BaseModel):
+class MlxOptions(ReasoningConfig):
     """Config keys of a `backend: mlx` model entry."""
 
     model_config = ConfigDict(extra="forbid")

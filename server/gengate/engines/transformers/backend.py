@@ -26,6 +26,7 @@ from gengate.engines.batching.engine import (
 )
 from gengate.engines.batching.request import Loaded
 from gengate.engines.options import refuse_own_keys
+from gengate.engines.reasoning import ReasoningConfig
 
 # from_pretrained arguments gengate sets from its own options (or from where the model lives):
 # not for model_kwargs, so each setting has one place. key -> the option that sets it.
@@ -40,7 +41,7 @@ OWN_FROM_PRETRAINED_ARGS = {
 }
 
 
-class TransformersOptions(BaseModel):
+class TransformersOptions(ReasoningConfig):
     """Config keys of a `backend: transformers` model entry."""
 
     model_config = ConfigDict(extra="forbid")
