@@ -307,14 +307,7 @@ class OpenAIChatBackend(ProviderBackend):
         return None if wrapped or relaxed else strict
 
     def _wire_tool(self, tool: Tool) -> dict[str, Any]:
-        function: dict[str, Any] = {"name": tool.name}
-        if tool.description:
-            function["description"] = tool.description
-        strict = self._strict_parameters(tool)
-        function["parameters"] = strict if strict is not None else parameters_of(tool)
-        if strict is not None:
-            function["strict"] = True
-        return {"type": "function", "function": function}
+        return wire.tool(tool, self._strict_parameters(tool))
 
     def final_tool_call(self, request: GenerationRequest, call: ToolCall) -> ToolCall:
         """A strict tool's call without the nulls strict mode forced into its optional fields."""

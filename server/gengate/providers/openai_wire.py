@@ -5,6 +5,7 @@ calls and reasoning in (unary messages and stream deltas alike, as the `openai` 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gengate.domain import (
@@ -13,6 +14,7 @@ from gengate.domain import (
     Role,
     TextPart,
     TokenLogprob,
+    Tool,
     ToolCall,
     ToolCallDelta,
     ToolChoice,
@@ -20,6 +22,7 @@ from gengate.domain import (
     TopLogprob,
 )
 from gengate.providers.base import ProviderCall, image_url, map_finish_reason
+from gengate.tools import parameters_of
 
 
 def finish(raw: str | None, stop_reason: Any, stops: tuple[str, ...]) -> tuple[FinishReason, str | None]:
@@ -43,7 +46,8 @@ def choice_text(choice: Any) -> tuple[str, str | None]:
 
 def tool_calls(message: Any) -> tuple[ToolCall, ...]:
     """A chat message's calls (`tool_calls`: function calls; any other kind keeps its name and
-    input, and fails validation as no JSON arguments of an offered function would)."""
+    input, and fails validation as no JSON arguments of an offered function would). Arguments
+    given as a JSON value rather than text (older TGI) are serialized; a numeric id is text."""
     out: list[ToolCall] = []
     for call in getattr(message, "tool_calls", None) or ():
         function = getattr(call, "function", None) or getattr(call, "custom", None)
@@ -51,7 +55,10 @@ def tool_calls(message: Any) -> tuple[ToolCall, ...]:
         arguments = getattr(function, "arguments", None)
         if arguments is None:
             arguments = getattr(function, "input", None) or ""
-        out.append(ToolCall(getattr(call, "id", None) or "", name, arguments))
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        ident = getattr(call, "id", None)
+        out.append(ToolCall("" if ident is None else str(ident), name, arguments))
     return tuple(out)
 
 
@@ -74,10 +81,11 @@ def tool_call_deltas(delta: Any) -> tuple[ToolCallDelta, ...]:
 
 def reasoning_text(body: Any) -> str:
     """A message's or delta's reasoning, from the fields OpenAI's types lack: `reasoning_content`
-    (vLLM, SGLang, DeepSeek, llama.cpp) or `reasoning` (Ollama, newer vLLM), as text."""
+    (vLLM, SGLang, DeepSeek, llama.cpp, LiteLLM) or `reasoning` (Ollama, newer vLLM, Hugging
+    Face's types), as text: an extra field of an SDK model or an attribute of the SDK's own."""
     extra = getattr(body, "model_extra", None) or {}
     for key in ("reasoning_content", "reasoning"):
-        value = extra.get(key)
+        value = extra.get(key, getattr(body, key, None))
         if isinstance(value, str) and value:
             return value
     return ""
@@ -127,6 +135,18 @@ def tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
         ToolChoiceMode.NONE: "none",
         ToolChoiceMode.REQUIRED: "required",
     }[choice.mode]
+
+
+def tool(t: Tool, strict_parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A tool as a chat-completions function: its schema as it is, or `strict_parameters` (the
+    schema already in the provider's strict form) with `strict` set."""
+    function: dict[str, Any] = {"name": t.name}
+    if t.description:
+        function["description"] = t.description
+    function["parameters"] = strict_parameters if strict_parameters is not None else parameters_of(t)
+    if strict_parameters is not None:
+        function["strict"] = True
+    return {"type": "function", "function": function}
 
 
 def _tool_turn(m: ChatMessage) -> dict[str, Any]:

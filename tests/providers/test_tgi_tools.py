@@ -1,0 +1,247 @@
+"""Tool calling on TGI, through the real `huggingface_hub` AsyncInferenceClient against the
+loopback TGI: the wire form of tools, tool choice and tool turns, calls returned (unary, with
+text or object arguments, and streamed as TGI streams them), validation with a bounded re-ask,
+reasoning out, and the requests TGI cannot take refused before any request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+pytest.importorskip("huggingface_hub", reason="huggingface_hub is not installed (extra: gengate[tgi])")
+
+import contract_checks as cc
+from fake_tgi import API_KEY, FakeTGI
+from gengate import errors
+from gengate.domain import (
+    ChatMessage,
+    Enforcement,
+    FinishReason,
+    GenerationEnd,
+    GenerationRequest,
+    JsonSchemaConstraint,
+    ReasoningControl,
+    ReasoningEffort,
+    Role,
+    StreamStart,
+    StructuredOutput,
+    TextPart,
+    ToolCall,
+    ToolChoice,
+    ToolChoiceMode,
+)
+from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeTGI]:
+    yield from cc.serving(FakeTGI())
+
+
+@pytest.fixture
+async def make(fake: FakeTGI) -> AsyncIterator[cc.Make]:
+    from gengate.providers.tgi import TGIBackend
+
+    async with cc.backends(
+        TGIBackend, "tgi", fake, model="tgi-test", base_url=fake.server.base_url, api_key=API_KEY
+    ) as build:
+        yield build
+
+
+async def test_capabilities_say_native_tools_and_reasoning_out_without_control(make: cc.Make) -> None:
+    caps = (await make()).capabilities
+    assert (caps.tools, caps.reasoning, caps.reasoning_control) == (Enforcement.NATIVE, True, False)
+
+
+async def test_tools_and_each_choice_on_the_chat_wire(make: cc.Make, fake: FakeTGI) -> None:
+    backend = await make()
+    fake.calls.append([("get_weather", PARIS)])
+    await backend.generate(
+        ask(WEATHER, CLOCK, tool_choice=ToolChoice(name="get_weather"), parallel_tool_calls=False)
+    )
+    request = fake.server.requests[0]
+    assert request.path == "/v1/chat/completions"
+    assert request.body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "parameters": WEATHER.parameters,
+            },
+        },
+        {"type": "function", "function": {"name": "get_time", "parameters": CLOCK.parameters}},
+    ]
+    assert request.body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert "parallel_tool_calls" not in request.body  # TGI has no such switch: validation holds it
+    for mode in ("auto", "none", "required"):
+        fake.reset()
+        if mode != "none":
+            fake.calls.append([("get_weather", PARIS)])
+        await backend.generate(ask(tool_choice=ToolChoice(ToolChoiceMode(mode))))
+        assert fake.server.requests[0].body["tool_choice"] == mode
+    fake.reset()
+    await backend.generate(chat())
+    assert not {"tools", "tool_choice"} & set(fake.server.requests[0].body)
+
+
+@pytest.mark.parametrize("object_arguments", [False, True], ids=["text", "object"])
+async def test_unary_call_returned_with_tool_calls(
+    make: cc.Make, fake: FakeTGI, object_arguments: bool
+) -> None:
+    backend = await make()
+    fake.object_arguments = object_arguments  # older TGI sends the arguments as a JSON object
+    fake.calls.append([("get_weather", json.dumps({"city": "Paris", "unit": "C"}))])
+    result = await backend.generate(ask())
+    gen = result.generations[0]
+    assert len(gen.tool_calls) == 1
+    call = gen.tool_calls[0]
+    assert (call.id, call.name) == ("0", "get_weather")
+    assert isinstance(call.arguments, str) and json.loads(call.arguments) == {"city": "Paris", "unit": "C"}
+    # TGI says "stop" after a call: gengate says the model stopped on calls
+    assert (gen.finish_reason, gen.text) == (FinishReason.TOOL_CALLS, "")
+    assert result.enforcement == Enforcement.NATIVE
+
+
+async def test_stream_fragments_assemble_into_the_end_frames_call(make: cc.Make, fake: FakeTGI) -> None:
+    backend = await make()
+    arguments = json.dumps({"city": "Paris", "unit": "C"})
+    fake.calls.append([("get_weather", arguments)])
+    events = await cc.collect(backend.generate_stream(ask()))
+    assert isinstance(events[0], StreamStart) and events[0].enforcement == Enforcement.NATIVE
+    fragments = [f for d in deltas(events) for f in d.tool_calls]
+    assert len(fragments) > 2  # TGI streams a call token by token
+    assert (fragments[0].id, fragments[0].name, fragments[0].arguments) == ("0", "get_weather", "{")
+    assert all(f.id == "" and f.name == "" for f in fragments[1:])  # TGI repeats the id: sent once
+    assert "".join(f.arguments for f in fragments) == arguments
+    end = events[-1]
+    # TGI's tool stream carries no finish reason at all: the calls made say how it ended
+    assert isinstance(end, GenerationEnd) and end.finish_reason == FinishReason.TOOL_CALLS
+    assert end.tool_calls == (ToolCall("0", "get_weather", arguments),)
+
+
+async def test_a_text_stream_with_tools_offered_ends_as_a_text(make: cc.Make, fake: FakeTGI) -> None:
+    backend = await make()
+    fake.answers.append("No tool needed here")
+    events = await cc.collect(backend.generate_stream(ask()))
+    assert "".join(d.text for d in deltas(events)) == "No tool needed here"
+    end = events[-1]
+    assert isinstance(end, GenerationEnd) and end.finish_reason == FinishReason.STOP and end.tool_calls == ()
+
+
+async def test_bad_arguments_are_reasked_with_the_calls_and_their_errors(
+    make: cc.Make, fake: FakeTGI
+) -> None:
+    backend = await make()
+    bad = json.dumps({"city": 3})
+    fake.calls.extend([[("get_weather", bad)], [("get_weather", PARIS)]])
+    result = await backend.generate(ask())
+    assert json.loads(result.generations[0].tool_calls[0].arguments) == {"city": "Paris"}
+    assert len(fake.server.requests) == 2
+    first, second = (r.body for r in fake.server.requests)
+    assert second["tools"] == first["tools"]
+    assert second["messages"][:-2] == first["messages"]
+    assistant, answer = second["messages"][-2:]
+    assert assistant == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "0", "type": "function", "function": {"name": "get_weather", "arguments": bad}}
+        ],
+    }
+    assert answer["role"] == "tool" and answer["tool_call_id"] == "0"
+    assert "not valid" in answer["content"] and "city" in answer["content"]
+
+
+async def test_persistently_bad_calls_are_validation_failed(make: cc.Make, fake: FakeTGI) -> None:
+    backend = await make()
+    fake.calls.extend([[("get_weather", "{not json")]] * 5)
+    with pytest.raises(errors.Aborted) as info:
+        await backend.generate(ask())
+    assert info.value.reason == "VALIDATION_FAILED"
+    assert len(fake.server.requests) == 3  # the first try and two re-asks
+
+
+async def test_a_tool_not_offered_is_refused(make: cc.Make, fake: FakeTGI) -> None:
+    backend = await make(validation_retries=0)
+    fake.calls.append([("delete_everything", "{}")])
+    with pytest.raises(errors.Aborted) as info:
+        await backend.generate(ask())
+    assert info.value.reason == "VALIDATION_FAILED"
+    assert "'delete_everything', which is not an offered tool" in info.value.message
+
+
+async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
+    make: cc.Make, fake: FakeTGI
+) -> None:
+    backend = await make()
+    fake.calls.append([("get_weather", json.dumps({"city": "Paris", "unit": "K"}))])
+    with pytest.raises(errors.Aborted) as info:
+        await cc.collect(backend.generate_stream(ask()))
+    assert info.value.reason == "VALIDATION_FAILED"
+    assert len(fake.server.requests) == 1
+
+
+async def test_round_trip_of_a_call_and_its_result(make: cc.Make, fake: FakeTGI) -> None:
+    backend = await make()
+    history = (
+        ChatMessage(Role.USER, (TextPart("Weather in Paris?"),)),
+        ChatMessage(Role.ASSISTANT, (), tool_calls=(ToolCall("0", "get_weather", PARIS),)),
+        ChatMessage(Role.TOOL, (TextPart('{"sky": "clear"}'),), tool_call_id="0"),
+    )
+    fake.answers.append("Clear skies in Paris.")
+    result = await backend.generate(ask(messages=history))
+    assert fake.server.requests[0].body["messages"] == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "0", "type": "function", "function": {"name": "get_weather", "arguments": PARIS}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "0", "content": '{"sky": "clear"}'},
+    ]
+    gen = result.generations[0]
+    assert (gen.text, gen.tool_calls, gen.finish_reason) == ("Clear skies in Paris.", (), FinishReason.STOP)
+
+
+async def test_reasoning_comes_back_unary_and_streamed(make: cc.Make, fake: FakeTGI) -> None:
+    backend = await make()
+    fake.reasoning = "The user wants the weather."
+    fake.answers.extend(["Sunny.", "Sunny again."])
+    gen = (await backend.generate(chat())).generations[0]
+    assert gen.reasoning is not None and gen.reasoning.text == "The user wants the weather."
+    assert gen.text == "Sunny."
+    events = await cc.collect(backend.generate_stream(chat()))
+    assert "".join(d.reasoning for d in deltas(events)) == "The user wants the weather."
+    assert "".join(d.text for d in deltas(events)) == "Sunny again."
+
+
+async def test_what_tgi_cannot_take_is_refused_before_any_request(make: cc.Make, fake: FakeTGI) -> None:
+    backend = await make()
+    on_prompt = GenerationRequest(model="m", prompt="Weather in Paris?", tools=(WEATHER,))
+    with pytest.raises(errors.Unimplemented) as info:
+        await backend.generate(on_prompt)
+    assert info.value.reason == "TOOLS_UNSUPPORTED" and [v.field for v in info.value.violations] == ["tools"]
+    assert "/generate" in info.value.message
+    with pytest.raises(errors.Unimplemented) as info:
+        await backend.generate(ask(structured_output=StructuredOutput(JsonSchemaConstraint(cc.PERSON))))
+    assert info.value.reason == "TOOLS_UNSUPPORTED"
+    assert [v.field for v in info.value.violations] == ["structured_output"]
+    both = (
+        ChatMessage(Role.USER, (TextPart("Weather in Paris?"),)),
+        ChatMessage(
+            Role.ASSISTANT, (TextPart("Let me look."),), tool_calls=(ToolCall("0", "get_weather", PARIS),)
+        ),
+        ChatMessage(Role.TOOL, (TextPart("sunny"),), tool_call_id="0"),
+    )
+    with pytest.raises(errors.InvalidArgument) as bad:
+        await backend.generate(ask(messages=both))
+    assert [v.field for v in bad.value.violations] == ["messages.messages[1].content"]
+    with pytest.raises(errors.Unimplemented) as info:
+        await backend.generate(chat(reasoning=ReasoningControl(effort=ReasoningEffort.LOW)))
+    assert info.value.reason == "REASONING_UNSUPPORTED"
+    assert fake.server.requests == []
