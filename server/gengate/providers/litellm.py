@@ -5,6 +5,14 @@ JSON Schema and choices are sent as OpenAI `response_format` json_schema (strict
 LiteLLM says the model supports response schemas (or the config says so), JSON object when it
 supports `response_format`; everything else is prompted and validated; grammars are refused.
 `n` is native when LiteLLM lists it for the model, else fanned out.
+
+Tools are native where LiteLLM says the model calls functions (`supports_function_calling`, or
+the config's `function_calling`); elsewhere they are refused (TOOLS_UNSUPPORTED). Requests and
+answers are the OpenAI chat-completions form LiteLLM speaks (providers.openai_wire): `tools`,
+`tool_choice`, `parallel_tool_calls` (sent where LiteLLM lists it for the model; elsewhere the
+base's validation holds it), tool turns, `message.tool_calls` and streamed `delta.tool_calls`.
+`reasoning.effort` goes as `reasoning_effort` where LiteLLM lists it (a budget or a switch is
+refused); LiteLLM's `reasoning_content` comes back as the generation's reasoning.
 """
 
 from __future__ import annotations
@@ -25,12 +33,14 @@ from gengate.domain import (
     Enforcement,
     Generation,
     GenerationRequest,
-    ImagePart,
     JsonSchemaConstraint,
-    TextPart,
+    Reasoning,
+    ReasoningControl,
     Usage,
 )
+from gengate.providers import openai_wire as wire
 from gengate.providers import structured as so
+from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
     Chunk,
     ChunkEnd,
@@ -40,7 +50,6 @@ from gengate.providers.base import (
     ProviderBackend,
     ProviderCall,
     ProviderOptions,
-    image_url,
     map_finish_reason,
 )
 from gengate.providers.errors import from_status
@@ -55,6 +64,9 @@ class LiteLLMOptions(ProviderOptions):
     )
     response_schema: bool | None = Field(
         default=None, description="Whether the model enforces JSON Schema natively (default: ask LiteLLM)."
+    )
+    function_calling: bool | None = Field(
+        default=None, description="Whether the model takes tools (default: ask LiteLLM)."
     )
 
 
@@ -79,15 +91,18 @@ def _model_facts(options: LiteLLMOptions) -> tuple[bool, set[str]]:
     return schema, set(params or ())
 
 
-def _content(parts: tuple[TextPart | ImagePart, ...]) -> str | list[dict[str, Any]]:
-    if all(isinstance(p, TextPart) for p in parts):
-        return "".join(p.text for p in parts if isinstance(p, TextPart))
-    return [
-        {"type": "text", "text": p.text}
-        if isinstance(p, TextPart)
-        else {"type": "image_url", "image_url": {"url": image_url(p)}}
-        for p in parts
-    ]
+def _function_calling(options: LiteLLMOptions) -> bool:
+    """Whether the model takes tools: the config's word, else LiteLLM's."""
+    if options.function_calling is not None:
+        return options.function_calling
+    try:
+        return bool(
+            litellm.supports_function_calling(
+                model=options.model, custom_llm_provider=options.custom_llm_provider
+            )
+        )
+    except Exception:  # unknown model/provider: no tools
+        return False
 
 
 _CREDENTIAL_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
@@ -101,10 +116,12 @@ class LiteLLMBackend(ProviderBackend):
     label: ClassVar[str] = "LiteLLM"
     requires_api_key: ClassVar[bool] = False  # LiteLLM reads each provider's own variables
     image_input: ClassVar[bool] = True
+    reasoning_output: ClassVar[bool] = True  # LiteLLM's reasoning_content
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         assert isinstance(options, LiteLLMOptions)
         self._schema_native, self._params = _model_facts(options)
+        self._tools = _function_calling(options)
         super().__init__(name, options)
         # LiteLLM reads each provider's key from its own variable: keep all of them out of messages.
         for variable, value in os.environ.items():
@@ -114,6 +131,28 @@ class LiteLLMBackend(ProviderBackend):
     @property
     def native_n(self) -> bool:  # type: ignore[override]
         return "n" in self._params
+
+    @property
+    def tools_support(self) -> Enforcement | None:  # type: ignore[override]
+        return Enforcement.NATIVE if self._tools else None
+
+    @property
+    def reasoning_controls(self) -> bool:  # type: ignore[override]
+        return "reasoning_effort" in self._params
+
+    def check_reasoning(self, control: ReasoningControl) -> None:
+        """LiteLLM's common knob is reasoning_effort: a token budget or a switch is refused."""
+        provider = f"{self.label} model {self.name!r}"
+        if control.budget_tokens is not None:
+            raise tc.reasoning_refused(
+                provider,
+                "reasoning.budget_tokens",
+                f"{provider} takes no token budget (use reasoning.effort)",
+            )
+        if control.enabled is not None:
+            raise tc.reasoning_refused(
+                provider, "reasoning.enabled", f"{provider} has no reasoning switch (use reasoning.effort)"
+            )
 
     def supported_constraints(self) -> dict[ConstraintKind, Enforcement]:
         native = Enforcement.NATIVE if self._schema_native else Enforcement.VALIDATED
@@ -149,7 +188,7 @@ class LiteLLMBackend(ProviderBackend):
         s = req.sampling
         params: dict[str, Any] = {
             "model": self.options.model,
-            "messages": [{"role": m.role.value, "content": _content(m.content)} for m in call.messages],
+            "messages": wire.messages(call),
             "timeout": call.timeout,
             "num_retries": 0,  # the base retries, with the caller's deadline in mind
             "max_retries": 0,
@@ -166,7 +205,16 @@ class LiteLLMBackend(ProviderBackend):
             "custom_llm_provider": self.options.custom_llm_provider
             if isinstance(self.options, LiteLLMOptions)
             else None,
+            "reasoning_effort": req.reasoning.effort.value
+            if req.reasoning is not None and req.reasoning.effort is not None
+            else None,
         }
+        if req.tools:
+            params["tools"] = [wire.tool(t) for t in req.tools]
+        if req.tool_choice is not None:
+            params["tool_choice"] = wire.tool_choice(req.tool_choice)
+        if req.parallel_tool_calls is not None and "parallel_tool_calls" in self._params:
+            params["parallel_tool_calls"] = req.parallel_tool_calls
         plan = call.plan
         if plan is not None and plan.native:
             if plan.native_schema is None:
@@ -182,14 +230,18 @@ class LiteLLMBackend(ProviderBackend):
 
     async def _complete(self, call: ProviderCall) -> Completion:
         response = await litellm.acompletion(**self._params_for(call))
-        generations = [
-            Generation(
-                index=choice.index,
-                text=choice.message.content or "",
-                finish_reason=map_finish_reason(choice.finish_reason),
+        generations = []
+        for choice in response.choices:
+            thought = wire.reasoning_text(choice.message)
+            generations.append(
+                Generation(
+                    index=choice.index,
+                    text=choice.message.content or "",
+                    finish_reason=map_finish_reason(choice.finish_reason),
+                    tool_calls=wire.tool_calls(choice.message),
+                    reasoning=Reasoning(thought) if thought else None,
+                )
             )
-            for choice in response.choices
-        ]
         usage = getattr(response, "usage", None)
         totals = Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage else None
         return Completion(sorted(generations, key=lambda g: g.index), totals)
@@ -200,9 +252,11 @@ class LiteLLMBackend(ProviderBackend):
         try:
             async for chunk in stream:
                 for choice in chunk.choices:
-                    text = choice.delta.content if choice.delta else None
-                    if text:
-                        yield ChunkText(choice.index, text)
+                    text = (choice.delta.content if choice.delta else None) or ""
+                    calls = wire.tool_call_deltas(choice.delta)
+                    thought = wire.reasoning_text(choice.delta)
+                    if text or calls or thought:
+                        yield ChunkText(choice.index, text, tool_calls=calls, reasoning=thought)
                     if choice.finish_reason:
                         yield ChunkEnd(choice.index, map_finish_reason(choice.finish_reason))
                 usage = getattr(chunk, "usage", None)

@@ -1,0 +1,232 @@
+"""Tool calling and reasoning on LiteLLM: the real `litellm` library routed ("openai/<x>" +
+base_url) to the loopback OpenAI chat API: whether a model takes tools (LiteLLM's word or the
+config's), the wire form of tools, tool choice, the parallel switch and tool turns, calls
+returned (unary and streamed), validation with a bounded re-ask, and reasoning both ways."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+pytest.importorskip("litellm", reason="litellm is not installed (extra: gengate[litellm])")
+
+import contract_checks as cc
+from fake_openai import API_KEY, FakeOpenAI
+from gengate import errors
+from gengate.domain import (
+    ChatMessage,
+    Enforcement,
+    FinishReason,
+    GenerationEnd,
+    ReasoningControl,
+    ReasoningEffort,
+    Role,
+    StreamStart,
+    TextPart,
+    ToolCall,
+    ToolChoice,
+    ToolChoiceMode,
+)
+from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeOpenAI]:
+    yield from cc.serving(FakeOpenAI())
+
+
+@pytest.fixture
+async def make(fake: FakeOpenAI) -> AsyncIterator[cc.Make]:
+    from gengate.providers.litellm import LiteLLMBackend
+
+    async with cc.backends(
+        LiteLLMBackend,
+        "lite",
+        fake,
+        model="openai/fake-gpt",
+        base_url=fake.server.base_url + "/v1",
+        api_key=API_KEY,
+        function_calling=True,
+    ) as build:
+        yield build
+
+
+async def test_tools_follow_litellm_or_the_config(make: cc.Make, fake: FakeOpenAI) -> None:
+    unknown = await make(function_calling=None)  # LiteLLM does not know "openai/fake-gpt"
+    assert unknown.capabilities.tools is None
+    with pytest.raises(errors.Unimplemented) as info:
+        await unknown.generate(ask())
+    assert info.value.reason == "TOOLS_UNSUPPORTED" and [v.field for v in info.value.violations] == ["tools"]
+    assert fake.server.requests == []
+    known = await make(model="openai/gpt-4o-mini", function_calling=None)
+    assert known.capabilities.tools == Enforcement.NATIVE
+    assert (await make()).capabilities.tools == Enforcement.NATIVE  # the config says so
+    assert (await make(model="openai/gpt-4o-mini", function_calling=False)).capabilities.tools is None
+
+
+async def test_tools_choice_and_parallel_on_the_wire(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make()
+    fake.calls.append([("get_weather", PARIS)])
+    req = ask(WEATHER, CLOCK, tool_choice=ToolChoice(name="get_weather"), parallel_tool_calls=False)
+    await backend.generate(req)
+    body = fake.server.requests[0].body
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "parameters": WEATHER.parameters,
+            },
+        },
+        {"type": "function", "function": {"name": "get_time", "parameters": CLOCK.parameters}},
+    ]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert body["parallel_tool_calls"] is False
+    for mode in ("auto", "none", "required"):
+        fake.reset()
+        if mode != "none":
+            fake.calls.append([("get_weather", PARIS)])
+        await backend.generate(ask(tool_choice=ToolChoice(ToolChoiceMode(mode))))
+        assert fake.server.requests[0].body["tool_choice"] == mode
+        assert "parallel_tool_calls" not in fake.server.requests[0].body
+    fake.reset()
+    await backend.generate(cc.prompt())
+    assert not {"tools", "tool_choice", "parallel_tool_calls", "reasoning_effort"} & set(
+        fake.server.requests[0].body
+    )
+
+
+async def test_the_parallel_switch_is_left_to_validation_where_litellm_lists_none(
+    make: cc.Make, fake: FakeOpenAI
+) -> None:
+    backend = await make(model="openai/o3-mini")  # LiteLLM lists no parallel_tool_calls for it
+    two = [("get_weather", PARIS), ("get_weather", json.dumps({"city": "Oslo"}))]
+    fake.calls.extend([two, [("get_weather", PARIS)]])
+    result = await backend.generate(ask(parallel_tool_calls=False))
+    assert "parallel_tool_calls" not in fake.server.requests[0].body
+    assert len(result.generations[0].tool_calls) == 1 and len(fake.server.requests) == 2
+    answers = fake.server.requests[1].body["messages"][-2:]
+    assert [m["role"] for m in answers] == ["tool", "tool"]
+    assert "parallel_tool_calls is false" in answers[0]["content"]
+
+
+async def test_unary_calls_returned(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make()
+    fake.calls.append([("get_weather", PARIS), ("get_time", json.dumps({"zone": "CET"}))])
+    result = await backend.generate(ask(WEATHER, CLOCK))
+    gen = result.generations[0]
+    assert [(c.name, json.loads(c.arguments)) for c in gen.tool_calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"zone": "CET"}),
+    ]
+    assert [c.id for c in gen.tool_calls] == ["call_fake_1_0_0", "call_fake_1_0_1"]
+    assert (gen.finish_reason, gen.text) == (FinishReason.TOOL_CALLS, "")
+    assert result.enforcement == Enforcement.NATIVE
+
+
+async def test_stream_deltas_assemble_into_the_end_frames_calls(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make()
+    arguments = json.dumps({"city": "Paris", "unit": "C"})
+    fake.calls.append([("get_weather", arguments), ("get_time", "{}")])
+    events = await cc.collect(backend.generate_stream(ask(WEATHER, CLOCK)))
+    assert isinstance(events[0], StreamStart) and events[0].enforcement == Enforcement.NATIVE
+    fragments = [f for d in deltas(events) for f in d.tool_calls]
+    first = [f for f in fragments if f.index == 0]
+    assert (first[0].id, first[0].name) == ("call_fake_1_0_0", "get_weather")
+    assert len(first) > 2 and all(f.id == "" and f.name == "" for f in first[1:])
+    assert "".join(f.arguments for f in first) == arguments
+    end = events[-1]
+    assert isinstance(end, GenerationEnd) and end.finish_reason == FinishReason.TOOL_CALLS
+    assert end.tool_calls == (
+        ToolCall("call_fake_1_0_0", "get_weather", arguments),
+        ToolCall("call_fake_1_0_1", "get_time", "{}"),
+    )
+
+
+async def test_bad_arguments_are_reasked_with_the_calls_and_their_errors(
+    make: cc.Make, fake: FakeOpenAI
+) -> None:
+    backend = await make()
+    bad = json.dumps({"city": 3})
+    fake.calls.extend([[("get_weather", bad)], [("get_weather", PARIS)]])
+    result = await backend.generate(ask())
+    assert result.generations[0].tool_calls[0].arguments == PARIS
+    first, second = (r.body for r in fake.server.requests)
+    assert second["tools"] == first["tools"]
+    assert second["messages"][:-2] == first["messages"]
+    assistant, answer = second["messages"][-2:]
+    assert assistant["role"] == "assistant" and not assistant.get("content")
+    assert assistant["tool_calls"] == [
+        {"id": "call_fake_1_0_0", "type": "function", "function": {"name": "get_weather", "arguments": bad}}
+    ]
+    assert answer["role"] == "tool" and answer["tool_call_id"] == "call_fake_1_0_0"
+    assert "not valid" in answer["content"] and "city" in answer["content"]
+
+
+async def test_persistently_bad_calls_are_validation_failed(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make()
+    fake.calls.extend([[("get_weather", "{not json")]] * 5)
+    with pytest.raises(errors.Aborted) as info:
+        await backend.generate(ask())
+    assert info.value.reason == "VALIDATION_FAILED"
+    assert len(fake.server.requests) == 3
+
+
+async def test_a_tool_not_offered_is_refused(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make(validation_retries=0)
+    fake.calls.append([("delete_everything", "{}")])
+    with pytest.raises(errors.Aborted) as info:
+        await backend.generate(ask())
+    assert "'delete_everything', which is not an offered tool" in info.value.message
+
+
+async def test_round_trip_of_a_call_and_its_result(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make()
+    history = (
+        ChatMessage(Role.USER, (TextPart("Weather in Paris?"),)),
+        ChatMessage(Role.ASSISTANT, (), tool_calls=(ToolCall("call_abc", "get_weather", PARIS),)),
+        ChatMessage(Role.TOOL, (TextPart('{"sky": "clear"}'),), tool_call_id="call_abc"),
+    )
+    fake.answers.append("Clear skies in Paris.")
+    result = await backend.generate(ask(messages=history))
+    sent = fake.server.requests[0].body["messages"]
+    assert sent[0] == {"role": "user", "content": "Weather in Paris?"}
+    assert sent[1]["role"] == "assistant" and sent[1]["tool_calls"] == [
+        {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": PARIS}}
+    ]
+    assert sent[2] == {"role": "tool", "tool_call_id": "call_abc", "content": '{"sky": "clear"}'}
+    gen = result.generations[0]
+    assert (gen.text, gen.tool_calls, gen.finish_reason) == ("Clear skies in Paris.", (), FinishReason.STOP)
+
+
+async def test_reasoning_effort_out_and_the_knobs_litellm_lacks(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make()
+    assert backend.capabilities.reasoning_control and backend.capabilities.reasoning
+    await backend.generate(cc.prompt(reasoning=ReasoningControl(effort=ReasoningEffort.HIGH)))
+    assert fake.server.requests[0].body["reasoning_effort"] == "high"
+    for control, field in (
+        (ReasoningControl(budget_tokens=1024), "reasoning.budget_tokens"),
+        (ReasoningControl(enabled=True), "reasoning.enabled"),
+    ):
+        with pytest.raises(errors.Unimplemented) as info:
+            await backend.generate(cc.prompt(reasoning=control))
+        assert info.value.reason == "REASONING_UNSUPPORTED"
+        assert [v.field for v in info.value.violations] == [field]
+    assert len(fake.server.requests) == 1
+
+
+async def test_reasoning_content_comes_back_unary_and_streamed(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make()
+    fake.reasoning = "The user wants a greeting."
+    fake.answers.extend(["Hello!", "Hello again!"])
+    gen = (await backend.generate(chat())).generations[0]
+    assert gen.reasoning is not None and gen.reasoning.text == "The user wants a greeting."
+    assert gen.text == "Hello!"
+    events = await cc.collect(backend.generate_stream(chat()))
+    assert "".join(d.reasoning for d in deltas(events)) == "The user wants a greeting."
+    assert "".join(d.text for d in deltas(events)) == "Hello again!"
