@@ -15,6 +15,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("litellm", reason="litellm is not installed (extra: gengate[litellm])")
 
 import contract_checks as cc
+from fake_anthropic import API_KEY as ANTHROPIC_KEY
+from fake_anthropic import FakeAnthropic
 from fake_openai import API_KEY, FakeOpenAI
 from gengate import errors
 from gengate.domain import (
@@ -25,6 +27,7 @@ from gengate.domain import (
     ReasoningControl,
     ReasoningEffort,
     Role,
+    StoppingCriteria,
     StreamStart,
     TextPart,
     ToolCall,
@@ -230,3 +233,81 @@ async def test_reasoning_content_comes_back_unary_and_streamed(make: cc.Make, fa
     events = await cc.collect(backend.generate_stream(chat()))
     assert "".join(d.reasoning for d in deltas(events)) == "The user wants a greeting."
     assert "".join(d.text for d in deltas(events)) == "Hello again!"
+
+
+# --- Anthropic's thinking through LiteLLM ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def claude() -> Iterator[FakeAnthropic]:
+    yield from cc.serving(FakeAnthropic())
+
+
+@pytest.fixture
+async def make_claude(claude: FakeAnthropic) -> AsyncIterator[cc.Make]:
+    from gengate.providers.litellm import LiteLLMBackend
+
+    async with cc.backends(
+        LiteLLMBackend,
+        "lite-claude",
+        claude,
+        model="anthropic/claude-sonnet-4-20250514",  # LiteLLM lists tools, thinking, reasoning_effort
+        base_url=claude.server.base_url,
+        api_key=ANTHROPIC_KEY,
+    ) as build:
+        yield build
+
+
+THOUGHTS = [("Paris is a city.", "sig-one"), (" Ask for the weather.", "sig-two")]
+THINKING = ReasoningControl(budget_tokens=1024)
+
+
+async def test_a_thinking_budget_goes_as_litellms_thinking(
+    make_claude: cc.Make, claude: FakeAnthropic
+) -> None:
+    backend = await make_claude()
+    assert backend.capabilities.tools == Enforcement.NATIVE and backend.capabilities.reasoning_control
+    claude.answers.append("Sunny.")
+    await backend.generate(chat(reasoning=THINKING, stopping=StoppingCriteria(max_tokens=4096)))
+    assert claude.server.requests[0].body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    with pytest.raises(errors.Unimplemented) as info:
+        await backend.generate(chat(reasoning=ReasoningControl(enabled=True)))
+    assert [v.field for v in info.value.violations] == ["reasoning.enabled"]
+    assert len(claude.server.requests) == 1
+
+
+async def test_signed_thinking_comes_back_and_goes_back_with_the_reasked_call(
+    make_claude: cc.Make, claude: FakeAnthropic
+) -> None:
+    backend = await make_claude()
+    claude.thinking = list(THOUGHTS)
+    claude.calls.extend([[("get_weather", json.dumps({"city": 3}))], [("get_weather", PARIS)]])
+    result = await backend.generate(ask(reasoning=THINKING, stopping=StoppingCriteria(max_tokens=4096)))
+    gen = result.generations[0]
+    assert json.loads(gen.tool_calls[0].arguments) == {"city": "Paris"}
+    assert gen.reasoning is not None and gen.reasoning.text == "Paris is a city. Ask for the weather."
+    assert len(gen.reasoning.signatures) == 2 and gen.reasoning.signatures[0].endswith("sig-one")
+    reask = claude.server.requests[1].body["messages"]
+    assistant = reask[-2]
+    assert assistant["role"] == "assistant"
+    # Anthropic requires the turn's thinking blocks, as they came, before the call they led to
+    assert [b["type"] for b in assistant["content"]] == ["thinking", "thinking", "tool_use"]
+    assert [(b["thinking"], b["signature"]) for b in assistant["content"][:2]] == THOUGHTS
+    assert reask[-1]["content"][0]["type"] == "tool_result"
+    assert "not valid" in json.dumps(reask[-1]["content"])
+
+
+async def test_streamed_thinking_ends_with_the_same_signatures(
+    make_claude: cc.Make, claude: FakeAnthropic
+) -> None:
+    backend = await make_claude()
+    claude.thinking = list(THOUGHTS)
+    claude.calls.extend([[("get_weather", PARIS)], [("get_weather", PARIS)]])
+    request = ask(reasoning=THINKING, stopping=StoppingCriteria(max_tokens=4096))
+    unary = (await backend.generate(request)).generations[0]
+    events = await cc.collect(backend.generate_stream(request))
+    assert "".join(d.reasoning for d in deltas(events)) == "Paris is a city. Ask for the weather."
+    end = events[-1]
+    assert isinstance(end, GenerationEnd) and end.finish_reason == FinishReason.TOOL_CALLS
+    assert unary.reasoning is not None and end.reasoning_signatures == unary.reasoning.signatures
+    assert [c.name for c in end.tool_calls] == ["get_weather"]

@@ -11,8 +11,12 @@ the config's `function_calling`); elsewhere they are refused (TOOLS_UNSUPPORTED)
 answers are the OpenAI chat-completions form LiteLLM speaks (providers.openai_wire): `tools`,
 `tool_choice`, `parallel_tool_calls` (sent where LiteLLM lists it for the model; elsewhere the
 base's validation holds it), tool turns, `message.tool_calls` and streamed `delta.tool_calls`.
-`reasoning.effort` goes as `reasoning_effort` where LiteLLM lists it (a budget or a switch is
-refused); LiteLLM's `reasoning_content` comes back as the generation's reasoning.
+`reasoning.effort` goes as `reasoning_effort` and `reasoning.budget_tokens` as LiteLLM's
+`thinking` (`{"type": "enabled", "budget_tokens"}`) where LiteLLM lists them (a knob it lacks,
+and a bare switch, are refused). LiteLLM's `reasoning_content` comes back as the generation's
+reasoning; its `thinking_blocks` (Anthropic's, via LiteLLM) as the reasoning's signatures, in
+providers.anthropic_wire's form, and go back as `thinking_blocks` on the assistant turn they
+came with (Anthropic requires them beside a tool call it answers when thinking is on).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pydantic import Field
 
 from gengate import errors
 from gengate.domain import (
+    ChatMessage,
     ConstraintKind,
     Enforcement,
     Generation,
@@ -36,8 +41,10 @@ from gengate.domain import (
     JsonSchemaConstraint,
     Reasoning,
     ReasoningControl,
+    Role,
     Usage,
 )
+from gengate.providers import anthropic_wire
 from gengate.providers import openai_wire as wire
 from gengate.providers import structured as so
 from gengate.providers import toolcalls as tc
@@ -105,6 +112,45 @@ def _function_calling(options: LiteLLMOptions) -> bool:
         return False
 
 
+def _get(obj: Any, name: str) -> Any:
+    """A field of a LiteLLM object or of the plain dict it leaves nested (thinking blocks)."""
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def _thought(block: Any, old: anthropic_wire.Thought | None = None) -> anthropic_wire.Thought | None:
+    """A thinking block (or a streamed piece of one, added to `old`) as a Thought."""
+    kind = _get(block, "type")
+    if kind == "redacted_thinking":
+        return anthropic_wire.Thought("", _get(block, "data") or "", redacted=True)
+    if kind != "thinking":
+        return old
+    text, signature = (old.text, old.signature) if old is not None else ("", "")
+    return anthropic_wire.Thought(
+        text + (_get(block, "thinking") or ""), signature + (_get(block, "signature") or "")
+    )
+
+
+def _reasoning(thoughts: list[anthropic_wire.Thought], text: str) -> Reasoning | None:
+    """Signed thinking blocks as a Reasoning with their signatures; else the reasoning text."""
+    if thoughts and all(t.signature for t in thoughts):
+        return anthropic_wire.reasoning(thoughts)
+    return Reasoning(text) if text else None
+
+
+def _messages(call: ProviderCall) -> list[dict[str, Any]]:
+    """The chat as chat-completions messages, signed thinking back on its assistant turns."""
+    out = wire.messages(call)
+    for entry, m in zip(out, call.messages, strict=True):
+        if _signed(m):
+            assert m.reasoning is not None
+            entry["thinking_blocks"] = anthropic_wire.thinking_blocks(m.reasoning)
+    return out
+
+
+def _signed(m: ChatMessage) -> bool:
+    return m.role is Role.ASSISTANT and m.reasoning is not None and bool(m.reasoning.signatures)
+
+
 _CREDENTIAL_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
 
 
@@ -138,20 +184,25 @@ class LiteLLMBackend(ProviderBackend):
 
     @property
     def reasoning_controls(self) -> bool:  # type: ignore[override]
-        return "reasoning_effort" in self._params
+        return bool({"reasoning_effort", "thinking"} & self._params)
 
     def check_reasoning(self, control: ReasoningControl) -> None:
-        """LiteLLM's common knob is reasoning_effort: a token budget or a switch is refused."""
+        """Effort and a token budget where LiteLLM lists `reasoning_effort` / `thinking` for the
+        model; a switch alone is refused (LiteLLM has no common one), as is a knob it lacks."""
         provider = f"{self.label} model {self.name!r}"
-        if control.budget_tokens is not None:
+        if control.effort is not None and "reasoning_effort" not in self._params:
+            raise tc.reasoning_refused(
+                provider, "reasoning.effort", f"LiteLLM lists no reasoning_effort for {provider}"
+            )
+        if control.budget_tokens is not None and "thinking" not in self._params:
+            raise tc.reasoning_refused(
+                provider, "reasoning.budget_tokens", f"LiteLLM lists no thinking budget for {provider}"
+            )
+        if control.enabled is False or (control.enabled and control.budget_tokens is None):
             raise tc.reasoning_refused(
                 provider,
-                "reasoning.budget_tokens",
-                f"{provider} takes no token budget (use reasoning.effort)",
-            )
-        if control.enabled is not None:
-            raise tc.reasoning_refused(
-                provider, "reasoning.enabled", f"{provider} has no reasoning switch (use reasoning.effort)"
+                "reasoning.enabled",
+                f"{provider} has no reasoning switch (use reasoning.effort or reasoning.budget_tokens)",
             )
 
     def supported_constraints(self) -> dict[ConstraintKind, Enforcement]:
@@ -188,7 +239,7 @@ class LiteLLMBackend(ProviderBackend):
         s = req.sampling
         params: dict[str, Any] = {
             "model": self.options.model,
-            "messages": wire.messages(call),
+            "messages": _messages(call),
             "timeout": call.timeout,
             "num_retries": 0,  # the base retries, with the caller's deadline in mind
             "max_retries": 0,
@@ -209,6 +260,8 @@ class LiteLLMBackend(ProviderBackend):
             if req.reasoning is not None and req.reasoning.effort is not None
             else None,
         }
+        if req.reasoning is not None and req.reasoning.budget_tokens is not None:
+            params["thinking"] = {"type": "enabled", "budget_tokens": req.reasoning.budget_tokens}
         if req.tools:
             params["tools"] = [wire.tool(t) for t in req.tools]
         if req.tool_choice is not None:
@@ -232,14 +285,15 @@ class LiteLLMBackend(ProviderBackend):
         response = await litellm.acompletion(**self._params_for(call))
         generations = []
         for choice in response.choices:
-            thought = wire.reasoning_text(choice.message)
+            blocks = _get(choice.message, "thinking_blocks") or ()
+            thoughts = [t for t in (_thought(b) for b in blocks) if t is not None]
             generations.append(
                 Generation(
                     index=choice.index,
                     text=choice.message.content or "",
                     finish_reason=map_finish_reason(choice.finish_reason),
                     tool_calls=wire.tool_calls(choice.message),
-                    reasoning=Reasoning(thought) if thought else None,
+                    reasoning=_reasoning(thoughts, wire.reasoning_text(choice.message)),
                 )
             )
         usage = getattr(response, "usage", None)
@@ -249,16 +303,28 @@ class LiteLLMBackend(ProviderBackend):
     async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
         params = self._params_for(call) | {"stream": True, "stream_options": {"include_usage": True}}
         stream = await litellm.acompletion(**params)
+        thoughts: dict[int, dict[int, anthropic_wire.Thought]] = {}
         try:
             async for chunk in stream:
                 for choice in chunk.choices:
                     text = (choice.delta.content if choice.delta else None) or ""
                     calls = wire.tool_call_deltas(choice.delta)
                     thought = wire.reasoning_text(choice.delta)
+                    blocks = thoughts.setdefault(choice.index, {})
+                    for block in _get(choice.delta, "thinking_blocks") or ():
+                        at = _get(block, "index")
+                        at = at if isinstance(at, int) else len(blocks)
+                        got = _thought(block, blocks.get(at))
+                        if got is not None:
+                            blocks[at] = got
                     if text or calls or thought:
                         yield ChunkText(choice.index, text, tool_calls=calls, reasoning=thought)
                     if choice.finish_reason:
-                        yield ChunkEnd(choice.index, map_finish_reason(choice.finish_reason))
+                        made = _reasoning([b for _, b in sorted(blocks.items())], "")
+                        signatures = made.signatures if made is not None else ()
+                        yield ChunkEnd(
+                            choice.index, map_finish_reason(choice.finish_reason), None, signatures
+                        )
                 usage = getattr(chunk, "usage", None)
                 if usage is not None and usage.completion_tokens:
                     yield ChunkUsage(usage.prompt_tokens or 0, usage.completion_tokens)
