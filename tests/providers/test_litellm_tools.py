@@ -14,25 +14,21 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("litellm", reason="litellm is not installed (extra: gengate[litellm])")
 
+import chat_tool_checks as ct
 import contract_checks as cc
 from fake_anthropic import API_KEY as ANTHROPIC_KEY
 from fake_anthropic import FakeAnthropic
 from fake_openai import API_KEY, FakeOpenAI
 from gengate import errors
 from gengate.domain import (
-    ChatMessage,
     Enforcement,
     FinishReason,
     GenerationEnd,
     ReasoningControl,
     ReasoningEffort,
-    Role,
     StoppingCriteria,
     StreamStart,
-    TextPart,
     ToolCall,
-    ToolChoice,
-    ToolChoiceMode,
 )
 from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
 
@@ -72,36 +68,10 @@ async def test_tools_follow_litellm_or_the_config(make: cc.Make, fake: FakeOpenA
 
 
 async def test_tools_choice_and_parallel_on_the_wire(make: cc.Make, fake: FakeOpenAI) -> None:
-    backend = await make()
-    fake.calls.append([("get_weather", PARIS)])
-    req = ask(WEATHER, CLOCK, tool_choice=ToolChoice(name="get_weather"), parallel_tool_calls=False)
-    await backend.generate(req)
-    body = fake.server.requests[0].body
-    assert body["tools"] == [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "The weather in a city.",
-                "parameters": WEATHER.parameters,
-            },
-        },
-        {"type": "function", "function": {"name": "get_time", "parameters": CLOCK.parameters}},
-    ]
-    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
-    assert body["parallel_tool_calls"] is False
-    for mode in ("auto", "none", "required"):
-        fake.reset()
-        if mode != "none":
-            fake.calls.append([("get_weather", PARIS)])
-        await backend.generate(ask(tool_choice=ToolChoice(ToolChoiceMode(mode))))
-        assert fake.server.requests[0].body["tool_choice"] == mode
-        assert "parallel_tool_calls" not in fake.server.requests[0].body
+    await ct.check_tools_on_the_wire(await make(), fake, parallel=True)
     fake.reset()
-    await backend.generate(cc.prompt())
-    assert not {"tools", "tool_choice", "parallel_tool_calls", "reasoning_effort"} & set(
-        fake.server.requests[0].body
-    )
+    await (await make()).generate(cc.prompt())
+    assert "reasoning_effort" not in fake.server.requests[0].body
 
 
 async def test_the_parallel_switch_is_left_to_validation_where_litellm_lists_none(
@@ -154,57 +124,15 @@ async def test_stream_deltas_assemble_into_the_end_frames_calls(make: cc.Make, f
 async def test_bad_arguments_are_reasked_with_the_calls_and_their_errors(
     make: cc.Make, fake: FakeOpenAI
 ) -> None:
-    backend = await make()
-    bad = json.dumps({"city": 3})
-    fake.calls.extend([[("get_weather", bad)], [("get_weather", PARIS)]])
-    result = await backend.generate(ask())
-    assert result.generations[0].tool_calls[0].arguments == PARIS
-    first, second = (r.body for r in fake.server.requests)
-    assert second["tools"] == first["tools"]
-    assert second["messages"][:-2] == first["messages"]
-    assistant, answer = second["messages"][-2:]
-    assert assistant["role"] == "assistant" and not assistant.get("content")
-    assert assistant["tool_calls"] == [
-        {"id": "call_fake_1_0_0", "type": "function", "function": {"name": "get_weather", "arguments": bad}}
-    ]
-    assert answer["role"] == "tool" and answer["tool_call_id"] == "call_fake_1_0_0"
-    assert "not valid" in answer["content"] and "city" in answer["content"]
+    await ct.check_reask(await make(), fake, "call_fake_1_0_0")
 
 
-async def test_persistently_bad_calls_are_validation_failed(make: cc.Make, fake: FakeOpenAI) -> None:
-    backend = await make()
-    fake.calls.extend([[("get_weather", "{not json")]] * 5)
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert len(fake.server.requests) == 3
-
-
-async def test_a_tool_not_offered_is_refused(make: cc.Make, fake: FakeOpenAI) -> None:
-    backend = await make(validation_retries=0)
-    fake.calls.append([("delete_everything", "{}")])
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert "'delete_everything', which is not an offered tool" in info.value.message
+async def test_bad_calls_are_reasked_a_bounded_number_of_times(make: cc.Make, fake: FakeOpenAI) -> None:
+    await ct.check_reask_bounded(make, fake)
 
 
 async def test_round_trip_of_a_call_and_its_result(make: cc.Make, fake: FakeOpenAI) -> None:
-    backend = await make()
-    history = (
-        ChatMessage(Role.USER, (TextPart("Weather in Paris?"),)),
-        ChatMessage(Role.ASSISTANT, (), tool_calls=(ToolCall("call_abc", "get_weather", PARIS),)),
-        ChatMessage(Role.TOOL, (TextPart('{"sky": "clear"}'),), tool_call_id="call_abc"),
-    )
-    fake.answers.append("Clear skies in Paris.")
-    result = await backend.generate(ask(messages=history))
-    sent = fake.server.requests[0].body["messages"]
-    assert sent[0] == {"role": "user", "content": "Weather in Paris?"}
-    assert sent[1]["role"] == "assistant" and sent[1]["tool_calls"] == [
-        {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": PARIS}}
-    ]
-    assert sent[2] == {"role": "tool", "tool_call_id": "call_abc", "content": '{"sky": "clear"}'}
-    gen = result.generations[0]
-    assert (gen.text, gen.tool_calls, gen.finish_reason) == ("Clear skies in Paris.", (), FinishReason.STOP)
+    await ct.check_round_trip(await make(), fake, "call_abc")
 
 
 async def test_reasoning_effort_out_and_the_knobs_litellm_lacks(make: cc.Make, fake: FakeOpenAI) -> None:
@@ -224,15 +152,7 @@ async def test_reasoning_effort_out_and_the_knobs_litellm_lacks(make: cc.Make, f
 
 
 async def test_reasoning_content_comes_back_unary_and_streamed(make: cc.Make, fake: FakeOpenAI) -> None:
-    backend = await make()
-    fake.reasoning = "The user wants a greeting."
-    fake.answers.extend(["Hello!", "Hello again!"])
-    gen = (await backend.generate(chat())).generations[0]
-    assert gen.reasoning is not None and gen.reasoning.text == "The user wants a greeting."
-    assert gen.text == "Hello!"
-    events = await cc.collect(backend.generate_stream(chat()))
-    assert "".join(d.reasoning for d in deltas(events)) == "The user wants a greeting."
-    assert "".join(d.text for d in deltas(events)) == "Hello again!"
+    await ct.check_reasoning_out(await make(), fake)
 
 
 # --- Anthropic's thinking through LiteLLM ------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("huggingface_hub", reason="huggingface_hub is not installed (extra: gengate[tgi])")
 
+import chat_tool_checks as ct
 import contract_checks as cc
 from fake_tgi import API_KEY, FakeTGI
 from gengate import errors
@@ -29,10 +30,8 @@ from gengate.domain import (
     StructuredOutput,
     TextPart,
     ToolCall,
-    ToolChoice,
-    ToolChoiceMode,
 )
-from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
+from tool_requests import PARIS, WEATHER, ask, chat, deltas
 
 
 @pytest.fixture(scope="module")
@@ -56,35 +55,8 @@ async def test_capabilities_say_native_tools_and_reasoning_out_without_control(m
 
 
 async def test_tools_and_each_choice_on_the_chat_wire(make: cc.Make, fake: FakeTGI) -> None:
-    backend = await make()
-    fake.calls.append([("get_weather", PARIS)])
-    await backend.generate(
-        ask(WEATHER, CLOCK, tool_choice=ToolChoice(name="get_weather"), parallel_tool_calls=False)
-    )
-    request = fake.server.requests[0]
-    assert request.path == "/v1/chat/completions"
-    assert request.body["tools"] == [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "The weather in a city.",
-                "parameters": WEATHER.parameters,
-            },
-        },
-        {"type": "function", "function": {"name": "get_time", "parameters": CLOCK.parameters}},
-    ]
-    assert request.body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
-    assert "parallel_tool_calls" not in request.body  # TGI has no such switch: validation holds it
-    for mode in ("auto", "none", "required"):
-        fake.reset()
-        if mode != "none":
-            fake.calls.append([("get_weather", PARIS)])
-        await backend.generate(ask(tool_choice=ToolChoice(ToolChoiceMode(mode))))
-        assert fake.server.requests[0].body["tool_choice"] == mode
-    fake.reset()
-    await backend.generate(chat())
-    assert not {"tools", "tool_choice"} & set(fake.server.requests[0].body)
+    await ct.check_tools_on_the_wire(await make(), fake, parallel=False)  # TGI has no such switch
+    assert {r.path for r in fake.server.requests} == {"/v1/chat/completions"}
 
 
 @pytest.mark.parametrize("object_arguments", [False, True], ids=["text", "object"])
@@ -134,43 +106,11 @@ async def test_a_text_stream_with_tools_offered_ends_as_a_text(make: cc.Make, fa
 async def test_bad_arguments_are_reasked_with_the_calls_and_their_errors(
     make: cc.Make, fake: FakeTGI
 ) -> None:
-    backend = await make()
-    bad = json.dumps({"city": 3})
-    fake.calls.extend([[("get_weather", bad)], [("get_weather", PARIS)]])
-    result = await backend.generate(ask())
-    assert json.loads(result.generations[0].tool_calls[0].arguments) == {"city": "Paris"}
-    assert len(fake.server.requests) == 2
-    first, second = (r.body for r in fake.server.requests)
-    assert second["tools"] == first["tools"]
-    assert second["messages"][:-2] == first["messages"]
-    assistant, answer = second["messages"][-2:]
-    assert assistant == {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": "0", "type": "function", "function": {"name": "get_weather", "arguments": bad}}
-        ],
-    }
-    assert answer["role"] == "tool" and answer["tool_call_id"] == "0"
-    assert "not valid" in answer["content"] and "city" in answer["content"]
+    await ct.check_reask(await make(), fake, "0")
 
 
-async def test_persistently_bad_calls_are_validation_failed(make: cc.Make, fake: FakeTGI) -> None:
-    backend = await make()
-    fake.calls.extend([[("get_weather", "{not json")]] * 5)
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert len(fake.server.requests) == 3  # the first try and two re-asks
-
-
-async def test_a_tool_not_offered_is_refused(make: cc.Make, fake: FakeTGI) -> None:
-    backend = await make(validation_retries=0)
-    fake.calls.append([("delete_everything", "{}")])
-    with pytest.raises(errors.Aborted) as info:
-        await backend.generate(ask())
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert "'delete_everything', which is not an offered tool" in info.value.message
+async def test_bad_calls_are_reasked_a_bounded_number_of_times(make: cc.Make, fake: FakeTGI) -> None:
+    await ct.check_reask_bounded(make, fake)
 
 
 async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
@@ -185,39 +125,11 @@ async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
 
 
 async def test_round_trip_of_a_call_and_its_result(make: cc.Make, fake: FakeTGI) -> None:
-    backend = await make()
-    history = (
-        ChatMessage(Role.USER, (TextPart("Weather in Paris?"),)),
-        ChatMessage(Role.ASSISTANT, (), tool_calls=(ToolCall("0", "get_weather", PARIS),)),
-        ChatMessage(Role.TOOL, (TextPart('{"sky": "clear"}'),), tool_call_id="0"),
-    )
-    fake.answers.append("Clear skies in Paris.")
-    result = await backend.generate(ask(messages=history))
-    assert fake.server.requests[0].body["messages"] == [
-        {"role": "user", "content": "Weather in Paris?"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": "0", "type": "function", "function": {"name": "get_weather", "arguments": PARIS}}
-            ],
-        },
-        {"role": "tool", "tool_call_id": "0", "content": '{"sky": "clear"}'},
-    ]
-    gen = result.generations[0]
-    assert (gen.text, gen.tool_calls, gen.finish_reason) == ("Clear skies in Paris.", (), FinishReason.STOP)
+    await ct.check_round_trip(await make(), fake, "0")
 
 
 async def test_reasoning_comes_back_unary_and_streamed(make: cc.Make, fake: FakeTGI) -> None:
-    backend = await make()
-    fake.reasoning = "The user wants the weather."
-    fake.answers.extend(["Sunny.", "Sunny again."])
-    gen = (await backend.generate(chat())).generations[0]
-    assert gen.reasoning is not None and gen.reasoning.text == "The user wants the weather."
-    assert gen.text == "Sunny."
-    events = await cc.collect(backend.generate_stream(chat()))
-    assert "".join(d.reasoning for d in deltas(events)) == "The user wants the weather."
-    assert "".join(d.text for d in deltas(events)) == "Sunny again."
+    await ct.check_reasoning_out(await make(), fake)
 
 
 async def test_what_tgi_cannot_take_is_refused_before_any_request(make: cc.Make, fake: FakeTGI) -> None:

@@ -36,7 +36,6 @@ from gengate.domain import (
     ChatMessage,
     ConstraintKind,
     Enforcement,
-    Generation,
     GenerationRequest,
     JsonSchemaConstraint,
     Reasoning,
@@ -130,11 +129,11 @@ def _thought(block: Any, old: anthropic_wire.Thought | None = None) -> anthropic
     )
 
 
-def _reasoning(thoughts: list[anthropic_wire.Thought], text: str) -> Reasoning | None:
-    """Signed thinking blocks as a Reasoning with their signatures; else the reasoning text."""
+def _signed_reasoning(thoughts: list[anthropic_wire.Thought]) -> Reasoning | None:
+    """Signed thinking blocks as a Reasoning with their signatures (None: none, or unsigned)."""
     if thoughts and all(t.signature for t in thoughts):
         return anthropic_wire.reasoning(thoughts)
-    return Reasoning(text) if text else None
+    return None
 
 
 def _messages(call: ProviderCall) -> list[dict[str, Any]]:
@@ -287,15 +286,7 @@ class LiteLLMBackend(ProviderBackend):
         for choice in response.choices:
             blocks = _get(choice.message, "thinking_blocks") or ()
             thoughts = [t for t in (_thought(b) for b in blocks) if t is not None]
-            generations.append(
-                Generation(
-                    index=choice.index,
-                    text=choice.message.content or "",
-                    finish_reason=map_finish_reason(choice.finish_reason),
-                    tool_calls=wire.tool_calls(choice.message),
-                    reasoning=_reasoning(thoughts, wire.reasoning_text(choice.message)),
-                )
-            )
+            generations.append(wire.chat_generation(choice, _signed_reasoning(thoughts)))
         usage = getattr(response, "usage", None)
         totals = Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage else None
         return Completion(sorted(generations, key=lambda g: g.index), totals)
@@ -320,7 +311,7 @@ class LiteLLMBackend(ProviderBackend):
                     if text or calls or thought:
                         yield ChunkText(choice.index, text, tool_calls=calls, reasoning=thought)
                     if choice.finish_reason:
-                        made = _reasoning([b for _, b in sorted(blocks.items())], "")
+                        made = _signed_reasoning([b for _, b in sorted(blocks.items())])
                         signatures = made.signatures if made is not None else ()
                         yield ChunkEnd(
                             choice.index, map_finish_reason(choice.finish_reason), None, signatures

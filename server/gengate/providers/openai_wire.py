@@ -11,6 +11,8 @@ from typing import Any
 from gengate.domain import (
     ChatMessage,
     FinishReason,
+    Generation,
+    Reasoning,
     Role,
     TextPart,
     TokenLogprob,
@@ -60,6 +62,22 @@ def tool_calls(message: Any) -> tuple[ToolCall, ...]:
         ident = getattr(call, "id", None)
         out.append(ToolCall("" if ident is None else str(ident), name, arguments))
     return tuple(out)
+
+
+def chat_generation(choice: Any, reasoning: Reasoning | None = None) -> Generation:
+    """A chat choice as a generation: its text, finish reason, calls, and `reasoning` or else the
+    message's reasoning text (for the SDKs whose choices need no more: TGI's, LiteLLM's)."""
+    message = choice.message
+    if reasoning is None:
+        thought = reasoning_text(message)
+        reasoning = Reasoning(thought) if thought else None
+    return Generation(
+        index=choice.index,
+        text=getattr(message, "content", None) or "",
+        finish_reason=map_finish_reason(choice.finish_reason),
+        tool_calls=tool_calls(message),
+        reasoning=reasoning,
+    )
 
 
 def tool_call_deltas(delta: Any) -> tuple[ToolCallDelta, ...]:

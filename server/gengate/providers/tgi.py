@@ -40,7 +40,6 @@ from gengate.domain import (
     GenerationRequest,
     JsonObjectConstraint,
     JsonSchemaConstraint,
-    Reasoning,
     RegexConstraint,
     Role,
     TokenLogprob,
@@ -252,18 +251,7 @@ class TGIBackend(ProviderBackend):
             )
             return Completion([generation])
         response = await self.client.chat_completion(**self._chat_params(call))
-        generations = []
-        for c in response.choices:
-            thought = wire.reasoning_text(c.message)
-            generations.append(
-                Generation(
-                    index=c.index,
-                    text=c.message.content or "",
-                    finish_reason=map_finish_reason(c.finish_reason),
-                    tool_calls=wire.tool_calls(c.message),
-                    reasoning=Reasoning(thought) if thought else None,
-                )
-            )
+        generations = [wire.chat_generation(c) for c in response.choices]
         usage = response.usage
         totals = Usage(usage.prompt_tokens, usage.completion_tokens) if usage else None
         return Completion(generations, totals)
