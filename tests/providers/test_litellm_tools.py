@@ -29,6 +29,8 @@ from gengate.domain import (
     StoppingCriteria,
     StreamStart,
     ToolCall,
+    ToolChoice,
+    ToolChoiceMode,
 )
 from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
 
@@ -86,6 +88,17 @@ async def test_the_parallel_switch_is_left_to_validation_where_litellm_lists_non
     answers = fake.server.requests[1].body["messages"][-2:]
     assert [m["role"] for m in answers] == ["tool", "tool"]
     assert "parallel_tool_calls is false" in answers[0]["content"]
+
+
+async def test_a_choice_litellm_lists_no_tool_choice_for_is_refused(make: cc.Make, fake: FakeOpenAI) -> None:
+    backend = await make(model="ollama/llama3.1", function_calling=None)  # calls, but no tool_choice
+    assert backend.capabilities.tools == Enforcement.NATIVE
+    for choice in (ToolChoice(ToolChoiceMode.REQUIRED), ToolChoice(name="get_weather")):
+        with pytest.raises(errors.Unimplemented) as info:
+            await backend.generate(ask(tool_choice=choice))
+        assert info.value.reason == "TOOLS_UNSUPPORTED"
+        assert [v.field for v in info.value.violations] == ["tool_choice"]
+    assert fake.server.requests == []
 
 
 async def test_unary_calls_returned(make: cc.Make, fake: FakeOpenAI) -> None:

@@ -41,6 +41,7 @@ from gengate.domain import (
     Reasoning,
     ReasoningControl,
     Role,
+    ToolChoiceMode,
     Usage,
 )
 from gengate.providers import anthropic_wire
@@ -60,6 +61,7 @@ from gengate.providers.base import (
 )
 from gengate.providers.errors import from_status
 from gengate.redaction import register_secret
+from gengate.tools import TOOLS_UNSUPPORTED
 
 
 class LiteLLMOptions(ProviderOptions):
@@ -233,6 +235,25 @@ class LiteLLMBackend(ProviderBackend):
             )
         return super().normalize_error(exc)
 
+    def _prepare(self, req: GenerationRequest) -> ProviderCall:
+        """The base's checks, then a tool choice LiteLLM lists no `tool_choice` for: auto is the
+        default anyway (not sent), any other is refused naming the field."""
+        call = super()._prepare(req)
+        choice = req.tool_choice
+        auto = choice is not None and choice.name is None and choice.mode is ToolChoiceMode.AUTO
+        if choice is not None and not auto and not self._takes("tool_choice"):
+            raise errors.Unimplemented(
+                f"LiteLLM lists no tool_choice for {self.label} model {self.name!r}",
+                reason=TOOLS_UNSUPPORTED,
+                violations=[errors.FieldViolation("tool_choice", "only auto: LiteLLM lists no tool_choice")],
+            )
+        return call
+
+    def _takes(self, param: str) -> bool:
+        """Whether LiteLLM lists `param` for the model (when it lists none, the model is unknown
+        to it: the request's fields are passed on for the upstream to judge)."""
+        return not self._params or param in self._params
+
     def _params_for(self, call: ProviderCall) -> dict[str, Any]:
         req = call.request
         s = req.sampling
@@ -263,7 +284,7 @@ class LiteLLMBackend(ProviderBackend):
             params["thinking"] = {"type": "enabled", "budget_tokens": req.reasoning.budget_tokens}
         if req.tools:
             params["tools"] = [wire.tool(t) for t in req.tools]
-        if req.tool_choice is not None:
+        if req.tool_choice is not None and self._takes("tool_choice"):
             params["tool_choice"] = wire.tool_choice(req.tool_choice)
         if req.parallel_tool_calls is not None and "parallel_tool_calls" in self._params:
             params["parallel_tool_calls"] = req.parallel_tool_calls
