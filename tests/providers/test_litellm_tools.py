@@ -28,6 +28,7 @@ from gengate.domain import (
     ReasoningEffort,
     StoppingCriteria,
     StreamStart,
+    Tool,
     ToolCall,
     ToolChoice,
     ToolChoiceMode,
@@ -99,6 +100,25 @@ async def test_a_choice_litellm_lists_no_tool_choice_for_is_refused(make: cc.Mak
         assert info.value.reason == "TOOLS_UNSUPPORTED"
         assert [v.field for v in info.value.violations] == ["tool_choice"]
     assert fake.server.requests == []
+
+
+async def test_strict_tools_in_openais_form_where_sent_and_the_nulls_they_force_dropped(
+    make: cc.Make, fake: FakeOpenAI
+) -> None:
+    strict = Tool(WEATHER.name, WEATHER.description, WEATHER.parameters, strict=True)
+    backend = await make(strict_tools=True)
+    fake.calls.append([("get_weather", json.dumps({"city": "Paris", "unit": None}))])
+    result = await backend.generate(ask(strict))
+    function = fake.server.requests[0].body["tools"][0]["function"]
+    assert function["strict"] is True and function["parameters"]["required"] == ["city", "unit"]
+    assert function["parameters"]["additionalProperties"] is False
+    assert json.loads(result.generations[0].tool_calls[0].arguments) == {"city": "Paris"}
+    fake.reset()
+    compatible = await make()  # "openai/<x>" at a base_url: some compatible server, not strict
+    fake.calls.append([("get_weather", PARIS)])
+    await compatible.generate(ask(strict))
+    function = fake.server.requests[0].body["tools"][0]["function"]
+    assert "strict" not in function and function["parameters"] == WEATHER.parameters
 
 
 async def test_unary_calls_returned(make: cc.Make, fake: FakeOpenAI) -> None:

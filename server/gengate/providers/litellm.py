@@ -9,8 +9,11 @@ supports `response_format`; everything else is prompted and validated; grammars 
 Tools are native where LiteLLM says the model calls functions (`supports_function_calling`, or
 the config's `function_calling`); elsewhere they are refused (TOOLS_UNSUPPORTED). Requests and
 answers are the OpenAI chat-completions form LiteLLM speaks (providers.openai_wire): `tools`,
-`tool_choice`, `parallel_tool_calls` (sent where LiteLLM lists it for the model; elsewhere the
-base's validation holds it), tool turns, `message.tool_calls` and streamed `delta.tool_calls`.
+`tool_choice` (a choice other than auto refused where LiteLLM lists no `tool_choice`),
+`parallel_tool_calls` (sent where LiteLLM lists it; elsewhere the base's validation holds it),
+tool turns, `message.tool_calls` and streamed `delta.tool_calls`. A tool asking for `strict` goes
+in OpenAI's strict form where LiteLLM sends the model to OpenAI or Azure (or the config's
+`strict_tools` says so) and the schema loses nothing by it; elsewhere validation alone holds it.
 `reasoning.effort` goes as `reasoning_effort` and `reasoning.budget_tokens` as LiteLLM's
 `thinking` (`{"type": "enabled", "budget_tokens"}`) where LiteLLM lists them (a knob it lacks,
 and a bare switch, are refused). LiteLLM's `reasoning_content` comes back as the generation's
@@ -41,6 +44,8 @@ from gengate.domain import (
     Reasoning,
     ReasoningControl,
     Role,
+    Tool,
+    ToolCall,
     ToolChoiceMode,
     Usage,
 )
@@ -75,6 +80,11 @@ class LiteLLMOptions(ProviderOptions):
     )
     function_calling: bool | None = Field(
         default=None, description="Whether the model takes tools (default: ask LiteLLM)."
+    )
+    strict_tools: bool | None = Field(
+        default=None,
+        description="Whether a tool asking for strict goes in OpenAI's strict form (default: when "
+        "LiteLLM sends the model to OpenAI or Azure themselves, no base_url).",
     )
 
 
@@ -111,6 +121,20 @@ def _function_calling(options: LiteLLMOptions) -> bool:
         )
     except Exception:  # unknown model/provider: no tools
         return False
+
+
+def _strict_tools(options: LiteLLMOptions) -> bool:
+    """Whether tools asking for strict are sent strict: the config's word, else whether LiteLLM
+    sends the model to OpenAI's or Azure's own API (which enforce strict function schemas)."""
+    if options.strict_tools is not None:
+        return options.strict_tools
+    if options.base_url:
+        return False  # some OpenAI-compatible server: strict may mean nothing there
+    try:
+        provider = litellm.get_llm_provider(options.model, custom_llm_provider=options.custom_llm_provider)[1]
+    except Exception:
+        return False
+    return provider in ("openai", "azure")
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -169,6 +193,7 @@ class LiteLLMBackend(ProviderBackend):
         assert isinstance(options, LiteLLMOptions)
         self._schema_native, self._params = _model_facts(options)
         self._tools = _function_calling(options)
+        self._strict = _strict_tools(options)
         super().__init__(name, options)
         # LiteLLM reads each provider's key from its own variable: keep all of them out of messages.
         for variable, value in os.environ.items():
@@ -235,6 +260,14 @@ class LiteLLMBackend(ProviderBackend):
             )
         return super().normalize_error(exc)
 
+    def _strict_parameters(self, tool: Tool) -> dict[str, Any] | None:
+        """The tool's schema in OpenAI strict form where strict tools are sent (see the option)."""
+        return wire.strict_parameters(tool) if self._strict else None
+
+    def final_tool_call(self, request: GenerationRequest, call: ToolCall) -> ToolCall:
+        """A strict tool's call without the nulls strict mode forced into its optional fields."""
+        return wire.without_forced_nulls(request, call, self._strict_parameters)
+
     def _prepare(self, req: GenerationRequest) -> ProviderCall:
         """The base's checks, then a tool choice LiteLLM lists no `tool_choice` for: auto is the
         default anyway (not sent), any other is refused naming the field."""
@@ -283,7 +316,7 @@ class LiteLLMBackend(ProviderBackend):
         if req.reasoning is not None and req.reasoning.budget_tokens is not None:
             params["thinking"] = {"type": "enabled", "budget_tokens": req.reasoning.budget_tokens}
         if req.tools:
-            params["tools"] = [wire.tool(t) for t in req.tools]
+            params["tools"] = [wire.tool(t, self._strict_parameters(t)) for t in req.tools]
         if req.tool_choice is not None and self._takes("tool_choice"):
             params["tool_choice"] = wire.tool_choice(req.tool_choice)
         if req.parallel_tool_calls is not None and "parallel_tool_calls" in self._params:

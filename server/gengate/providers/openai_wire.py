@@ -5,13 +5,16 @@ calls and reasoning in (unary messages and stream deltas alike, as the `openai` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 from gengate.domain import (
     ChatMessage,
     FinishReason,
     Generation,
+    GenerationRequest,
     Reasoning,
     Role,
     TextPart,
@@ -23,6 +26,7 @@ from gengate.domain import (
     ToolChoiceMode,
     TopLogprob,
 )
+from gengate.providers import structured as so
 from gengate.providers.base import ProviderCall, image_url, map_finish_reason
 from gengate.tools import parameters_of
 
@@ -165,6 +169,35 @@ def tool(t: Tool, strict_parameters: dict[str, Any] | None = None) -> dict[str, 
     if strict_parameters is not None:
         function["strict"] = True
     return {"type": "function", "function": function}
+
+
+def strict_parameters(t: Tool) -> dict[str, Any] | None:
+    """The tool's schema in OpenAI strict form when the tool asks for strict and the strict form
+    loses nothing (else None: sent as it is, not strict)."""
+    if not t.strict:
+        return None
+    strict, wrapped, relaxed = so.openai_strict_schema(dict(parameters_of(t)))
+    return None if wrapped or relaxed else strict
+
+
+def without_forced_nulls(
+    request: GenerationRequest, call: ToolCall, strict_of: Callable[[Tool], dict[str, Any] | None]
+) -> ToolCall:
+    """`call` without the nulls strict mode forced into its optional fields, where its tool went
+    strict (`strict_of` gives the strict schema sent, or None); arguments that are no JSON are
+    left for validation to report."""
+    tool = next((t for t in request.tools if t.name == call.name), None)
+    if tool is None or strict_of(tool) is None:
+        return call
+    try:
+        value = json.loads(call.arguments)
+    except ValueError:
+        return call
+    schema = dict(parameters_of(tool))
+    stripped = so.strip_added_nulls(value, schema, schema)
+    if stripped == value:
+        return call
+    return dataclasses.replace(call, arguments=json.dumps(stripped, ensure_ascii=False))
 
 
 def _tool_turn(m: ChatMessage) -> dict[str, Any]:
