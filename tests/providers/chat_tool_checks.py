@@ -11,7 +11,16 @@ from typing import Any, Protocol
 import contract_checks as cc
 import pytest
 from gengate import errors
-from gengate.domain import ChatMessage, FinishReason, Role, TextPart, ToolCall, ToolChoice, ToolChoiceMode
+from gengate.domain import (
+    ChatMessage,
+    FinishReason,
+    ReasoningControl,
+    Role,
+    TextPart,
+    ToolCall,
+    ToolChoice,
+    ToolChoiceMode,
+)
 from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
 
 # WEATHER and CLOCK as chat-completions function tools.
@@ -131,3 +140,12 @@ async def check_reasoning_out(backend: Any, fake: ToolFake) -> None:
     events = await cc.collect(backend.generate_stream(chat()))
     assert "".join(d.reasoning for d in deltas(events)) == "The user wants the weather."
     assert "".join(d.text for d in deltas(events)) == "Sunny again."
+
+
+async def check_reasoning_refused(backend: Any, refused: dict[str, ReasoningControl]) -> None:
+    """Each control (by the field it sets) is refused REASONING_UNSUPPORTED naming that field."""
+    for field, control in refused.items():
+        with pytest.raises(errors.Unimplemented) as info:
+            await backend.generate(cc.prompt(reasoning=control))
+        assert info.value.reason == "REASONING_UNSUPPORTED"
+        assert [v.field for v in info.value.violations] == [field]
