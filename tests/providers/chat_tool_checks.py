@@ -13,11 +13,15 @@ import pytest
 from gengate import errors
 from gengate.domain import (
     ChatMessage,
+    Enforcement,
     FinishReason,
+    GenerationEnd,
     ReasoningControl,
     Role,
+    StreamStart,
     TextPart,
     ToolCall,
+    ToolCallDelta,
     ToolChoice,
     ToolChoiceMode,
 )
@@ -149,3 +153,38 @@ async def check_reasoning_refused(backend: Any, refused: dict[str, ReasoningCont
             await backend.generate(cc.prompt(reasoning=control))
         assert info.value.reason == "REASONING_UNSUPPORTED"
         assert [v.field for v in info.value.violations] == [field]
+
+
+async def check_two_calls_returned(backend: Any, fake: ToolFake) -> None:
+    """Two calls in one answer come back in order with the provider's ids (the OpenAI fake's
+    `call_fake_<request>_<choice>_<call>`), finish TOOL_CALLS, no text."""
+    fake.calls.append([("get_weather", PARIS), ("get_time", json.dumps({"zone": "CET"}))])
+    result = await backend.generate(ask(WEATHER, CLOCK))
+    gen = result.generations[0]
+    assert [(c.name, json.loads(c.arguments)) for c in gen.tool_calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"zone": "CET"}),
+    ]
+    assert [c.id for c in gen.tool_calls] == ["call_fake_1_0_0", "call_fake_1_0_1"]  # the provider's ids
+    assert (gen.finish_reason, gen.text) == (FinishReason.TOOL_CALLS, "")
+    assert result.enforcement == Enforcement.NATIVE
+
+
+async def check_two_calls_streamed(backend: Any, fake: ToolFake, arguments: str) -> list[ToolCallDelta]:
+    """Two streamed calls: the first's fragments (returned) carry its id and name once and join
+    into `arguments`; the end frame holds both complete calls, finish TOOL_CALLS."""
+    fake.calls.append([("get_weather", arguments), ("get_time", "{}")])
+    events = await cc.collect(backend.generate_stream(ask(WEATHER, CLOCK)))
+    assert isinstance(events[0], StreamStart) and events[0].enforcement == Enforcement.NATIVE
+    first = [f for d in deltas(events) for f in d.tool_calls if f.index == 0]
+    assert (first[0].id, first[0].name) == ("call_fake_1_0_0", "get_weather")
+    assert len(first) > 2 and all(f.id == "" and f.name == "" for f in first[1:])
+    assert "".join(f.arguments for f in first) == arguments
+    end = events[-1]
+    assert isinstance(end, GenerationEnd) and end.finish_reason == FinishReason.TOOL_CALLS
+    assert end.tool_calls == (
+        ToolCall("call_fake_1_0_0", "get_weather", arguments),
+        ToolCall("call_fake_1_0_1", "get_time", "{}"),
+    )
+    assert end.usage.output_tokens > 0
+    return first

@@ -27,13 +27,11 @@ from gengate.domain import (
     ReasoningControl,
     ReasoningEffort,
     StoppingCriteria,
-    StreamStart,
     Tool,
-    ToolCall,
     ToolChoice,
     ToolChoiceMode,
 )
-from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
+from tool_requests import PARIS, WEATHER, ask, chat, deltas
 
 
 @pytest.fixture(scope="module")
@@ -122,36 +120,11 @@ async def test_strict_tools_in_openais_form_where_sent_and_the_nulls_they_force_
 
 
 async def test_unary_calls_returned(make: cc.Make, fake: FakeOpenAI) -> None:
-    backend = await make()
-    fake.calls.append([("get_weather", PARIS), ("get_time", json.dumps({"zone": "CET"}))])
-    result = await backend.generate(ask(WEATHER, CLOCK))
-    gen = result.generations[0]
-    assert [(c.name, json.loads(c.arguments)) for c in gen.tool_calls] == [
-        ("get_weather", {"city": "Paris"}),
-        ("get_time", {"zone": "CET"}),
-    ]
-    assert [c.id for c in gen.tool_calls] == ["call_fake_1_0_0", "call_fake_1_0_1"]
-    assert (gen.finish_reason, gen.text) == (FinishReason.TOOL_CALLS, "")
-    assert result.enforcement == Enforcement.NATIVE
+    await ct.check_two_calls_returned(await make(), fake)
 
 
 async def test_stream_deltas_assemble_into_the_end_frames_calls(make: cc.Make, fake: FakeOpenAI) -> None:
-    backend = await make()
-    arguments = json.dumps({"city": "Paris", "unit": "C"})
-    fake.calls.append([("get_weather", arguments), ("get_time", "{}")])
-    events = await cc.collect(backend.generate_stream(ask(WEATHER, CLOCK)))
-    assert isinstance(events[0], StreamStart) and events[0].enforcement == Enforcement.NATIVE
-    fragments = [f for d in deltas(events) for f in d.tool_calls]
-    first = [f for f in fragments if f.index == 0]
-    assert (first[0].id, first[0].name) == ("call_fake_1_0_0", "get_weather")
-    assert len(first) > 2 and all(f.id == "" and f.name == "" for f in first[1:])
-    assert "".join(f.arguments for f in first) == arguments
-    end = events[-1]
-    assert isinstance(end, GenerationEnd) and end.finish_reason == FinishReason.TOOL_CALLS
-    assert end.tool_calls == (
-        ToolCall("call_fake_1_0_0", "get_weather", arguments),
-        ToolCall("call_fake_1_0_1", "get_time", "{}"),
-    )
+    await ct.check_two_calls_streamed(await make(), fake, json.dumps({"city": "Paris", "unit": "C"}))
 
 
 async def test_bad_arguments_are_reasked_with_the_calls_and_their_errors(
