@@ -173,6 +173,7 @@ def _messages(call: ProviderCall) -> list[dict[str, Any]]:
 
 
 def _signed(m: ChatMessage) -> bool:
+    """Whether `m` is an assistant turn carrying signed thinking (which must go back with it)."""
     return m.role is Role.ASSISTANT and m.reasoning is not None and bool(m.reasoning.signatures)
 
 
@@ -206,10 +207,12 @@ class LiteLLMBackend(ProviderBackend):
 
     @property
     def tools_support(self) -> Enforcement | None:  # type: ignore[override]
+        """NATIVE where the model calls functions (LiteLLM's word or the config's), else None."""
         return Enforcement.NATIVE if self._tools else None
 
     @property
     def reasoning_controls(self) -> bool:  # type: ignore[override]
+        """Whether LiteLLM lists a reasoning knob for the model (effort or a thinking budget)."""
         return bool({"reasoning_effort", "thinking"} & self._params)
 
     def check_reasoning(self, control: ReasoningControl) -> None:
