@@ -31,16 +31,14 @@ class FakeTGI(FakeChatCompletions):
         for path in ("/", "/generate", "/generate_stream"):
             self.server.add_route("POST", path, self._generate)
         self.generate_finish = "eos_token"
-        self.calls: list[list[tuple[str, str]]] = []
-        self.object_arguments = False
-        self.reasoning: str | None = None
 
     def reset(self) -> None:
         super().reset()
         self.generate_finish = "eos_token"
-        self.calls.clear()
-        self.object_arguments = False
-        self.reasoning = None
+
+    def reset_quirks(self) -> None:
+        super().reset_quirks()
+        self.reasoning: str | None = None
 
     def _chat(self, rec: Recorded) -> Json | Sse:
         """Scripted calls or reasoning in TGI's chat shapes; plain answers as the base gives them."""

@@ -14,16 +14,14 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("litellm", reason="litellm is not installed (extra: gengate[litellm])")
 
-import chat_tool_checks as ct
 import contract_checks as cc
+import tool_contract as ct
 from fake_anthropic import API_KEY as ANTHROPIC_KEY
 from fake_anthropic import FakeAnthropic
 from fake_openai import API_KEY, FakeOpenAI
 from gengate import errors
 from gengate.domain import (
     Enforcement,
-    FinishReason,
-    GenerationEnd,
     ReasoningControl,
     ReasoningEffort,
     StoppingCriteria,
@@ -31,7 +29,7 @@ from gengate.domain import (
     ToolChoice,
     ToolChoiceMode,
 )
-from tool_requests import PARIS, WEATHER, ask, chat, deltas
+from tool_requests import PARIS, WEATHER, ask, chat
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +118,7 @@ async def test_strict_tools_in_openais_form_where_sent_and_the_nulls_they_force_
 
 
 async def test_unary_calls_returned(make: cc.Make, fake: FakeOpenAI) -> None:
-    await ct.check_two_calls_returned(await make(), fake)
+    await ct.check_unary_calls(await make(), fake, ("call_fake_1_0_0", "call_fake_1_0_1"))
 
 
 async def test_stream_deltas_assemble_into_the_end_frames_calls(make: cc.Make, fake: FakeOpenAI) -> None:
@@ -134,7 +132,15 @@ async def test_bad_arguments_are_reasked_with_the_calls_and_their_errors(
 
 
 async def test_bad_calls_are_reasked_a_bounded_number_of_times(make: cc.Make, fake: FakeOpenAI) -> None:
-    await ct.check_reask_bounded(make, fake)
+    await ct.check_reask_exhausted(await make(), fake)
+    fake.reset()
+    await ct.check_not_offered_and_parallel_refused(await make(validation_retries=0), fake)
+
+
+async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
+    make: cc.Make, fake: FakeOpenAI
+) -> None:
+    await ct.check_invalid_stream_aborts(await make(), fake)
 
 
 async def test_round_trip_of_a_call_and_its_result(make: cc.Make, fake: FakeOpenAI) -> None:
@@ -220,17 +226,12 @@ async def test_signed_thinking_comes_back_and_goes_back_with_the_reasked_call(
     assert "not valid" in json.dumps(reask[-1]["content"])
 
 
-async def test_streamed_thinking_ends_with_the_same_signatures(
+async def test_streamed_thinking_ends_with_the_signatures_and_goes_back_as_it_came(
     make_claude: cc.Make, claude: FakeAnthropic
 ) -> None:
-    backend = await make_claude()
     claude.thinking = list(THOUGHTS)
-    claude.calls.extend([[("get_weather", PARIS)], [("get_weather", PARIS)]])
-    request = ask(reasoning=THINKING, stopping=StoppingCriteria(max_tokens=4096))
-    unary = (await backend.generate(request)).generations[0]
-    events = await cc.collect(backend.generate_stream(request))
-    assert "".join(d.reasoning for d in deltas(events)) == "Paris is a city. Ask for the weather."
-    end = events[-1]
-    assert isinstance(end, GenerationEnd) and end.finish_reason == FinishReason.TOOL_CALLS
-    assert unary.reasoning is not None and end.reasoning_signatures == unary.reasoning.signatures
-    assert [c.name for c in end.tool_calls] == ["get_weather"]
+    assistant = await ct.check_thinking_round_trip(
+        await make_claude(), claude, "".join(t for t, _ in THOUGHTS)
+    )
+    assert [b["type"] for b in assistant["content"]] == ["thinking", "thinking", "tool_use"]
+    assert [(b["thinking"], b["signature"]) for b in assistant["content"][:2]] == THOUGHTS

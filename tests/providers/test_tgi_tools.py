@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("huggingface_hub", reason="huggingface_hub is not installed (extra: gengate[tgi])")
 
-import chat_tool_checks as ct
 import contract_checks as cc
+import tool_contract as ct
 from fake_tgi import API_KEY, FakeTGI
 from gengate import errors
 from gengate.domain import (
@@ -110,18 +110,15 @@ async def test_bad_arguments_are_reasked_with_the_calls_and_their_errors(
 
 
 async def test_bad_calls_are_reasked_a_bounded_number_of_times(make: cc.Make, fake: FakeTGI) -> None:
-    await ct.check_reask_bounded(make, fake)
+    await ct.check_reask_exhausted(await make(), fake)
+    fake.reset()
+    await ct.check_not_offered_and_parallel_refused(await make(validation_retries=0), fake)
 
 
 async def test_an_invalid_streamed_call_ends_the_stream_with_validation_failed(
     make: cc.Make, fake: FakeTGI
 ) -> None:
-    backend = await make()
-    fake.calls.append([("get_weather", json.dumps({"city": "Paris", "unit": "K"}))])
-    with pytest.raises(errors.Aborted) as info:
-        await cc.collect(backend.generate_stream(ask()))
-    assert info.value.reason == "VALIDATION_FAILED"
-    assert len(fake.server.requests) == 1
+    await ct.check_invalid_stream_aborts(await make(), fake)
 
 
 async def test_round_trip_of_a_call_and_its_result(make: cc.Make, fake: FakeTGI) -> None:
