@@ -192,7 +192,7 @@ class FakeOpenAI:
 
     def _chat(self, rec: Recorded) -> Json | Sse:
         body: dict[str, Any] = rec.body
-        prompt_tokens = sum(len(json.dumps(m["content"]).split()) for m in body["messages"])
+        prompt_tokens = sum(len(json.dumps(m.get("content")).split()) for m in body["messages"])
         replies = self._replies(body)
         texts = [t for t, _ in replies]
         said = [t or " ".join(c["function"]["arguments"] for c in calls) for t, calls in replies]

@@ -26,7 +26,6 @@ from gengate.domain import (
     ReasoningEffort,
     Role,
     StreamEvent,
-    StreamStart,
     TextPart,
     Tool,
     ToolCall,
@@ -38,7 +37,7 @@ from gengate.providers.base import Completion, ProviderBackend
 from gengate.providers.ollama import OllamaBackend
 from gengate.tools import TOOL_CALL_ID_PREFIX
 from pydantic import SecretStr
-from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
+from tool_requests import CLOCK, PARIS, WEATHER, ask, deltas
 
 STRICT_WEATHER = Tool(WEATHER.name, WEATHER.description, WEATHER.parameters, strict=True)
 
@@ -149,21 +148,7 @@ async def test_a_provider_without_tools_refuses_them_before_any_request() -> Non
 
 
 async def test_tools_choice_and_parallel_on_the_wire(build: Any, fake: FakeOpenAI) -> None:
-    backend = await build()
-    fake.calls.append([("get_weather", PARIS)])
-    req = ask(WEATHER, CLOCK, tool_choice=ToolChoice(name="get_weather"), parallel_tool_calls=False)
-    await backend.generate(req)
-    body = fake.server.requests[0].body
-    assert body["tools"] == tool_contract.FUNCTION_TOOLS
-    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
-    assert body["parallel_tool_calls"] is False
-    for mode, wire in (("auto", "auto"), ("none", "none"), ("required", "required")):
-        fake.reset()
-        if mode != "none":
-            fake.calls.append([("get_weather", PARIS)])
-        await backend.generate(ask(tool_choice=ToolChoice(ToolChoiceMode(mode))))
-        assert fake.server.requests[0].body["tool_choice"] == wire
-        assert "parallel_tool_calls" not in fake.server.requests[0].body  # unset: the API's default
+    await tool_contract.check_tools_on_the_wire(await build(), fake, parallel=True)
 
 
 async def test_no_tools_no_tool_fields(build: Any, fake: FakeOpenAI) -> None:
@@ -277,24 +262,10 @@ async def test_calls_without_ids_get_ours_and_a_forced_tools_stop_reads_tool_cal
 
 
 async def test_stream_deltas_then_the_complete_calls_in_the_end_frame(build: Any, fake: FakeOpenAI) -> None:
-    backend = await build()
     arguments = json.dumps({"city": "Paris", "unit": "C"})
-    fake.calls.append([("get_weather", arguments), ("get_time", "{}")])
-    events = await cc.collect(backend.generate_stream(ask(WEATHER, CLOCK)))
-    assert isinstance(events[0], StreamStart) and events[0].enforcement == Enforcement.NATIVE
-    fragments = [f for d in deltas(events) for f in d.tool_calls]
-    first = [f for f in fragments if f.index == 0]
-    assert (first[0].id, first[0].name, first[0].arguments) == ("call_fake_1_0_0", "get_weather", "")
+    first = await tool_contract.check_two_calls_streamed(await build(), fake, arguments)
+    assert first[0].arguments == ""
     assert len(first) == 1 + -(-len(arguments) // ARGUMENT_FRAGMENT)  # the fragments as sent
-    assert all(f.id == "" and f.name == "" for f in first[1:])
-    assert "".join(f.arguments for f in first) == arguments
-    end = events[-1]
-    assert isinstance(end, GenerationEnd) and end.finish_reason == FinishReason.TOOL_CALLS
-    assert end.tool_calls == (
-        ToolCall("call_fake_1_0_0", "get_weather", arguments),
-        ToolCall("call_fake_1_0_1", "get_time", "{}"),
-    )
-    assert end.usage.output_tokens > 0
 
 
 async def test_a_streamed_call_without_id_gets_one_that_the_end_frame_keeps(
@@ -435,14 +406,11 @@ async def test_reasoning_effort_on_the_wire_and_the_knobs_openai_lacks(build: An
     backend = await build(request_options=["reasoning_effort"], extra_body={"reasoning_effort": "low"})
     await backend.generate(cc.prompt(reasoning=ReasoningControl(effort=ReasoningEffort.HIGH)))
     assert fake.server.requests[0].body["reasoning_effort"] == "high"  # over the config's default
-    for control, field in (
-        (ReasoningControl(budget_tokens=1024), "reasoning.budget_tokens"),
-        (ReasoningControl(enabled=False), "reasoning.enabled"),
-    ):
-        with pytest.raises(errors.Unimplemented) as info:
-            await backend.generate(cc.prompt(reasoning=control))
-        assert info.value.reason == "REASONING_UNSUPPORTED"
-        assert [v.field for v in info.value.violations] == [field]
+    refused = {
+        "reasoning.budget_tokens": ReasoningControl(budget_tokens=1024),
+        "reasoning.enabled": ReasoningControl(enabled=False),
+    }
+    await tool_contract.check_reasoning_refused(backend, refused)
     both = cc.prompt(
         reasoning=ReasoningControl(effort=ReasoningEffort.LOW), backend_options={"reasoning_effort": "high"}
     )
@@ -464,15 +432,8 @@ async def test_a_compatible_server_takes_no_reasoning_control(build: Any, fake: 
 async def test_reasoning_content_comes_back_unary_and_streamed(
     build: Any, fake: FakeOpenAI, field: str
 ) -> None:
-    backend = await build(oai.VLLMServerBackend)
-    fake.reasoning, fake.reasoning_field = "The user wants a greeting.", field
-    fake.answers.extend(["Hello!", "Hello again!"])
-    gen = (await backend.generate(chat())).generations[0]
-    assert gen.reasoning is not None and gen.reasoning.text == "The user wants a greeting."
-    assert gen.text == "Hello!"
-    events = await cc.collect(backend.generate_stream(chat()))
-    assert "".join(d.reasoning for d in deltas(events)) == "The user wants a greeting."
-    assert "".join(d.text for d in deltas(events)) == "Hello again!"
+    fake.reasoning_field = field
+    await tool_contract.check_reasoning_out(await build(oai.VLLMServerBackend), fake)
 
 
 async def test_reasoning_is_not_sent_back_on_the_wire(build: Any, fake: FakeOpenAI) -> None:

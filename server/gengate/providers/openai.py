@@ -67,7 +67,6 @@ from gengate.providers.base import (
     check_event_stream,
 )
 from gengate.redaction import register_secret
-from gengate.tools import parameters_of
 
 log = logging.getLogger("gengate.providers")
 
@@ -301,35 +300,16 @@ class OpenAIChatBackend(ProviderBackend):
     def _strict_parameters(self, tool: Tool) -> dict[str, Any] | None:
         """The tool's schema in OpenAI strict form when the tool asks for strict and this backend
         has it, and the strict form loses nothing (else None: sent as it is, not strict)."""
-        if not (tool.strict and self.strict_schemas and self.options.strict):
+        if not (self.strict_schemas and self.options.strict):
             return None
-        strict, wrapped, relaxed = so.openai_strict_schema(dict(parameters_of(tool)))
-        return None if wrapped or relaxed else strict
+        return wire.strict_parameters(tool)
 
     def _wire_tool(self, tool: Tool) -> dict[str, Any]:
-        function: dict[str, Any] = {"name": tool.name}
-        if tool.description:
-            function["description"] = tool.description
-        strict = self._strict_parameters(tool)
-        function["parameters"] = strict if strict is not None else parameters_of(tool)
-        if strict is not None:
-            function["strict"] = True
-        return {"type": "function", "function": function}
+        return wire.tool(tool, self._strict_parameters(tool))
 
     def final_tool_call(self, request: GenerationRequest, call: ToolCall) -> ToolCall:
         """A strict tool's call without the nulls strict mode forced into its optional fields."""
-        tool = next((t for t in request.tools if t.name == call.name), None)
-        if tool is None or self._strict_parameters(tool) is None:
-            return call
-        try:
-            value = json.loads(call.arguments)
-        except ValueError:
-            return call  # validation reports it
-        schema = dict(parameters_of(tool))
-        stripped = so.strip_added_nulls(value, schema, schema)
-        if stripped == value:
-            return call
-        return dataclasses.replace(call, arguments=json.dumps(stripped, ensure_ascii=False))
+        return wire.without_forced_nulls(request, call, self._strict_parameters)
 
     # --- upstream calls ------------------------------------------------------------------------
 

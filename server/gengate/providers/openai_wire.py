@@ -5,21 +5,30 @@ calls and reasoning in (unary messages and stream deltas alike, as the `openai` 
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Callable
 from typing import Any
 
 from gengate.domain import (
     ChatMessage,
     FinishReason,
+    Generation,
+    GenerationRequest,
+    Reasoning,
     Role,
     TextPart,
     TokenLogprob,
+    Tool,
     ToolCall,
     ToolCallDelta,
     ToolChoice,
     ToolChoiceMode,
     TopLogprob,
 )
+from gengate.providers import structured as so
 from gengate.providers.base import ProviderCall, image_url, map_finish_reason
+from gengate.tools import parameters_of
 
 
 def finish(raw: str | None, stop_reason: Any, stops: tuple[str, ...]) -> tuple[FinishReason, str | None]:
@@ -43,7 +52,8 @@ def choice_text(choice: Any) -> tuple[str, str | None]:
 
 def tool_calls(message: Any) -> tuple[ToolCall, ...]:
     """A chat message's calls (`tool_calls`: function calls; any other kind keeps its name and
-    input, and fails validation as no JSON arguments of an offered function would)."""
+    input, and fails validation as no JSON arguments of an offered function would). Arguments
+    given as a JSON value rather than text (older TGI) are serialized; a numeric id is text."""
     out: list[ToolCall] = []
     for call in getattr(message, "tool_calls", None) or ():
         function = getattr(call, "function", None) or getattr(call, "custom", None)
@@ -51,8 +61,27 @@ def tool_calls(message: Any) -> tuple[ToolCall, ...]:
         arguments = getattr(function, "arguments", None)
         if arguments is None:
             arguments = getattr(function, "input", None) or ""
-        out.append(ToolCall(getattr(call, "id", None) or "", name, arguments))
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        ident = getattr(call, "id", None)
+        out.append(ToolCall("" if ident is None else str(ident), name, arguments))
     return tuple(out)
+
+
+def chat_generation(choice: Any, reasoning: Reasoning | None = None) -> Generation:
+    """A chat choice as a generation: its text, finish reason, calls, and `reasoning` or else the
+    message's reasoning text (for the SDKs whose choices need no more: TGI's, LiteLLM's)."""
+    message = choice.message
+    if reasoning is None:
+        thought = reasoning_text(message)
+        reasoning = Reasoning(thought) if thought else None
+    return Generation(
+        index=choice.index,
+        text=getattr(message, "content", None) or "",
+        finish_reason=map_finish_reason(choice.finish_reason),
+        tool_calls=tool_calls(message),
+        reasoning=reasoning,
+    )
 
 
 def tool_call_deltas(delta: Any) -> tuple[ToolCallDelta, ...]:
@@ -74,10 +103,11 @@ def tool_call_deltas(delta: Any) -> tuple[ToolCallDelta, ...]:
 
 def reasoning_text(body: Any) -> str:
     """A message's or delta's reasoning, from the fields OpenAI's types lack: `reasoning_content`
-    (vLLM, SGLang, DeepSeek, llama.cpp) or `reasoning` (Ollama, newer vLLM), as text."""
+    (vLLM, SGLang, DeepSeek, llama.cpp, LiteLLM) or `reasoning` (Ollama, newer vLLM, Hugging
+    Face's types), as text: an extra field of an SDK model or an attribute of the SDK's own."""
     extra = getattr(body, "model_extra", None) or {}
     for key in ("reasoning_content", "reasoning"):
-        value = extra.get(key)
+        value = extra.get(key, getattr(body, key, None))
         if isinstance(value, str) and value:
             return value
     return ""
@@ -127,6 +157,47 @@ def tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
         ToolChoiceMode.NONE: "none",
         ToolChoiceMode.REQUIRED: "required",
     }[choice.mode]
+
+
+def tool(t: Tool, strict_parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A tool as a chat-completions function: its schema as it is, or `strict_parameters` (the
+    schema already in the provider's strict form) with `strict` set."""
+    function: dict[str, Any] = {"name": t.name}
+    if t.description:
+        function["description"] = t.description
+    function["parameters"] = strict_parameters if strict_parameters is not None else parameters_of(t)
+    if strict_parameters is not None:
+        function["strict"] = True
+    return {"type": "function", "function": function}
+
+
+def strict_parameters(t: Tool) -> dict[str, Any] | None:
+    """The tool's schema in OpenAI strict form when the tool asks for strict and the strict form
+    loses nothing (else None: sent as it is, not strict)."""
+    if not t.strict:
+        return None
+    strict, wrapped, relaxed = so.openai_strict_schema(dict(parameters_of(t)))
+    return None if wrapped or relaxed else strict
+
+
+def without_forced_nulls(
+    request: GenerationRequest, call: ToolCall, strict_of: Callable[[Tool], dict[str, Any] | None]
+) -> ToolCall:
+    """`call` without the nulls strict mode forced into its optional fields, where its tool went
+    strict (`strict_of` gives the strict schema sent, or None); arguments that are no JSON are
+    left for validation to report."""
+    tool = next((t for t in request.tools if t.name == call.name), None)
+    if tool is None or strict_of(tool) is None:
+        return call
+    try:
+        value = json.loads(call.arguments)
+    except ValueError:
+        return call
+    schema = dict(parameters_of(tool))
+    stripped = so.strip_added_nulls(value, schema, schema)
+    if stripped == value:
+        return call
+    return dataclasses.replace(call, arguments=json.dumps(stripped, ensure_ascii=False))
 
 
 def _tool_turn(m: ChatMessage) -> dict[str, Any]:

@@ -5,6 +5,19 @@ A prompt goes to TGI's own /generate route (text_generation) and chat messages t
 /v1/chat/completions route; both take TGI's `grammar` ({"type": "json" | "regex", "value"}),
 so JSON Schema, JSON object, choices (as a regex) and regex are all NATIVE. Lark/GBNF grammars
 are refused. TGI has no `n`: the base fans out.
+
+Tools are native on the chat route (TGI compiles the offered tools into its grammar, so a call's
+arguments follow their schema): `tools`, `tool_choice` (auto / none / required, a named tool as
+`{"type": "function", "function": {"name"}}`), assistant turns with `tool_calls` and `tool`
+results, all in the chat-completions form (providers.openai_wire). TGI has no
+`parallel_tool_calls` and makes one call per answer; the base's validation holds the switch.
+Calls come back with arguments as text, or as a JSON object from older TGI (serialized). TGI's
+tool stream ends without a finish reason: a stream that made calls ends with TOOL_CALLS. What TGI
+cannot take is refused before any request: tools on a prompt (the raw /generate route has none),
+tools beside a structured output (TGI: "Grammar and tools are mutually exclusive"), and an
+assistant turn with both text and calls (TGI would read the text and drop the calls). The
+endpoint's `reasoning` (or `reasoning_content`) comes back as the generation's reasoning; there
+is no reasoning control.
 """
 
 from __future__ import annotations
@@ -22,17 +35,18 @@ from gengate.domain import (
     ChoiceConstraint,
     ConstraintKind,
     Enforcement,
+    FinishReason,
     Generation,
     GenerationRequest,
-    ImagePart,
     JsonObjectConstraint,
     JsonSchemaConstraint,
     RegexConstraint,
-    TextPart,
+    Role,
     TokenLogprob,
     TopLogprob,
     Usage,
 )
+from gengate.providers import openai_wire as wire
 from gengate.providers import structured as so
 from gengate.providers.base import (
     Chunk,
@@ -42,10 +56,10 @@ from gengate.providers.base import (
     ProviderBackend,
     ProviderCall,
     ProviderOptions,
-    image_url,
     map_finish_reason,
 )
 from gengate.providers.errors import from_status
+from gengate.tools import TOOLS_UNSUPPORTED, first_tool_field
 
 _TGI_ERROR_STATUS = {"OverloadedError": 429, "ValidationError": 422, "IncompleteGenerationError": 500}
 
@@ -71,17 +85,6 @@ def tgi_grammar(plan: so.StructuredPlan) -> dict[str, Any]:
     raise errors.Unimplemented(
         f"TGI cannot enforce a {c.kind.value} constraint", reason="CONSTRAINT_UNSUPPORTED"
     )
-
-
-def _content(parts: tuple[TextPart | ImagePart, ...]) -> str | list[dict[str, Any]]:
-    if all(isinstance(p, TextPart) for p in parts):
-        return "".join(p.text for p in parts if isinstance(p, TextPart))
-    return [
-        {"type": "text", "text": p.text}
-        if isinstance(p, TextPart)
-        else {"type": "image_url", "image_url": {"url": image_url(p)}}
-        for p in parts
-    ]
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -116,6 +119,8 @@ class TGIBackend(ProviderBackend):
     raw_prompts: ClassVar[bool] = True  # a prompt goes to /generate as it is
     seed_supported: ClassVar[bool] = True
     requires_api_key: ClassVar[bool] = False  # a local TGI needs none; Inference Endpoints do
+    tools_support: ClassVar[Enforcement | None] = Enforcement.NATIVE
+    reasoning_output: ClassVar[bool] = True
 
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)
@@ -150,6 +155,28 @@ class TGIBackend(ProviderBackend):
     def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
         assert req.structured_output is not None
         return so.StructuredPlan(req.structured_output, level, native=True)
+
+    def _prepare(self, req: GenerationRequest) -> ProviderCall:
+        """The base's checks, then the tool requests TGI cannot take (see the module docstring)."""
+        call = super()._prepare(req)
+        where = first_tool_field(req)
+        if where is None:
+            return call
+        if req.messages is None:
+            raise _refused(
+                where, "TGI's raw prompt route (/generate) takes no tools: send the prompt as messages"
+            )
+        if req.tools and call.plan is not None:
+            raise _refused(
+                "structured_output", "TGI cannot take tools and a structured output in one request"
+            )
+        for i, m in enumerate(req.messages):
+            if m.role is Role.ASSISTANT and m.tool_calls and m.text:
+                raise errors.InvalidArgument.field(
+                    f"messages.messages[{i}].content",
+                    "is set beside tool_calls: TGI takes an assistant turn's calls or its text, not both",
+                )
+        return call
 
     def normalize_error(self, exc: BaseException) -> errors.GengateError:
         # text_generation re-raises TGI's typed errors without the HTTP status: use the cause.
@@ -188,7 +215,7 @@ class TGIBackend(ProviderBackend):
         req = call.request
         s = req.sampling
         params: dict[str, Any] = {
-            "messages": [{"role": m.role.value, "content": _content(m.content)} for m in call.messages],
+            "messages": wire.messages(call),
             "max_tokens": req.stopping.max_tokens,
             "temperature": s.temperature,
             "top_p": s.top_p,
@@ -201,6 +228,10 @@ class TGIBackend(ProviderBackend):
         }
         if call.plan is not None:
             params["response_format"] = tgi_grammar(call.plan)
+        if req.tools:
+            params["tools"] = [wire.tool(t) for t in req.tools]
+        if req.tool_choice is not None:
+            params["tool_choice"] = wire.tool_choice(req.tool_choice)
         return {k: v for k, v in params.items() if v is not None}
 
     async def _complete(self, call: ProviderCall) -> Completion:
@@ -220,12 +251,7 @@ class TGIBackend(ProviderBackend):
             )
             return Completion([generation])
         response = await self.client.chat_completion(**self._chat_params(call))
-        generations = [
-            Generation(
-                index=c.index, text=c.message.content or "", finish_reason=map_finish_reason(c.finish_reason)
-            )
-            for c in response.choices
-        ]
+        generations = [wire.chat_generation(c) for c in response.choices]
         usage = response.usage
         totals = Usage(usage.prompt_tokens, usage.completion_tokens) if usage else None
         return Completion(generations, totals)
@@ -249,11 +275,29 @@ class TGIBackend(ProviderBackend):
                         yield ChunkEnd(0, map_finish_reason(event.details.finish_reason))
             else:
                 chat = await client.chat_completion(**self._chat_params(call), stream=True)
+                called: set[int] = set()
+                ended: set[int] = set()
                 async for chunk in chat:
                     for choice in chunk.choices:
-                        if choice.delta.content:
-                            yield ChunkText(choice.index, choice.delta.content)
+                        calls = wire.tool_call_deltas(choice.delta)
+                        thought = wire.reasoning_text(choice.delta)
+                        if calls:
+                            called.add(choice.index)
+                        if choice.delta.content or calls or thought:
+                            yield ChunkText(
+                                choice.index, choice.delta.content or "", tool_calls=calls, reasoning=thought
+                            )
                         if choice.finish_reason:
+                            ended.add(choice.index)
                             yield ChunkEnd(choice.index, map_finish_reason(choice.finish_reason))
+                for index in sorted(called - ended):  # TGI ends a tool stream without a finish reason
+                    yield ChunkEnd(index, FinishReason.TOOL_CALLS)
         finally:
             await client.close()  # type: ignore[no-untyped-call]
+
+
+def _refused(field_name: str, why: str) -> errors.Unimplemented:
+    """UNIMPLEMENTED TOOLS_UNSUPPORTED for a tool request TGI cannot take, naming the field."""
+    return errors.Unimplemented(
+        why, reason=TOOLS_UNSUPPORTED, violations=[errors.FieldViolation(field_name, why)]
+    )
