@@ -47,6 +47,17 @@ from gengate.cli_options import (
 from gengate.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 
 
+def _message_json(message: Any, indent: int | None) -> str:
+    """Protobuf JSON, each complete tool call also carrying its `arguments` as parsed JSON (beside
+    `argumentsJson`), so `jq '.generations[0].toolCalls[0].arguments.city'` works."""
+    data = json_format.MessageToDict(message)
+    calls = [c for g in data.get("generations", []) for c in g.get("toolCalls", [])]
+    calls += data.get("end", {}).get("toolCalls", [])
+    for call in calls:
+        call["arguments"] = json.loads(call.get("argumentsJson") or "{}")
+    return json.dumps(data, indent=indent)
+
+
 def _frame_json(frame: StreamFrame) -> str:
     if isinstance(frame, StreamStart):
         pb = generation_pb2.GenerateStreamResponse(start=frame.raw)
@@ -54,19 +65,27 @@ def _frame_json(frame: StreamFrame) -> str:
         pb = generation_pb2.GenerateStreamResponse(delta=frame.raw)
     else:
         pb = generation_pb2.GenerateStreamResponse(end=frame.raw)
-    return json_format.MessageToJson(pb, indent=None)
+    return _message_json(pb, None)
+
+
+def _call_lines(calls: Sequence[Any], prefix: str = "") -> list[str]:
+    return [f"{prefix}call {c.name}({c.arguments_json}) id={c.id}" for c in calls]
 
 
 def _print_response(response: Response, as_json: bool) -> None:
     if as_json:
-        print(json_format.MessageToJson(response.raw))
+        print(_message_json(response.raw, 2))
         return
+    several = len(response.generations) > 1
     for generation in response.generations:
+        prefix = f"[{generation.index}] " if several else ""
         if generation.conversation:  # Magpie: the conversation, a turn per paragraph
-            prefix = f"[{generation.index}] " if len(response.generations) > 1 else ""
             print("\n".join(f"{prefix}{turn.role}: {turn.text}" for turn in generation.conversation))
-        else:
-            print(generation.text)
+            continue
+        if generation.text or not generation.tool_calls:
+            print(prefix + generation.text if several else generation.text)
+        for line in _call_lines(generation.tool_calls, prefix):
+            print(line)
 
 
 def _stream(client: Client, model: str, prompt: str | None, kwargs: dict[str, Any], as_json: bool) -> None:
@@ -83,10 +102,13 @@ def _stream(client: Client, model: str, prompt: str | None, kwargs: dict[str, An
                 sys.stdout.write(frame.text)
                 sys.stdout.flush()
         elif isinstance(frame, StreamEnd):
+            prefix = f"[{frame.index}] " if several else ""
             if several:
-                print(f"[{frame.index}] " + "".join(pending.pop(frame.index, [])), flush=True)
+                print(prefix + "".join(pending.pop(frame.index, [])), flush=True)
             else:
                 print(flush=True)
+            for line in _call_lines(frame.tool_calls, prefix):
+                print(line, flush=True)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

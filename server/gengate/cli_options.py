@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from gengate_client import Choice, GengateError, Grammar, JsonObject, JsonSchema, Regex
+from gengate_client import Choice, GengateError, Grammar, JsonObject, JsonSchema, Regex, Tool
 
 EXIT_RPC_ERROR = 1
 EXIT_USAGE = 2
@@ -84,6 +84,12 @@ def generate_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "request_id": args.request_id,
         "output_type": _output_type(args),
     }
+    if args.tools:
+        kwargs["tools"] = _tools(args.tools)
+    if args.tool_choice is not None:
+        if not args.tools:
+            raise CliError("--tool-choice goes with --tools")
+        kwargs["tool_choice"] = args.tool_choice
     if args.option:
         kwargs["backend_options"] = dict(_backend_option(o) for o in args.option)
     if args.messages:
@@ -92,6 +98,33 @@ def generate_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             raise CliError("--messages: the file must hold a JSON list of {role, content} objects")
         kwargs["messages"] = messages
     return kwargs
+
+
+_TOOL_KEYS = {"name", "description", "parameters", "strict"}
+
+
+def _tools(path: str) -> list[Tool]:
+    """--tools FILE: a JSON list of {name, description, parameters, strict}; the server judges the
+    values (names, schemas), this only reads the shape."""
+    entries = _read_json(path, "--tools")
+    if not isinstance(entries, list):
+        raise CliError("--tools: the file must hold a JSON list of {name, description, parameters} objects")
+    tools = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise CliError(f"--tools: entry {i} must be an object with a string `name`")
+        unknown = sorted(set(entry) - _TOOL_KEYS)
+        if unknown:
+            raise CliError(f"--tools: entry {i} has unknown keys {unknown} (known: {sorted(_TOOL_KEYS)})")
+        tools.append(
+            Tool(
+                name=entry["name"],
+                description=str(entry.get("description") or ""),
+                parameters=entry.get("parameters"),
+                strict=bool(entry.get("strict", False)),
+            )
+        )
+    return tools
 
 
 def _backend_option(text: str) -> tuple[str, str | int | float | bool]:
@@ -138,6 +171,16 @@ def add_request_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--stop", action="append", metavar="STR", help="stop string (repeatable)")
     parser.add_argument("--logprobs", type=int, metavar="K", help="return logprobs with K alternatives")
+    parser.add_argument(
+        "--tools",
+        metavar="FILE",
+        help="JSON list of tools the model may call: {name, description, parameters}",
+    )
+    parser.add_argument(
+        "--tool-choice",
+        metavar="auto|none|required|NAME",
+        help="with --tools: whether and which tool must be called (default auto)",
+    )
     parser.add_argument(
         "--option",
         action="append",

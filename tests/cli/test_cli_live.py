@@ -112,3 +112,43 @@ def test_generate_magpie_prints_the_written_conversation(served: str) -> None:
     assert refused.returncode != 0 and "MAGPIE_TOKENS_MISSING" in refused.stderr + refused.stdout
     misuse = gengate(*common, "--prompt", "hi", "--turns", "2")
     assert misuse.returncode != 0 and "--magpie" in misuse.stderr
+
+
+def test_generate_with_tools_prints_the_calls(served: str, tmp_path: Path) -> None:
+    """--tools FILE and --tool-choice reach the server; the calls print as `call NAME(ARGS)` lines,
+    and --json gives generations[i].toolCalls[j].{id, name, arguments} (arguments parsed)."""
+    weather = {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 8}},
+            "required": ["city"],
+        },
+    }
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([weather, {"name": "get_time"}]))
+    messages = tmp_path / "messages.json"
+    messages.write_text(json.dumps([{"role": "user", "content": "Weather in Paris?"}]))
+    common = ["generate", "--address", served, "--model", "tiny", "--messages", str(messages)]
+    common += ["--tools", str(tools), "--max-tokens", "60", "--seed", "3"]
+    result = gengate(*common, "--tool-choice", "get_weather", "--json")
+    assert result.returncode == 0, result.stderr
+    generation = json.loads(result.stdout)["generations"][0]
+    assert generation["finishReason"] == "FINISH_REASON_TOOL_CALLS"
+    for call in generation["toolCalls"]:
+        assert call["name"] == "get_weather" and call["id"].startswith("call_")
+        assert isinstance(call["arguments"]["city"], str) and len(call["arguments"]["city"]) <= 8
+    text = gengate(*common, "--tool-choice", "required")
+    assert text.returncode == 0, text.stderr
+    assert re.search(r"^call (get_weather|get_time)\(\{.*\}\) id=call_\w+$", text.stdout, re.MULTILINE)
+    misuse = gengate(
+        "generate", "--address", served, "--model", "tiny", "--prompt", "hi", "--tool-choice", "auto"
+    )
+    assert misuse.returncode == 2 and "--tools" in misuse.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"name": "f", "parameter": {}}]))
+    refused = gengate(
+        "generate", "--address", served, "--model", "tiny", "--prompt", "hi", "--tools", str(bad)
+    )
+    assert refused.returncode == 2 and "unknown keys ['parameter']" in refused.stderr
