@@ -30,14 +30,19 @@ def status_of(error: grpc.aio.AioRpcError | status_pb2.Status) -> status_pb2.Sta
     return status
 
 
-def reason(error: grpc.aio.AioRpcError | status_pb2.Status) -> str:
-    """The ErrorInfo reason of a failed call or of a status ("" when it has none)."""
+def error_info(error: grpc.aio.AioRpcError | status_pb2.Status) -> error_details_pb2.ErrorInfo:
+    """The ErrorInfo of a failed call or of a status (an empty one when it has none)."""
     for detail in status_of(error).details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
-            return str(info.reason)
-    return ""
+            return info
+    return error_details_pb2.ErrorInfo()
+
+
+def reason(error: grpc.aio.AioRpcError | status_pb2.Status) -> str:
+    """The ErrorInfo reason of a failed call or of a status ("" when it has none)."""
+    return str(error_info(error).reason)
 
 
 def field_violations(error: grpc.aio.AioRpcError | status_pb2.Status) -> list[str]:

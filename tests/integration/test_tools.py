@@ -16,7 +16,7 @@ from gengate.api.server import RunningServer
 from gengate_proto.v1 import generation_pb2 as g
 from gengate_proto.v1 import generation_pb2_grpc
 from gengate_proto.v1 import types_pb2 as t
-from observe import ServerFactory, field_violations, reason
+from observe import ServerFactory, error_info, field_violations, reason
 
 WEATHER_SCHEMA = {
     "type": "object",
@@ -45,6 +45,7 @@ MODELS = [
     scripted("broken-json", tool_calls=[{"name": "get_weather", "arguments": '{"city": "Par'}]),
     scripted("same-id", tool_calls=[PARIS, PARIS]),
     scripted("pushy", tool_calls=[PARIS], tool_calls_when="always"),
+    scripted("pushy-stop", tool_calls=[PARIS], tool_calls_when="always", finish_reason="stop"),
     scripted("engine-liar", tool_calls=[{"name": "launch_rockets"}], tools_enforcement="engine"),
     scripted("native-liar", tool_calls=[{"name": "launch_rockets"}], tools_enforcement="native"),
     scripted("says-stop", tool_calls=[PARIS], finish_reason="stop"),
@@ -181,6 +182,8 @@ MISBEHAVIOURS = {
     "two calls with one id": ask("same-id"),
     "a call under tool_choice none": ask("pushy", tool_choice=t.ToolChoice(mode=t.TOOL_CHOICE_MODE_NONE)),
     "a call when no tools are offered": ask("pushy", tools=()),
+    "a call when no tools are offered, said to stop": ask("pushy-stop", tools=()),
+    "a tool_calls finish without calls or tools": ask("says-tools", tools=()),
     "a call to another tool than the one named": ask("caller", tool_choice=t.ToolChoice(name="get_time")),
     "no call when one is required": ask("talker", tool_choice=t.ToolChoice(mode=t.TOOL_CHOICE_MODE_REQUIRED)),
     "no call when a named one is required": ask("talker", tool_choice=t.ToolChoice(name="get_weather")),
@@ -224,6 +227,8 @@ async def test_calls_cut_short_by_max_tokens_are_never_returned(
     cut = ask("caller", stopping=t.StoppingCriteria(max_tokens=1))
     error = await refusal(stub, cut)
     assert (error.code(), reason(error)) == (grpc.StatusCode.ABORTED, "TOOL_CALLS_INCOMPLETE")
+    assert dict(error_info(error).metadata) == {"enforcement": "validated", "finish_reason": "length"}
+    assert "raise stopping.max_tokens" in (error.details() or "")
     with pytest.raises(grpc.aio.AioRpcError) as streamed:
         await stream_frames(stub, cut)
     assert reason(streamed.value) == "TOOL_CALLS_INCOMPLETE"
