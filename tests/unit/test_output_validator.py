@@ -41,6 +41,7 @@ async def test_a_validation_that_cannot_start_finds_the_validators_busy() -> Non
         with pytest.raises(ResourceExhausted) as caught:
             await validator._off_loop(lambda: None, "the second", "validated")
         assert caught.value.reason == "VALIDATORS_BUSY" and caught.value.retry_after_s == 1.0
+        assert caught.value.message == "the output validators are busy; try again shortly"
         with pytest.raises(Aborted):  # the first ran out of time while it ran
             await first
     finally:
