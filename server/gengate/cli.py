@@ -83,7 +83,7 @@ def _print_response(response: Response, as_json: bool) -> None:
             print("\n".join(f"{prefix}{turn.role}: {turn.text}" for turn in generation.conversation))
             continue
         if generation.text or not generation.tool_calls:
-            print(prefix + generation.text if several else generation.text)
+            print(generation.text)
         for line in _call_lines(generation.tool_calls, prefix):
             print(line)
 
