@@ -234,6 +234,20 @@ async def test_calls_cut_short_by_max_tokens_are_never_returned(
     assert reason(streamed.value) == "TOOL_CALLS_INCOMPLETE"
     text = await stub.Generate(ask("talker", stopping=t.StoppingCriteria(max_tokens=1)))
     assert text.generations[0].finish_reason == t.FINISH_REASON_LENGTH  # no calls: returned as cut
+    required = t.ToolChoice(mode=t.TOOL_CHOICE_MODE_REQUIRED)  # even where a call was required
+    cut_text = await stub.Generate(
+        ask("talker", tool_choice=required, stopping=t.StoppingCriteria(max_tokens=1))
+    )
+    assert cut_text.generations[0].finish_reason == t.FINISH_REASON_LENGTH
+
+
+async def test_a_tool_calls_finish_without_a_call_says_so(
+    stub: generation_pb2_grpc.GenerationServiceStub,
+) -> None:
+    error = await refusal(stub, ask("says-tools"))
+    assert (error.details() or "").endswith(
+        "not what the request allows: the finish reason is tool_calls but the model made no call"
+    )
 
 
 # ---- a conversation round trip -----------------------------------------------------------------
