@@ -245,3 +245,27 @@ async def test_the_cache_is_bounded_by_the_weight_of_what_it_holds(ll_tokenizer:
         assert compiler.stats.lowerings == 5
     finally:
         compiler.close()
+
+
+async def test_a_think_block_before_a_constraint_is_compiled_once(compiler: ConstraintCompiler) -> None:
+    from gengate.engines.reasoning import ReasoningPlan, ThinkTags, compile_with_reasoning
+
+    def plan(budget: int | None) -> ReasoningPlan:
+        return ReasoningPlan(ThinkTags("<think>", "</think>"), budget_tokens=budget)
+
+    def schema(**annotations: object) -> StructuredOutput:
+        return StructuredOutput(JsonSchemaConstraint({"type": "integer", **annotations}))
+
+    first = await compile_with_reasoning(compiler, schema(), plan(4))
+    lowered = compiler.stats.lowerings  # the schema, then the think block around it
+    described = schema(description="a number")
+    again = await compile_with_reasoning(compiler, described, plan(4))
+    assert first is not None and again is not None
+    assert compiler.stats.lowerings == lowered  # both were cache hits
+    assert again.grammar == first.grammar and again.structured is described
+    assert again.new_matcher().is_accepting() is False  # a fresh matcher each request
+    await compile_with_reasoning(compiler, schema(), plan(5))
+    assert compiler.stats.lowerings == lowered + 1  # another budget is another grammar
+    free = await compile_with_reasoning(compiler, None, plan(4))
+    assert free is not None and compiler.stats.lowerings == lowered + 2
+    assert await compile_with_reasoning(compiler, None, plan(4)) is free

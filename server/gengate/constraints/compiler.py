@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,6 +160,27 @@ class ConstraintCompiler:
             ) from None
         note_compile(hit=not compiling, seconds=compiled.compile_s if compiling else None)
         return _for_request(compiled, structured)
+
+    async def compile_composed(
+        self, key: str, build: Callable[[], CompiledConstraint], structured: StructuredOutput | None
+    ) -> CompiledConstraint:
+        """A constraint composed around another (a think block before a schema), cached by `key`
+        beside plain compiles and built in the compile pool on a miss, so a repeat request pays a
+        lookup, not a grammar compile. `structured`: the request's own, as a hit carries it."""
+        full = (self.tokenizer_key, key)
+        hit = self._cache.get(full)
+        if hit is None:
+            self.stats.misses += 1
+            self.stats.lowerings += 1
+            began = time.monotonic()
+            hit = await asyncio.get_running_loop().run_in_executor(self._executor, build)
+            weight = 1 if structured is None else kinds.constraint_weight(structured.constraint)
+            self._cache.put(full, hit, weight)
+            note_compile(hit=False, seconds=time.monotonic() - began)
+        else:
+            self.stats.hits += 1
+            note_compile(hit=True)
+        return hit if structured is None else _for_request(hit, structured)
 
     def _busy(self) -> errors.ResourceExhausted:
         return errors.ResourceExhausted(

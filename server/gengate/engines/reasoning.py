@@ -14,7 +14,6 @@ the answer's grammar; budget_tokens alone gets the block and free text after it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, replace
@@ -24,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from gengate import errors
-from gengate.constraints.compiler import CompiledConstraint
+from gengate.constraints.compiler import CompiledConstraint, constraint_key
 from gengate.constraints.lowering import LoweredConstraint
 from gengate.domain import (
     ConstraintKind,
@@ -248,7 +247,6 @@ async def compile_with_reasoning(
     if plan is None or (structured is None and plan.budget_tokens is None):
         return None if structured is None else await compiler.compile(structured)
     inner = None if structured is None else await compiler.compile(structured)
-    grammar = think_grammar(plan, None if inner is None else inner.grammar)
     vocab = compiler.ll_tokenizer.vocab_size
 
     def build() -> CompiledConstraint:
@@ -256,6 +254,7 @@ async def compile_with_reasoning(
 
         from gengate.constraints.validation import quiet_limits
 
+        grammar = think_grammar(plan, None if inner is None else inner.grammar)
         matcher = LLMatcher(compiler.ll_tokenizer, grammar, log_level=0, limits=quiet_limits())
         if matcher.is_error():
             raise errors.Internal(f"the think block's grammar did not compile: {matcher.get_error()}")
@@ -265,7 +264,18 @@ async def compile_with_reasoning(
             return CompiledConstraint(free, lowered, matcher, vocab)
         return CompiledConstraint(inner.structured, replace(inner.lowered, grammar=grammar), matcher, vocab)
 
-    return await asyncio.to_thread(build)
+    key = json.dumps(
+        [
+            "reasoning",
+            plan.tags.open,
+            plan.tags.close,
+            plan.inside,
+            plan.budget_tokens,
+            None if structured is None else constraint_key(structured, grammar_only=True),
+        ]
+    )
+    composed: CompiledConstraint = await compiler.compile_composed(key, build, structured)
+    return composed
 
 
 AnswerOf = Callable[[str], str]
