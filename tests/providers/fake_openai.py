@@ -257,3 +257,12 @@ class FakeOpenAI:
             chunk([], usage=usage)
         events.append((None, "[DONE]"))
         return Sse(events)
+
+
+if __name__ == "__main__":  # bench/run serves this fake in a process of its own: `python fake_openai.py`
+    import sys
+
+    fake = FakeOpenAI()
+    print(fake.start(), flush=True)  # the base URL; serves until stdin closes
+    sys.stdin.read()
+    fake.stop()

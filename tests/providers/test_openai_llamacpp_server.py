@@ -5,12 +5,9 @@ HTTP 500 on json_schema response_format, no usage in streams). A prompt goes raw
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -44,52 +41,22 @@ from gengate.domain import (
 from gengate.models.tiny import TinyModelPaths
 from gengate.providers import openai as oai
 from gengate_client import AsyncClient, Magpie
+from llamacpp_peer import llamacpp_server
 from observe import ServerFactory
 from pydantic import SecretStr
 
 KEY = "sk-llamacpp-peer-0123456789"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server_url(tiny_model: TinyModelPaths, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
     log_path = Path(tmp_path_factory.mktemp("llamacpp-server")) / "server.log"
-    cmd = [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(tiny_model.gguf_path),
-        "--host", "127.0.0.1", "--port", str(port),
-        "--n_ctx", "512", "--n_threads", "1", "--chat_format", "chatml",
-        "--api_key", KEY,
-    ]  # fmt: skip
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited: {log_path.read_text()[-2000:]}")
-            try:
-                req = urllib.request.Request(url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
-                urllib.request.urlopen(req, timeout=1).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("llama_cpp.server did not come up in 90 s")
-                time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
+    with contextlib.ExitStack() as stack:
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            url = stack.enter_context(llamacpp_server(tiny_model.gguf_path, log_path, KEY))
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
+        yield url
 
 
 @pytest.fixture
