@@ -43,7 +43,8 @@ def gateway(section: dict[str, Any], title: str) -> Any:
         return [found.get(g, 0.0) for g in groups]
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    _bars(left, labels, {v: pick("added_p50_ms", v) for v in variants}, "ms", "added p50 over direct")
+    _bars(left, labels, {v: pick("added_p50_ms", v) for v in variants}, "ms (log)", "added p50 over direct")
+    left.set_yscale("symlog", linthresh=1.0)  # c=1 adds ms, c=32 hundreds: both readable
     _bars(right, labels, {v: pick("req_s_ratio", v) for v in variants}, "÷ direct", "req/s ÷ direct")
     right.axhline(1.0, color="grey", linewidth=0.8)
     fig.suptitle(title)

@@ -62,7 +62,7 @@ class Sizes:
     def of(quick: bool) -> Sizes:
         if quick:
             return Sizes(rounds=1, gateway_c1=30, gateway_c32=96, gguf=8, constraints=8, compiles=3)
-        return Sizes(rounds=3, gateway_c1=200, gateway_c32=640, gguf=32, constraints=48, compiles=10)
+        return Sizes(rounds=3, gateway_c1=150, gateway_c32=320, gguf=32, constraints=48, compiles=10)
 
 
 def row(stats: RunStats, **extra: Any) -> dict[str, Any]:
