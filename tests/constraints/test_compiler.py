@@ -103,9 +103,11 @@ def slow_lowering(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """Every lowering takes `seconds` longer: a compile that runs long, on demand."""
     real_lower = kinds.lower
 
-    def slow_lower(structured: StructuredOutput) -> lowering.LoweredConstraint:
+    def slow_lower(
+        structured: StructuredOutput, *, syntax_checked: bool = False
+    ) -> lowering.LoweredConstraint:
         time.sleep(seconds)
-        return real_lower(structured)
+        return real_lower(structured, syntax_checked=syntax_checked)
 
     monkeypatch.setattr(kinds, "lower", slow_lower)
 
@@ -218,7 +220,7 @@ async def test_waiting_for_a_busy_pool_is_resource_exhausted_not_the_callers_fau
 async def test_library_failures_while_compiling_are_the_callers_input_error(
     compiler: ConstraintCompiler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(structured: StructuredOutput) -> lowering.LoweredConstraint:
+    def broken(structured: StructuredOutput, *, syntax_checked: bool = False) -> lowering.LoweredConstraint:
         raise ValueError(
             "Exceeds the limit (4300 digits) for integer string conversion\n  internal state: ..."
         )
@@ -228,6 +230,33 @@ async def test_library_failures_while_compiling_are_the_callers_input_error(
         await compiler.compile(StructuredOutput(RegexConstraint("e+")))
     assert info.value.reason == "INVALID_CONSTRAINT"
     assert "internal state" not in info.value.message and "4300 digits" in info.value.message
+
+
+async def test_a_request_compile_skips_the_checks_the_sandbox_made_and_warm_does_not(
+    compiler: ConstraintCompiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's constraint passed the sandbox's syntax and metaschema check before it reaches
+    an engine, so `compile` does not check it again (most of a cold compile); `warm` (config, at
+    load, before any sandbox) and `compile_sync` still do."""
+    seen: list[bool] = []
+    real_lower = kinds.lower
+
+    def spying(structured: StructuredOutput, *, syntax_checked: bool = False) -> lowering.LoweredConstraint:
+        seen.append(syntax_checked)
+        return real_lower(structured, syntax_checked=syntax_checked)
+
+    monkeypatch.setattr(kinds, "lower", spying)
+    schema = StructuredOutput(
+        JsonSchemaConstraint({"type": "object", "properties": {"a": {"type": "integer"}}})
+    )
+    await compiler.compile(schema)
+    compiler.warm(StructuredOutput(RegexConstraint("w+")))
+    compiler.compile_sync(StructuredOutput(RegexConstraint("v+")))
+    assert seen == [True, False, False]
+    bad = StructuredOutput(JsonSchemaConstraint({"type": "object", "properties": {"a": {"type": 7}}}))
+    with pytest.raises(errors.InvalidArgument) as info:
+        compiler.warm(bad)  # the metaschema check names the schema's own path
+    assert info.value.violations[0].field.startswith("structured_output.json_schema")
 
 
 async def test_the_cache_is_bounded_by_the_weight_of_what_it_holds(ll_tokenizer: LLTokenizer) -> None:

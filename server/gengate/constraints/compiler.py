@@ -94,9 +94,10 @@ def _for_request(compiled: CompiledConstraint, structured: StructuredOutput) -> 
 class ConstraintCompiler:
     """Compiles constraints for one tokenizer; cached by (tokenizer_key, constraint).
 
-    Compilation runs in a small thread pool with a timeout. Constraints reach it only after the
-    server's sandbox compiled them once (gengate.constraints.sandbox), so a compile here is
-    bounded; the timeout is the last guard. A compile that waited for a busy pool rather than
+    Compilation runs in a small thread pool with a timeout. Constraints reach `compile` only after
+    the server's sandbox checked and compiled them once (gengate.constraints.sandbox), so a compile
+    here is bounded (the timeout is the last guard) and skips what the sandbox checked already (the
+    JSON Schema metaschema check: most of a cold compile). A compile that waited for a busy pool rather than
     running long is RESOURCE_EXHAUSTED with RetryInfo, never blamed on the caller's input.
     """
 
@@ -142,7 +143,7 @@ class ConstraintCompiler:
 
             def run() -> CompiledConstraint:
                 self._started[key] = time.monotonic()
-                return self.compile_sync(structured)
+                return self.compile_sync(structured, syntax_checked=True)
 
             work = asyncio.get_running_loop().run_in_executor(self._executor, run)
             self._inflight[key] = work
@@ -207,14 +208,17 @@ class ConstraintCompiler:
                 key, self.compile_sync(structured), kinds.constraint_weight(structured.constraint)
             )
 
-    def compile_sync(self, structured: StructuredOutput) -> CompiledConstraint:
+    def compile_sync(
+        self, structured: StructuredOutput, *, syntax_checked: bool = False
+    ) -> CompiledConstraint:
         """Lowers and compiles in the calling thread (no cache); raises InvalidArgument, whatever
-        the library raised on the caller's constraint."""
+        the library raised on the caller's constraint. `syntax_checked`: the sandbox checked its
+        syntax and metaschema already (kinds.check_constraint_syntax), so they are not checked again."""
         self.stats.lowerings += 1
         field_name = kinds.field_of(structured.constraint.kind)
         began = time.monotonic()
         try:
-            compiled = self._compile(structured, field_name)
+            compiled = self._compile(structured, field_name, syntax_checked)
         except errors.GengateError:
             raise
         except RecursionError:
@@ -229,16 +233,12 @@ class ConstraintCompiler:
             ) from None
         return dataclasses.replace(compiled, compile_s=time.monotonic() - began)
 
-    def _compile(self, structured: StructuredOutput, field_name: str) -> CompiledConstraint:
-        lowered = kinds.lower(structured)
+    def _compile(
+        self, structured: StructuredOutput, field_name: str, syntax_checked: bool
+    ) -> CompiledConstraint:
+        lowered = kinds.lower(structured, syntax_checked=syntax_checked)
         reason = kinds.spec_of(lowered.kind).invalid_reason
-        error = LLMatcher.validate_grammar(lowered.grammar, self.ll_tokenizer, limits=quiet_limits())
-        if error:
-            raise errors.InvalidArgument.field(
-                field_name,
-                f"not supported by the grammar engine: {errors.brief(error)}",
-                reason=reason,
-            )
+        # The matcher reports what LLMatcher.validate_grammar would, without building the parser twice.
         template = LLMatcher(self.ll_tokenizer, lowered.grammar, log_level=0, limits=quiet_limits())
         if template.is_error():
             raise errors.InvalidArgument.field(
