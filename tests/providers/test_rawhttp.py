@@ -1,6 +1,6 @@
 """providers.rawhttp: gengate reads the SDKs' raw responses itself, bounded. The SSE parser and
 the body reader over real HTTP (httpx2 against a loopback server) and over every split of a
-stream into pieces; then the OpenAI backend, driven through its real SDK
+stream into pieces; then the OpenAI and Anthropic backends, driven through their real SDKs
 against the fakes, answering malformed, oversized, truncated and oddly framed upstreams with
 precise errors (UPSTREAM_BAD_RESPONSE, UPSTREAM_PROTOCOL) and serving the next call as usual."""
 
@@ -13,15 +13,19 @@ from typing import Any
 import pytest
 
 pytest.importorskip("openai", reason="the openai SDK is not installed (extra: gengate[openai])")
+pytest.importorskip("anthropic", reason="the anthropic SDK is not installed (extra: gengate[anthropic])")
 
 import contract_checks as cc
 import httpx2
+from fake_anthropic import API_KEY as ANTHROPIC_KEY
+from fake_anthropic import FakeAnthropic
 from fake_openai import API_KEY as OPENAI_KEY
 from fake_openai import FakeOpenAI
 from fakehttp import FakeServer, Fault, Json, Raw, Recorded
 from gengate import errors
 from gengate.domain import FinishReason, GenerationDelta, GenerationEnd
 from gengate.providers import rawhttp
+from gengate.providers.anthropic import AnthropicBackend
 from gengate.providers.errors import UPSTREAM_BAD_RESPONSE, UPSTREAM_PROTOCOL, UnreadableAnswer
 from gengate.providers.openai import OpenAIBackend
 
@@ -305,4 +309,127 @@ async def test_openai_status_errors_are_mapped_for_unary_and_stream(
         assert "slow down" in info.value.message and info.value.retry_after_s == 7.0
     openai_fake.server.fail_next(Fault(status=400, body={"error": {"message": "bad field"}}))
     with pytest.raises(errors.InvalidArgument, match="bad field"):
+        await cc.collect(backend.generate_stream(cc.prompt()))
+
+
+# --- Anthropic through its SDK --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def anthropic_fake() -> Iterator[FakeAnthropic]:
+    yield from cc.serving(FakeAnthropic())
+
+
+@pytest.fixture
+async def anthropic_make(anthropic_fake: FakeAnthropic) -> AsyncIterator[cc.Make]:
+    async with cc.backends(
+        AnthropicBackend,
+        "claude",
+        anthropic_fake,
+        model="claude-test",
+        base_url=anthropic_fake.server.base_url,
+        api_key=ANTHROPIC_KEY,
+        max_retries=0,
+    ) as build:
+        yield build
+
+
+def message(**fields: Any) -> dict[str, Any]:
+    good: dict[str, Any] = {
+        "id": "msg",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": "hi"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 3, "output_tokens": 1},
+    }
+    return good | fields
+
+
+MALFORMED_MESSAGES = {
+    "content an object": (message(content={"type": "text"}), "`content` is a object, not a list"),
+    "a block not an object": (message(content=["hi"]), "an entry of `content` is a string"),
+    "text a number": (message(content=[{"type": "text", "text": 4}]), "`text` is a number"),
+    "tool_use name a list": (
+        message(content=[{"type": "tool_use", "id": "t", "name": ["f"], "input": {}}]),
+        "`name` is a list",
+    ),
+    "usage a string": (message(usage="lots"), "`usage` is a string"),
+    "output tokens text": (message(usage={"input_tokens": 1, "output_tokens": "1"}), "`output_tokens`"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_MESSAGES), ids=str)
+async def test_a_malformed_anthropic_message_is_unreadable_and_the_next_call_works(
+    case: str, anthropic_make: cc.Make, anthropic_fake: FakeAnthropic
+) -> None:
+    body, why = MALFORMED_MESSAGES[case]
+    backend = await anthropic_make()
+    answer_with(anthropic_fake.server, body)
+    with pytest.raises(errors.Unavailable) as info:
+        await backend.generate(cc.prompt())
+    assert info.value.reason == UPSTREAM_BAD_RESPONSE and why in info.value.message
+    anthropic_fake.answers.append("fine again")
+    assert (await backend.generate(cc.prompt())).generations[0].text == "fine again"
+
+
+def anthropic_sse(*events: tuple[str, Any]) -> str:
+    return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
+
+
+START = (
+    "message_start",
+    {"type": "message_start", "message": message(content=[], usage={"input_tokens": 5})},
+)
+OPEN = (
+    "content_block_start",
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+)
+
+
+def text_delta(text: Any, **extra: Any) -> tuple[str, Any]:
+    delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+    return "content_block_delta", delta | extra
+
+
+END = (
+    "message_delta",
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+)
+
+
+async def test_anthropic_stream_reads_and_faults(
+    anthropic_make: cc.Make, anthropic_fake: FakeAnthropic
+) -> None:
+    backend = await anthropic_make()
+    server = anthropic_fake.server
+    good = anthropic_sse(START, ("ping", {"type": "ping"}), OPEN, text_delta("Hi"), text_delta(" you"), END)
+    answer_with(server, ": comment\r\n\r\n" + good.replace("\n", "\r\n"), "text/event-stream")
+    events = await cc.collect(backend.generate_stream(cc.prompt()))
+    assert "".join(e.text for e in events if isinstance(e, GenerationDelta)) == "Hi you"
+    end = next(e for e in events if isinstance(e, GenerationEnd))
+    assert (end.usage.input_tokens, end.usage.output_tokens) == (5, 2)
+
+    async def fails(body: str) -> errors.GengateError:
+        answer_with(server, body, "text/event-stream")
+        with pytest.raises(errors.GengateError) as info:
+            await cc.collect(backend.generate_stream(cc.prompt()))
+        return info.value
+
+    error = await fails(anthropic_sse(START, OPEN, text_delta("a"), text_delta(9)))
+    assert error.reason == UPSTREAM_BAD_RESPONSE and "`text` is a number" in error.message
+    no_index = (
+        "content_block_delta",
+        {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "a"}},
+    )
+    error = await fails(anthropic_sse(START, OPEN, text_delta("a"), no_index))
+    assert error.reason == UPSTREAM_BAD_RESPONSE and "no `index`" in error.message
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    error = await fails(anthropic_sse(START, OPEN, text_delta("a"), ("error", overloaded)))
+    assert isinstance(error, errors.Unavailable) and "Overloaded" in error.message
+    error = await fails(anthropic_sse(START, OPEN, text_delta("a")))
+    assert error.reason == UPSTREAM_PROTOCOL and "without a finish reason" in error.message
+    anthropic_fake.server.fail_next(Fault(status=429, body={"type": "error", "error": {"message": "slow"}}))
+    with pytest.raises(errors.ResourceExhausted, match="slow"):
         await cc.collect(backend.generate_stream(cc.prompt()))
