@@ -189,9 +189,11 @@ def gengate_server(
     server: dict[str, Any] | None = None,
     data_dir: str | None = None,
     callers: list[dict[str, Any]] | None = None,
+    repo: Path | None = None,
 ) -> Iterator[str]:
     """Runs `gengate serve` on a free port in a subprocess with these model entries (and `server`
     settings, `callers`); yields HOST:PORT. Its job store lives in `data_dir` (default: a temp dir).
+    `repo`: another checkout's server (an older commit, as a before/after peer), same Python.
 
     A separate process, as in production: the client's Python does not share the server's GIL.
     """
@@ -205,13 +207,15 @@ def gengate_server(
         config.write_text(yaml.safe_dump(document))
         log = open(Path(tmp) / "server.log", "w+")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "GENGATE_DATA_DIR": data_dir or tmp}
+        if repo is not None:
+            env["PYTHONPATH"] = os.pathsep.join(str(repo / part) for part in ("server", "clients/python"))
         proc = subprocess.Popen(
             [sys.executable, "-m", "gengate", "serve", "--config", str(config), "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
             env=env,
-            cwd=REPO,
+            cwd=repo or REPO,
         )
         try:
             address = _wait_serving(proc, log, timeout_s)
