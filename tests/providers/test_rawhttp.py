@@ -1,6 +1,6 @@
 """providers.rawhttp: gengate reads the SDKs' raw responses itself, bounded. The SSE parser and
 the body reader over real HTTP (httpx2 against a loopback server) and over every split of a
-stream into pieces; then the OpenAI and Anthropic backends, driven through their real SDKs
+stream into pieces; then the OpenAI, Anthropic and Cohere backends, driven through their real SDKs
 against the fakes, answering malformed, oversized, truncated and oddly framed upstreams with
 precise errors (UPSTREAM_BAD_RESPONSE, UPSTREAM_PROTOCOL) and serving the next call as usual."""
 
@@ -433,3 +433,109 @@ async def test_anthropic_stream_reads_and_faults(
     anthropic_fake.server.fail_next(Fault(status=429, body={"type": "error", "error": {"message": "slow"}}))
     with pytest.raises(errors.ResourceExhausted, match="slow"):
         await cc.collect(backend.generate_stream(cc.prompt()))
+
+
+# --- Cohere through its SDK's HTTP client ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cohere_fake() -> Iterator[Any]:
+    pytest.importorskip("cohere", reason="the cohere SDK is not installed (extra: gengate[cohere])")
+    from fake_cohere import FakeCohere
+
+    yield from cc.serving(FakeCohere())
+
+
+@pytest.fixture
+async def cohere_make(cohere_fake: Any) -> AsyncIterator[cc.Make]:
+    from fake_cohere import API_KEY
+    from gengate.providers.cohere import CohereBackend
+
+    async with cc.backends(
+        CohereBackend,
+        "command",
+        cohere_fake,
+        model="command-test",
+        base_url=cohere_fake.server.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+    ) as build:
+        yield build
+
+
+def cohere_answer(**fields: Any) -> dict[str, Any]:
+    good: dict[str, Any] = {
+        "id": "c",
+        "finish_reason": "COMPLETE",
+        "message": {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+        "usage": {"billed_units": {"input_tokens": 2.0, "output_tokens": 1.0}},
+    }
+    return good | fields
+
+
+MALFORMED_COHERE = {
+    "content an object": (cohere_answer(message={"content": {"type": "text"}}), "`content` is a object"),
+    "text a number": (
+        cohere_answer(message={"content": [{"type": "text", "text": 1}]}),
+        "`text` is a number",
+    ),
+    "tool call function a list": (
+        cohere_answer(message={"tool_calls": [{"id": "t", "function": []}]}),
+        "`function`",
+    ),
+    "usage counts text": (
+        cohere_answer(usage={"tokens": {"input_tokens": 1, "output_tokens": "2"}}),
+        "`output_tokens` is a string",
+    ),
+    "logprobs an object": (cohere_answer(logprobs={"text": "hi"}), "`logprobs` is a object"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_COHERE), ids=str)
+async def test_a_malformed_cohere_answer_is_unreadable_and_the_next_call_works(
+    case: str, cohere_make: cc.Make, cohere_fake: Any
+) -> None:
+    body, why = MALFORMED_COHERE[case]
+    backend = await cohere_make()
+    answer_with(cohere_fake.server, body)
+    with pytest.raises(errors.Unavailable) as info:
+        await backend.generate(cc.prompt())
+    assert info.value.reason == UPSTREAM_BAD_RESPONSE and why in info.value.message
+    cohere_fake.answers.append("fine again")
+    assert (await backend.generate(cc.prompt())).generations[0].text == "fine again"
+
+
+async def test_cohere_stream_faults_and_status_errors(cohere_make: cc.Make, cohere_fake: Any) -> None:
+    backend = await cohere_make()
+    server = cohere_fake.server
+
+    def events(*items: dict[str, Any]) -> str:
+        return "".join(f"event: {e['type']}\r\ndata: {json.dumps(e)}\r\n\r\n" for e in items)
+
+    text = {"type": "content-delta", "index": 0, "delta": {"message": {"content": {"text": "Hey"}}}}
+    end = {
+        "type": "message-end",
+        "delta": {"finish_reason": "COMPLETE", "usage": {"tokens": {"output_tokens": 1}}},
+    }
+    answer_with(server, ": keep-alive\r\n\r\n" + events(text, end), "text/event-stream")
+    got = await cc.collect(backend.generate_stream(cc.prompt()))
+    assert "".join(e.text for e in got if isinstance(e, GenerationDelta)) == "Hey"
+    assert next(e for e in got if isinstance(e, GenerationEnd)).usage.output_tokens == 1
+
+    bad = {"type": "content-delta", "index": 0, "delta": {"message": {"content": {"text": ["x"]}}}}
+    answer_with(server, events(text, bad, end), "text/event-stream")
+    with pytest.raises(errors.Unavailable) as info:
+        await cc.collect(backend.generate_stream(cc.prompt()))
+    assert info.value.reason == UPSTREAM_BAD_RESPONSE and "`text` is a list" in info.value.message
+    answer_with(server, '{"not": "a stream"}')  # JSON where events were asked for
+    with pytest.raises(errors.Unavailable) as info:
+        await cc.collect(backend.generate_stream(cc.prompt()))
+    assert info.value.reason == UPSTREAM_PROTOCOL
+    # Status errors: the SDK's ApiError, rebuilt from the status, maps as the SDK's own did.
+    server.fail_next(Fault(status=429, body={"message": "slow down"}, headers={"retry-after": "3"}))
+    with pytest.raises(errors.ResourceExhausted) as limited:
+        await cc.collect(backend.generate_stream(cc.prompt()))
+    assert "slow down" in limited.value.message and limited.value.retry_after_s == 3.0
+    server.fail_next(Fault(status=503, body="<html>down</html>", content_type="text/html"))
+    with pytest.raises(errors.Unavailable, match="down"):
+        await backend.generate(cc.prompt())
