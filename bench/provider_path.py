@@ -1,7 +1,7 @@
 """The remote-provider path: what gengate adds over the openai SDK called directly, on one fake
 OpenAI upstream (tests/providers/fake_openai.py in its own process), unary and streaming, c=1 and
 c=32: added p50/p99 ms over direct, req/s, and the server's CPU time per request (its process's
-user+system time over the block ÷ the requests it served, warm-ups included).
+user+system time during its own runs ÷ their requests; warm-ups and other variants' turns out).
 
 With `--base DIR` an older checkout's server runs beside this one as "before" (same Python, same
 upstream, rounds interleaved: direct, gengate, before, direct, ...), and fast ÷ before ratios of
@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +27,9 @@ from peers import UPSTREAM_KEY, UPSTREAM_MODEL, fake_upstream
 from sections import _added_over_direct, gengate_calls, openai_calls, ratio
 
 
-def counted(call: Call, made: list[int]) -> Call:
-    """`call`, counting itself in `made[0]` (warm-ups included: the server served them too)."""
-
-    async def run(i: int) -> int:
-        made[0] += 1
-        return await call(i)
-
-    return run
+def _meter(pid: int) -> Callable[[], float]:
+    """The CPU seconds process `pid` has used so far, read when called."""
+    return lambda: cpu_seconds(pid)
 
 
 async def measure(base: Path | None, c1: int, c32: int, rounds: int) -> dict[str, Any]:
@@ -60,20 +56,12 @@ async def measure(base: Path | None, c1: int, c32: int, rounds: int) -> dict[str
             for name, address in servers.items():
                 client = await clients.enter_async_context(AsyncClient(address))
                 variants.append((name, gengate_calls(client, "gpt")))
+            meters = {name: _meter(SERVER_PIDS[address]) for name, address in servers.items()}
             for mode, pick in (("unary", 0), ("stream", 1)):
                 for concurrency, requests in ((1, c1), (32, c32)):
-                    made = {name: [0] for name in servers}
-                    runs = [
-                        (name, counted(calls[pick], made[name]) if name in made else calls[pick])
-                        for name, calls in variants
-                    ]
-                    cpu_before = {name: cpu_seconds(SERVER_PIDS[a]) for name, a in servers.items()}
-                    stats = await run_interleaved(runs, requests, concurrency, rounds)
-                    cpu = {
-                        name: 1000 * (cpu_seconds(SERVER_PIDS[a]) - cpu_before[name]) / made[name][0]
-                        for name, a in servers.items()
-                    }
-                    result["rows"] += _rows(stats, mode, cpu)
+                    runs = [(name, calls[pick]) for name, calls in variants]
+                    stats = await run_interleaved(runs, requests, concurrency, rounds, cpu=meters)
+                    result["rows"] += _rows(stats, mode, set(meters))
     rows = {(r["variant"], r["mode"], r["concurrency"]): r for r in result["rows"]}
     if base is not None:
         for (variant, mode, concurrency), fast in rows.items():
@@ -88,11 +76,11 @@ async def measure(base: Path | None, c1: int, c32: int, rounds: int) -> dict[str
     return result
 
 
-def _rows(stats: list[RunStats], mode: str, cpu: dict[str, float]) -> list[dict[str, Any]]:
+def _rows(stats: list[RunStats], mode: str, served: set[str]) -> list[dict[str, Any]]:
     rows = _added_over_direct(stats, mode)
-    for row in rows:
-        if row["variant"] in cpu:
-            row["server_cpu_ms_per_request"] = round(cpu[row["variant"]], 3)
+    for row, run in zip(rows, stats, strict=True):
+        if run.name in served:
+            row["server_cpu_ms_per_request"] = round(1000 * run.cpu_s / run.requests, 3)
     return rows
 
 
