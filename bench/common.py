@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ class RunStats:
     tokens: int = 0
     wall_s: float = 0.0
     latencies_s: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0  # a watched process's CPU time during this variant's own runs (run_interleaved)
 
     @property
     def label(self) -> str:
@@ -113,12 +114,16 @@ async def run_interleaved(
     concurrency: int | Sequence[int],
     rounds: int,
     warmup: int = 3,
+    cpu: Mapping[str, Callable[[], float]] | None = None,
 ) -> list[RunStats]:
     """Runs every variant `rounds` times, taking turns (A B C A B C ...), and sums each one's rounds.
 
     Taking turns spreads the machine's slow moments over all variants instead of one.
-    `concurrency` is one for all variants, or one per variant.
+    `concurrency` is one for all variants, or one per variant. `cpu`: for a variant's name, the
+    CPU seconds of the process serving it so far (e.g. `lambda: cpu_seconds(pid)`), read around
+    each of its runs alone into `cpu_s` (warm-ups and the other variants' turns left out).
     """
+    meters = cpu or {}
     limits = [concurrency] * len(variants) if isinstance(concurrency, int) else list(concurrency)
     for _, call in variants:
         for i in range(warmup):
@@ -126,7 +131,10 @@ async def run_interleaved(
     totals = [RunStats(name, limit) for (name, _), limit in zip(variants, limits, strict=True)]
     for _ in range(rounds):
         for total, (name, call) in zip(totals, variants, strict=True):
+            meter = meters.get(name)
+            before = meter() if meter else 0.0
             one = await run_concurrent(name, call, requests, total.concurrency)
+            total.cpu_s += meter() - before if meter else 0.0
             total.requests += one.requests
             total.tokens += one.tokens
             total.wall_s += one.wall_s
@@ -189,9 +197,11 @@ def gengate_server(
     server: dict[str, Any] | None = None,
     data_dir: str | None = None,
     callers: list[dict[str, Any]] | None = None,
+    repo: Path | None = None,
 ) -> Iterator[str]:
     """Runs `gengate serve` on a free port in a subprocess with these model entries (and `server`
     settings, `callers`); yields HOST:PORT. Its job store lives in `data_dir` (default: a temp dir).
+    `repo`: another checkout's server (an older commit, as a before/after peer), same Python.
 
     A separate process, as in production: the client's Python does not share the server's GIL.
     """
@@ -205,13 +215,15 @@ def gengate_server(
         config.write_text(yaml.safe_dump(document))
         log = open(Path(tmp) / "server.log", "w+")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "GENGATE_DATA_DIR": data_dir or tmp}
+        if repo is not None:
+            env["PYTHONPATH"] = os.pathsep.join(str(repo / part) for part in ("server", "clients/python"))
         proc = subprocess.Popen(
             [sys.executable, "-m", "gengate", "serve", "--config", str(config), "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
             env=env,
-            cwd=REPO,
+            cwd=repo or REPO,
         )
         try:
             address = _wait_serving(proc, log, timeout_s)

@@ -19,8 +19,9 @@ from gengate.caller import ANONYMOUS, current_caller
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-# Libraries that log one INFO line per upstream HTTP call: DEBUG only.
-CHATTY_HTTP_LOGGERS = ("httpx", "httpcore")
+# Libraries that log one INFO line per upstream HTTP call: DEBUG only. The openai and anthropic
+# SDKs send through httpx2 (and httpcore2); cohere, TGI's and others through httpx.
+CHATTY_HTTP_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
 
 _request: ContextVar[tuple[str, str] | None] = ContextVar("gengate_log_request", default=None)
 _format: LogFormat = "text"

@@ -32,6 +32,8 @@ with about_request("req-1", "tiny"):
         log.exception("it failed")
 log.debug("only at debug")
 logging.getLogger("httpx").info("HTTP Request: POST https://api.example/v1/chat 200")
+logging.getLogger("httpx2").info("HTTP Request: POST https://api.example/v1/messages 200")
+logging.getLogger("httpcore2.http11").info("send_request_headers.complete")
 """
 
 
@@ -56,7 +58,7 @@ def test_json_lines_carry_the_request_and_the_caller() -> None:
     }
     assert inside["time"].endswith("+00:00")
     assert failed["level"] == "ERROR" and "ValueError: boom with" in failed["exception"]
-    assert len(lines) == 3, "DEBUG and httpx's per-call line are not logged at INFO"
+    assert len(lines) == 3, "DEBUG and httpx's (httpx2's) per-call lines are not logged at INFO"
 
 
 def test_text_lines_tag_the_request_and_debug_shows_upstream_http() -> None:
@@ -64,7 +66,21 @@ def test_text_lines_tag_the_request_and_debug_shows_upstream_http() -> None:
     inside = next(line for line in lines if "inside the call" in line)
     assert inside.endswith("[request_id=req-1 model=tiny caller=team-a]")
     assert any("only at debug" in line for line in lines)
-    assert any("HTTP Request: POST" in line for line in lines)
+    assert any("HTTP Request: POST https://api.example/v1/chat" in line for line in lines)
+    assert any("HTTP Request: POST https://api.example/v1/messages" in line for line in lines)
+    assert any("send_request_headers.complete" in line for line in lines)
+
+
+def test_the_quieted_loggers_are_the_ones_the_sdks_send_through() -> None:
+    """The openai and anthropic SDKs send through httpx2 and httpcore2, cohere's through httpx:
+    the names quieted are the ones those libraries log their per-call lines under."""
+    from gengate.logs import CHATTY_HTTP_LOGGERS
+
+    httpx = pytest.importorskip("httpx._client")
+    httpx2 = pytest.importorskip("httpx2._client")
+    core2 = pytest.importorskip("httpcore2._async.http11")
+    for logger in (httpx.logger, httpx2.logger, core2.logger):
+        assert logger.name.split(".")[0] in CHATTY_HTTP_LOGGERS
 
 
 def test_serve_and_its_workers_log_json_naming_the_request() -> None:

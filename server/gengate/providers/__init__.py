@@ -27,6 +27,9 @@ How to write a provider (see openai.py for a complete one):
    - `_stream(call) -> AsyncIterator[Chunk]`: an async generator yielding `ChunkText` (text,
      `ToolCallDelta` fragments, reasoning text), `ChunkEnd` and (once) `ChunkUsage` (totals);
      close the SDK stream in `finally` so a cancelled consumer closes the HTTP response.
+     An SDK that types every answer and chunk (openai, anthropic, cohere) can instead send
+     through its client and hand back the raw response: `providers.rawhttp` reads the body and
+     the SSE events bounded, and its accessors read fields of dicts and SDK objects alike.
      Structured requests never reach it. A stream that ends without any chunk, or without a
      `ChunkEnd` (its finish marker), is a broken upstream: the base raises Unavailable
      UPSTREAM_PROTOCOL.

@@ -35,7 +35,7 @@ from gengate.domain import (
     Usage,
 )
 from gengate.providers import anthropic_wire as wire
-from gengate.providers import batching
+from gengate.providers import batching, rawhttp
 from gengate.providers import structured as so
 from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
@@ -50,7 +50,7 @@ from gengate.providers.base import (
     check_event_stream,
     map_finish_reason,
 )
-from gengate.providers.errors import from_status
+from gengate.providers.errors import UnreadableAnswer, from_status
 from gengate.providers.retry import call_with_retries
 from gengate.tools import parameters_of
 
@@ -138,6 +138,28 @@ def _thinking(control: ReasoningControl) -> dict[str, Any] | None:
     if control.enabled is False:
         return {"type": "disabled"}
     return None
+
+
+def _usage(answer: Any) -> Usage:
+    """A Message's (or a stream event's) `usage`, zero where absent."""
+    usage = rawhttp.member(answer, "usage") if answer is not None else None
+    if usage is None:
+        return Usage()
+    return Usage(rawhttp.integer(usage, "input_tokens") or 0, rawhttp.integer(usage, "output_tokens") or 0)
+
+
+def _block_index(event: Any) -> int:
+    index = rawhttp.integer(event, "index")
+    if index is None:
+        raise UnreadableAnswer("a content block event has no `index`")
+    return index
+
+
+def _stream_error(event: Mapping[str, Any], data: bytes) -> str:
+    """An error event's message (the SDK's reading: its error's message, else the event as sent)."""
+    error = event.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) and message else data.decode("utf-8", "replace")
 
 
 def _finish(stop_reason: str | None) -> FinishReason:
@@ -306,60 +328,79 @@ class AnthropicBackend(ProviderBackend):
             params["output_config"] = output_config
         return params
 
+    async def _post(self, call: ProviderCall, *, stream: bool) -> Any:
+        """One Messages request, sent by the SDK and answered unread (providers.rawhttp)."""
+        params = self._params(call)
+        if stream:
+            params["stream"] = True
+        body, options = rawhttp.sdk_request(params)
+        return await rawhttp.post(self.client, "/v1/messages", body, options)
+
     async def _complete(self, call: ProviderCall) -> Completion:
-        return self._completion(await self.client.messages.create(**self._params(call)))
+        return self._completion(await rawhttp.read_object(await self._post(call, stream=False)))
 
     @staticmethod
     def _completion(message: Any) -> Completion:
-        """A Message (the SDK's object) as one generation (text, calls, thinking) and its usage."""
-        text, calls, reasoning = wire.message_parts(message.content)
+        """A Message (its JSON, or the SDK's object from a batch) as one generation (text, calls,
+        thinking) and its usage."""
+        text, calls, reasoning = wire.message_parts(rawhttp.objects(message, "content"))
+        usage = _usage(message)
         generation = Generation(
             index=0,
             text=text,
-            finish_reason=_finish(message.stop_reason),
-            output_tokens=message.usage.output_tokens,
-            matched_stop=message.stop_sequence,
+            finish_reason=_finish(rawhttp.optional_text(message, "stop_reason")),
+            output_tokens=usage.output_tokens,
+            matched_stop=rawhttp.optional_text(message, "stop_sequence"),
             tool_calls=calls,
             reasoning=reasoning,
         )
-        return Completion([generation], Usage(message.usage.input_tokens, message.usage.output_tokens))
+        return Completion([generation], usage)
 
     async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
-        stream = await self.client.messages.create(**self._params(call), stream=True)
+        response = await self._post(call, stream=True)
         input_tokens = 0
         blocks = wire.StreamBlocks()
         try:
-            check_event_stream(self.label, stream.response.headers.get("content-type"))
-            async for event in stream:
-                if event.type == "message_start":
-                    input_tokens = event.message.usage.input_tokens
-                elif event.type == "content_block_start":
-                    fragment = blocks.start(event.index, event.content_block)
+            check_event_stream(self.label, response.headers.get("content-type"))
+            async for sse in rawhttp.events(response):
+                event = rawhttp.loads_object(sse.data, "an event of its stream")
+                kind = event.get("type") or sse.name
+                if kind == "error" or sse.name == "error":
+                    raise UnreadableAnswer(_stream_error(event, sse.data))
+                if kind == "message_start":
+                    input_tokens = _usage(rawhttp.member(event, "message")).input_tokens
+                elif kind == "content_block_start":
+                    fragment = blocks.start(_block_index(event), rawhttp.member(event, "content_block"))
                     if fragment is not None:
                         yield ChunkText(0, "", tool_calls=(fragment,))
-                elif event.type == "content_block_delta":
-                    delta = event.delta
-                    if delta.type == "text_delta":
-                        yield ChunkText(0, delta.text)
-                    elif delta.type == "input_json_delta":
-                        fragment = blocks.arguments(event.index, delta.partial_json)
+                elif kind == "content_block_delta":
+                    index = _block_index(event)
+                    delta = rawhttp.member(event, "delta")
+                    delta_kind = rawhttp.field(delta, "type")
+                    if delta_kind == "text_delta":
+                        yield ChunkText(0, rawhttp.text(delta, "text"))
+                    elif delta_kind == "input_json_delta":
+                        fragment = blocks.arguments(index, rawhttp.text(delta, "partial_json"))
                         if fragment is not None:
                             yield ChunkText(0, "", tool_calls=(fragment,))
-                    elif delta.type == "thinking_delta":
-                        blocks.think(event.index, delta.thinking)
-                        yield ChunkText(0, "", reasoning=delta.thinking)
-                    elif delta.type == "signature_delta":
-                        blocks.sign(event.index, delta.signature)
-                elif event.type == "content_block_stop":
-                    fragment = blocks.stop(event.index)
+                    elif delta_kind == "thinking_delta":
+                        thought = rawhttp.text(delta, "thinking")
+                        blocks.think(index, thought)
+                        yield ChunkText(0, "", reasoning=thought)
+                    elif delta_kind == "signature_delta":
+                        blocks.sign(index, rawhttp.text(delta, "signature"))
+                elif kind == "content_block_stop":
+                    fragment = blocks.stop(_block_index(event))
                     if fragment is not None:
                         yield ChunkText(0, "", tool_calls=(fragment,))
-                elif event.type == "message_delta":
-                    finish = _finish(event.delta.stop_reason)
-                    yield ChunkEnd(0, finish, event.delta.stop_sequence, blocks.signatures())
-                    yield ChunkUsage(input_tokens, event.usage.output_tokens)
+                elif kind == "message_delta":
+                    delta = rawhttp.member(event, "delta")
+                    finish = _finish(rawhttp.optional_text(delta, "stop_reason") if delta else None)
+                    stop = rawhttp.optional_text(delta, "stop_sequence") if delta else None
+                    yield ChunkEnd(0, finish, stop, blocks.signatures())
+                    yield ChunkUsage(input_tokens, _usage(event).output_tokens)
         finally:
-            await stream.close()
+            await response.aclose()
 
     # --- Message Batches (backend.OfflineBatches) ----------------------------------------------
 

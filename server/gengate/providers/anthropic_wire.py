@@ -1,6 +1,7 @@
 """The Anthropic Messages wire format for tools and thinking, both directions, as pure functions:
 tools, tool choice, tool turns and thinking blocks out; tool_use and thinking blocks in (unary
-content and stream events alike, as the `anthropic` SDK types them).
+content and stream events alike: the plain JSON read by providers.rawhttp, or the `anthropic`
+SDK's objects where a batch hands them, read by the same accessors).
 
 A turn's thinking becomes one `Reasoning`: the blocks' texts joined, one signature entry per
 block in order. A thinking block's entry is its signature (prefixed `thinking:<chars>:` when the
@@ -30,6 +31,7 @@ from gengate.domain import (
     ToolChoiceMode,
 )
 from gengate.errors import FieldViolation
+from gengate.providers import rawhttp as a
 from gengate.tools import parameters_of
 
 REDACTED = "redacted_thinking:"
@@ -212,14 +214,16 @@ def message_parts(blocks: Sequence[Any]) -> tuple[str, tuple[ToolCall, ...], Rea
     calls: list[ToolCall] = []
     thoughts: list[Thought] = []
     for block in blocks:
-        if block.type == "text":
-            text.append(block.text)
-        elif block.type == "tool_use":
-            calls.append(ToolCall(block.id, block.name, json.dumps(block.input, ensure_ascii=False)))
-        elif block.type == "thinking":
-            thoughts.append(Thought(block.thinking, block.signature))
-        elif block.type == "redacted_thinking":
-            thoughts.append(Thought("", block.data, redacted=True))
+        kind = a.field(block, "type")
+        if kind == "text":
+            text.append(a.text(block, "text"))
+        elif kind == "tool_use":
+            given = json.dumps(a.field(block, "input"), ensure_ascii=False)
+            calls.append(ToolCall(a.text(block, "id"), a.text(block, "name"), given))
+        elif kind == "thinking":
+            thoughts.append(Thought(a.text(block, "thinking"), a.text(block, "signature")))
+        elif kind == "redacted_thinking":
+            thoughts.append(Thought("", a.text(block, "data"), redacted=True))
     return "".join(text), tuple(calls), reasoning(thoughts)
 
 
@@ -234,17 +238,18 @@ class StreamBlocks:
 
     def start(self, index: int, block: Any) -> ToolCallDelta | None:
         """A content_block_start: a tool call's first fragment (id and name), or None."""
-        if block.type == "tool_use":
+        kind = a.field(block, "type")
+        if kind == "tool_use":
             call = self.calls[index] = len(self.calls)
-            given = getattr(block, "input", None)
+            given = a.field(block, "input")
             arguments = json.dumps(given, ensure_ascii=False) if given else ""
             if arguments:
                 self.argued.add(index)
-            return ToolCallDelta(call, block.id, block.name, arguments)
-        if block.type == "thinking":
-            self.thoughts[index] = Thought(block.thinking or "", block.signature or "")
-        elif block.type == "redacted_thinking":
-            self.thoughts[index] = Thought("", block.data, redacted=True)
+            return ToolCallDelta(call, a.text(block, "id"), a.text(block, "name"), arguments)
+        if kind == "thinking":
+            self.thoughts[index] = Thought(a.text(block, "thinking"), a.text(block, "signature"))
+        elif kind == "redacted_thinking":
+            self.thoughts[index] = Thought("", a.text(block, "data"), redacted=True)
         return None
 
     def arguments(self, index: int, partial: str) -> ToolCallDelta | None:

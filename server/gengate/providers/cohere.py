@@ -1,4 +1,5 @@
-"""Cohere v2 Chat API through the official `cohere` SDK (AsyncClientV2).
+"""Cohere v2 Chat API through the official `cohere` SDK (AsyncClientV2): its HTTP client sends
+the request (base URL, auth, timeout), gengate reads the answer raw (providers.rawhttp).
 
 JSON Schema and choices are native through `response_format` {"type": "json_object",
 "json_schema": ...} (object root; others wrapped), JSON object natively; regex is prompted and
@@ -14,12 +15,14 @@ wire forms: providers.cohere_wire.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import cohere
 import httpx
+import orjson
 
 from gengate import errors
 from gengate.domain import (
@@ -35,6 +38,7 @@ from gengate.domain import (
     Usage,
 )
 from gengate.providers import cohere_wire as wire
+from gengate.providers import rawhttp
 from gengate.providers import structured as so
 from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
@@ -45,8 +49,10 @@ from gengate.providers.base import (
     ProviderBackend,
     ProviderCall,
     ProviderOptions,
+    check_event_stream,
     map_finish_reason,
 )
+from gengate.providers.errors import UnreadableAnswer
 from gengate.tools import TOOLS_UNSUPPORTED
 
 
@@ -69,9 +75,11 @@ def _usage(usage: Any) -> Usage | None:
     """Cohere reports `tokens` (what the model saw) and `billed_units`; prefer `tokens`."""
     if usage is None:
         return None
-    for counts in (usage.tokens, usage.billed_units):
-        if counts is not None and counts.output_tokens is not None:
-            return Usage(int(counts.input_tokens or 0), int(counts.output_tokens))
+    for key in ("tokens", "billed_units"):
+        counts = rawhttp.member(usage, key)
+        output = rawhttp.number(counts, "output_tokens") if counts is not None else None
+        if output is not None:
+            return Usage(int(rawhttp.number(counts, "input_tokens") or 0), int(output))
     return None
 
 
@@ -195,24 +203,46 @@ class CohereBackend(ProviderBackend):
             params["response_format"] = response_format
         return params
 
+    @contextlib.asynccontextmanager
+    async def _post(self, call: ProviderCall, *, stream: bool) -> AsyncIterator[httpx.Response]:
+        """One v2 Chat request sent by the SDK's own HTTP client (its base URL, auth headers and
+        request_options timeout), answered unread (providers.rawhttp); a non-2xx answer raises
+        the SDK's ApiError as its chat() would, so errors map as before."""
+        params = self._params(call)
+        request_options = params.pop("request_options")
+        params["stream"] = stream
+        http = self.client._client_wrapper.httpx_client
+        async with http.stream(
+            "v2/chat",
+            method="POST",
+            json=params,
+            headers={"content-type": "application/json"},
+            request_options=request_options,
+        ) as response:
+            if not 200 <= response.status_code < 300:
+                raise _api_error(response, await rawhttp.read_body(response))
+            yield response
+
     async def _complete(self, call: ProviderCall) -> Completion:
-        response = await self.client.chat(**self._params(call))
-        text, calls, reasoning = wire.message_parts(response.message)
+        async with self._post(call, stream=False) as raw:
+            response = await rawhttp.read_object(raw)
+        text, calls, reasoning = wire.message_parts(rawhttp.member(response, "message"))
         logprobs = None
-        if response.logprobs:
+        items = rawhttp.objects(response, "logprobs")
+        if items:
             logprobs = tuple(
                 TokenLogprob(
-                    token=item.text or "",
-                    logprob=(item.logprobs or [0.0])[0],
-                    token_id=item.token_ids[0] if item.token_ids else None,
+                    token=rawhttp.text(item, "text"),
+                    logprob=rawhttp.as_number((rawhttp.items(item, "logprobs") or [0.0])[0], "logprobs"),
+                    token_id=_first_id(item),
                 )
-                for item in response.logprobs
+                for item in items
             )
-        usage = _usage(response.usage)
+        usage = _usage(rawhttp.member(response, "usage"))
         generation = Generation(
             index=0,
             text=text,
-            finish_reason=_finish(response.finish_reason),
+            finish_reason=_finish(rawhttp.optional_text(response, "finish_reason")),
             output_tokens=usage.output_tokens if usage else 0,
             logprobs=logprobs,
             tool_calls=calls,
@@ -221,18 +251,39 @@ class CohereBackend(ProviderBackend):
         return Completion([generation], usage)
 
     async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
-        stream = self.client.chat_stream(**self._params(call))
         calls = wire.StreamState()
-        try:
-            async for event in stream:
-                if event.type != "message-end":
+        async with self._post(call, stream=True) as response:
+            check_event_stream(self.label, response.headers.get("content-type"))
+            async for sse in rawhttp.events(response):
+                if sse.data == b"[DONE]":
+                    return
+                event = rawhttp.loads_object(sse.data, "an event of its stream")
+                if event.get("type") != "message-end":
                     for chunk in calls.chunks(event):
                         yield chunk
                     continue
-                delta = event.delta
-                yield ChunkEnd(0, _finish(delta.finish_reason if delta else None))
-                usage = _usage(delta.usage if delta else None)
+                delta = rawhttp.member(event, "delta")
+                yield ChunkEnd(0, _finish(rawhttp.optional_text(delta, "finish_reason") if delta else None))
+                usage = _usage(rawhttp.member(delta, "usage") if delta else None)
                 if usage is not None:
                     yield ChunkUsage(usage.input_tokens, usage.output_tokens)
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+
+
+def _first_id(item: Any) -> int | None:
+    ids = rawhttp.items(item, "token_ids")
+    if not ids:
+        return None
+    if isinstance(ids[0], bool) or not isinstance(ids[0], int):
+        raise UnreadableAnswer("an entry of `token_ids` is not a whole number")
+    return ids[0]
+
+
+def _api_error(response: httpx.Response, body: bytes) -> Exception:
+    """The SDK's ApiError for a non-2xx answer, as its chat() raises it (body as JSON, else text)."""
+    from cohere.core.api_error import ApiError
+
+    try:
+        parsed: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = body.decode("utf-8", "replace")
+    return ApiError(status_code=response.status_code, headers=dict(response.headers), body=parsed)

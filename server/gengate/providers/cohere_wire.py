@@ -1,6 +1,7 @@
 """The Cohere v2 Chat wire format for tools and thinking, both directions, as pure functions:
 tools, tool choice, tool turns and thinking items out; tool calls, tool plans and thinking items
-in (unary messages and stream events alike, as the `cohere` SDK types them).
+in (unary messages and stream events alike: the plain JSON read by providers.rawhttp, or the
+`cohere` SDK's objects, read by the same accessors).
 
 Cohere has no named tool choice: a named tool is emulated exactly by offering only that tool
 with `tool_choice: "REQUIRED"`. It has no parallel-calls switch either: the server's validation
@@ -29,6 +30,7 @@ from gengate.domain import (
     ToolChoiceMode,
 )
 from gengate.errors import FieldViolation
+from gengate.providers import rawhttp as a
 from gengate.providers.base import ChunkText, image_url
 from gengate.tools import parameters_of
 
@@ -160,28 +162,35 @@ def history_violations(chat: Sequence[ChatMessage]) -> list[FieldViolation]:
 
 
 def message_parts(message: Any) -> tuple[str, tuple[ToolCall, ...], Reasoning | None]:
-    """An AssistantMessageResponse: its text (the tool plan, then the text items), its calls and
-    its thinking (None: it had none)."""
-    text = [message.tool_plan or ""]
+    """An assistant message (its JSON, or the SDK's AssistantMessageResponse): its text (the tool
+    plan, then the text items), its calls and its thinking (None: it had none)."""
+    if message is None:
+        return "", (), None
+    text = [a.text(message, "tool_plan")]
     thoughts: list[str] = []
-    for item in message.content or []:
-        if item.type == "text":
-            text.append(item.text or "")
-        elif item.type == "thinking":
-            thoughts.append(item.thinking or "")
-    calls = tuple(ToolCall(c.id or "", _name(c), _arguments(c)) for c in message.tool_calls or [])
+    for item in a.objects(message, "content"):
+        kind = a.field(item, "type")
+        if kind == "text":
+            text.append(a.text(item, "text"))
+        elif kind == "thinking":
+            thoughts.append(a.text(item, "thinking"))
+    calls = tuple(
+        ToolCall(a.text(c, "id"), _name(c), _arguments(c)) for c in a.objects(message, "tool_calls")
+    )
     reasoning = Reasoning("".join(thoughts)) if thoughts else None
     return "".join(text), calls, reasoning
 
 
 def _name(c: Any) -> str:
-    """A ToolCallV2's function name ("" when absent)."""
-    return (c.function.name if c.function is not None else None) or ""
+    """A tool call's function name ("" when absent)."""
+    function = a.member(c, "function")
+    return a.text(function, "name") if function is not None else ""
 
 
 def _arguments(c: Any) -> str:
-    """A ToolCallV2's arguments text ("" when absent)."""
-    return (c.function.arguments if c.function is not None else None) or ""
+    """A tool call's arguments text ("" when absent)."""
+    function = a.member(c, "function")
+    return a.text(function, "arguments") if function is not None else ""
 
 
 @dataclass
@@ -195,26 +204,28 @@ class StreamState:
     def chunks(self, event: Any) -> list[ChunkText]:
         """What a stream event other than message-end says: text (content or tool plan),
         thinking, or a call fragment; nothing for the events that carry none."""
-        message = getattr(getattr(event, "delta", None), "message", None)
-        index = getattr(event, "index", None) or 0
+        delta = a.member(event, "delta")
+        message = a.member(delta, "message") if delta is not None else None
+        index = a.integer(event, "index") or 0
+        kind = a.field(event, "type")
         fragment: ToolCallDelta | None = None
-        if event.type == "content-delta":
-            item = getattr(message, "content", None)
+        if kind == "content-delta":
+            item = a.member(message, "content") if message is not None else None
             out = []
-            if item is not None and item.thinking:
-                out.append(ChunkText(0, "", reasoning=item.thinking))
-            if item is not None and item.text:
-                out.append(ChunkText(0, item.text))
+            if item is not None and (thought := a.text(item, "thinking")):
+                out.append(ChunkText(0, "", reasoning=thought))
+            if item is not None and (said := a.text(item, "text")):
+                out.append(ChunkText(0, said))
             return out
-        if event.type == "tool-plan-delta":
-            plan = getattr(message, "tool_plan", None)
+        if kind == "tool-plan-delta":
+            plan = a.text(message, "tool_plan") if message is not None else ""
             return [ChunkText(0, plan)] if plan else []
-        if event.type == "tool-call-start":
-            fragment = self.start(index, getattr(message, "tool_calls", None))
-        elif event.type == "tool-call-delta":
-            function = getattr(getattr(message, "tool_calls", None), "function", None)
-            fragment = self.arguments(index, getattr(function, "arguments", None))
-        elif event.type == "tool-call-end":
+        call = a.member(message, "tool_calls") if message is not None else None
+        if kind == "tool-call-start":
+            fragment = self.start(index, call)
+        elif kind == "tool-call-delta":
+            fragment = self.arguments(index, _arguments(call) if call is not None else None)
+        elif kind == "tool-call-end":
             fragment = self.end(index)
         return [ChunkText(0, "", tool_calls=(fragment,))] if fragment is not None else []
 
@@ -226,7 +237,7 @@ class StreamState:
         arguments = _arguments(call)
         if arguments:
             self.argued.add(index)
-        return ToolCallDelta(at, call.id or "", _name(call), arguments)
+        return ToolCallDelta(at, a.text(call, "id"), _name(call), arguments)
 
     def arguments(self, index: int, fragment: str | None) -> ToolCallDelta | None:
         """A tool-call-delta's arguments fragment (None: empty or of no started call)."""

@@ -31,6 +31,11 @@ UPSTREAM_PROTOCOL = "UPSTREAM_PROTOCOL"  # a streaming request answered with no 
 _MAX_MESSAGE = 1000
 
 
+class UnreadableAnswer(ValueError):
+    """An upstream answer gengate cannot read (no JSON, a field of the wrong kind, over a size
+    limit): normalize_exception makes it Unavailable UPSTREAM_BAD_RESPONSE, with this message."""
+
+
 def scrub(text: str) -> str:
     """`text` without any registered secret or credential-shaped token, then cut to a sane length
     (redacted first: a key straddling the cut must not leave its first half in the message)."""
@@ -204,6 +209,8 @@ def normalize_exception(exc: BaseException, *, provider: str = "provider") -> er
             provider=provider,
             error_type=error_type if isinstance(error_type, str) else None,
         )
+    if isinstance(exc, UnreadableAnswer):
+        return unreadable(provider, str(exc))
     if _is_timeout(exc):
         return errors.DeadlineExceeded(f"{provider} did not answer in time", reason=UPSTREAM_TIMEOUT)
     if any(cls.__name__ == "SSEError" for cls in type(exc).__mro__):  # httpx-sse: not an event stream
@@ -215,9 +222,13 @@ def normalize_exception(exc: BaseException, *, provider: str = "provider") -> er
         return errors.Unavailable(
             f"cannot reach {provider}: {scrub(str(exc)) or type(exc).__name__}", reason=UPSTREAM_UNAVAILABLE
         )
+    return unreadable(provider, str(exc) or type(exc).__name__)
+
+
+def unreadable(provider: str, why: str) -> errors.Unavailable:
+    """The error for an upstream answer gengate could not read (retryable: the next may be fine)."""
     return errors.Unavailable(
-        f"{provider} sent a response gengate could not read: {scrub(str(exc)) or type(exc).__name__}",
-        reason=UPSTREAM_BAD_RESPONSE,
+        f"{provider} sent a response gengate could not read: {scrub(why)}", reason=UPSTREAM_BAD_RESPONSE
     )
 
 

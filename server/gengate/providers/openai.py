@@ -49,9 +49,8 @@ from gengate.domain import (
     TextPart,
     Tool,
     ToolCall,
-    Usage,
 )
-from gengate.providers import openai_batch
+from gengate.providers import openai_batch, rawhttp
 from gengate.providers import openai_wire as wire
 from gengate.providers import structured as so
 from gengate.providers import toolcalls as tc
@@ -66,6 +65,7 @@ from gengate.providers.base import (
     ProviderOptions,
     check_event_stream,
 )
+from gengate.providers.errors import UnreadableAnswer
 from gengate.redaction import register_secret
 
 log = logging.getLogger("gengate.providers")
@@ -314,31 +314,34 @@ class OpenAIChatBackend(ProviderBackend):
     # --- upstream calls ------------------------------------------------------------------------
 
     async def _create(self, call: ProviderCall, *, stream: bool) -> Any:
-        """One upstream request, on the completions route where `_raw_route` says, else on chat."""
-        if self._raw_route(call):
-            return await self._client.completions.create(**self._params(call, stream=stream, raw=True))
-        return await self._client.chat.completions.create(**self._params(call, stream=stream))
+        """One upstream request, on the completions route where `_raw_route` says, else on chat:
+        sent by the SDK, answered unread (providers.rawhttp)."""
+        raw = self._raw_route(call)
+        body, options = rawhttp.sdk_request(self._params(call, stream=stream, raw=raw))
+        options["security"] = {"bearer_auth": True}  # as the SDK's create() asks for its key
+        return await rawhttp.post(self._client, "/completions" if raw else "/chat/completions", body, options)
 
     async def _complete(self, call: ProviderCall) -> Completion:
-        return self._completion(call, await self._create(call, stream=False))
+        return self._completion(call, await rawhttp.read_object(await self._create(call, stream=False)))
 
     def _completion(self, call: ProviderCall, response: Any) -> Completion:
-        """A chat completion or a text completion (the SDK's object) as choices and usage."""
+        """A chat completion or a text completion (its JSON, or an SDK object) as choices and usage."""
         stops = call.request.stopping.stop
         top = call.request.logprobs or 0
         gens: list[Generation] = []
-        for choice in response.choices or ():
+        for position, choice in enumerate(rawhttp.objects(response, "choices")):
             text, refusal = wire.choice_text(choice)
-            finish, matched = wire.finish(choice.finish_reason, getattr(choice, "stop_reason", None), stops)
+            finish, matched = wire.choice_finish(choice, stops) or wire.finish(None, None, stops)
             if refusal:
                 text, finish = refusal, FinishReason.REFUSAL
-            logprobs = wire.logprobs(choice.logprobs, top)
+            logprobs = wire.logprobs(rawhttp.member(choice, "logprobs"), top)
             count = len(logprobs) if logprobs is not None else 0
-            message = getattr(choice, "message", None)
+            message = rawhttp.member(choice, "message")
             thought = wire.reasoning_text(message)
+            index = rawhttp.integer(choice, "index")
             gens.append(
                 Generation(
-                    choice.index,
+                    position if index is None else index,
                     text,
                     finish,
                     count,
@@ -349,39 +352,51 @@ class OpenAIChatBackend(ProviderBackend):
                 )
             )
         gens.sort(key=lambda g: g.index)
-        usage = response.usage
+        usage = wire.usage(response)
         if usage is not None and len(gens) == 1:
-            gens[0] = _with_tokens(gens[0], usage.completion_tokens or 0)
-        return Completion(
-            gens, Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage else None
-        )
+            gens[0] = _with_tokens(gens[0], usage.output_tokens)
+        return Completion(gens, usage)
 
     async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
-        stream = await self._create(call, stream=True)
+        response = await self._create(call, stream=True)
         stops = call.request.stopping.stop
         top = call.request.logprobs or 0
         try:
-            check_event_stream(self.label, stream.response.headers.get("content-type"))
-            async for chunk in stream:
-                for choice in chunk.choices or ():
+            check_event_stream(self.label, response.headers.get("content-type"))
+            async for event in rawhttp.events(response):
+                if event.data.startswith(b"[DONE]"):
+                    break
+                if event.name is not None and event.name != "error":
+                    continue  # not a chunk (the SDK's stream would yield it with no choices)
+                chunk = rawhttp.loads_object(event.data, "an event of its stream")
+                if event.name == "error" or chunk.get("error"):
+                    raise UnreadableAnswer(_stream_error(chunk))
+                for choice in rawhttp.objects(chunk, "choices"):
+                    index = rawhttp.integer(choice, "index") or 0
                     text, refusal = wire.choice_text(choice)
-                    logprobs = wire.logprobs(getattr(choice, "logprobs", None), top)
-                    delta = getattr(choice, "delta", None)
+                    logprobs = wire.logprobs(rawhttp.member(choice, "logprobs"), top)
+                    delta = rawhttp.member(choice, "delta")
                     calls = wire.tool_call_deltas(delta)
                     thought = wire.reasoning_text(delta)
                     if text or refusal or logprobs or calls or thought:
                         count = len(logprobs) if logprobs else 1
-                        yield ChunkText(choice.index, text or refusal or "", logprobs, count, calls, thought)
-                    if choice.finish_reason is not None:
-                        finish, matched = wire.finish(
-                            choice.finish_reason, getattr(choice, "stop_reason", None), stops
-                        )
-                        yield ChunkEnd(choice.index, FinishReason.REFUSAL if refusal else finish, matched)
-                usage = getattr(chunk, "usage", None)
+                        yield ChunkText(index, text or refusal or "", logprobs, count, calls, thought)
+                    finished = wire.choice_finish(choice, stops)
+                    if finished is not None:
+                        finish, matched = finished
+                        yield ChunkEnd(index, FinishReason.REFUSAL if refusal else finish, matched)
+                usage = wire.usage(chunk)
                 if usage is not None:
-                    yield ChunkUsage(usage.prompt_tokens or 0, usage.completion_tokens or 0)
+                    yield ChunkUsage(usage.input_tokens, usage.output_tokens)
         finally:
-            await stream.close()
+            await response.aclose()
+
+
+def _stream_error(chunk: dict[str, Any]) -> str:
+    """The message of an error event inside a stream (the openai SDK's words when it has none)."""
+    error = chunk.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) and message else "An error occurred during streaming"
 
 
 def _with_tokens(g: Generation, tokens: int) -> Generation:

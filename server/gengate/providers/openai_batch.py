@@ -199,11 +199,9 @@ def _answer(wire: ChatWire, line: str) -> tuple[object, batching.Answer] | None:
 
 
 def _reader(wire: ChatWire, body: dict[str, Any]) -> Callable[[ProviderCall], Completion]:
-    """Reads a line's chat completion as the SDK would have typed it, then as the online call."""
+    """Reads a line's chat completion (its JSON) as the online call reads its answer."""
 
     def read(call: ProviderCall) -> Completion:
-        from openai.types.chat import ChatCompletion
-
-        return wire.completion(call, ChatCompletion.construct(**body))
+        return wire.completion(call, body)
 
     return read

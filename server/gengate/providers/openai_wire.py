@@ -1,6 +1,7 @@
 """The OpenAI chat-completions wire format, both directions, as pure functions: messages (tool
 turns included) and tool choice out; a choice's text, refusal, finish reason, logprobs, tool
-calls and reasoning in (unary messages and stream deltas alike, as the `openai` SDK types them).
+calls and reasoning in (unary messages and stream deltas alike: the plain JSON read by
+providers.rawhttp, or an SDK's objects where another SDK hands them, read by the same accessors).
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from gengate.domain import (
     ToolChoice,
     ToolChoiceMode,
     TopLogprob,
+    Usage,
 )
+from gengate.providers import rawhttp as a
 from gengate.providers import structured as so
 from gengate.providers.base import ProviderCall, image_url, map_finish_reason
+from gengate.providers.errors import UnreadableAnswer
 from gengate.tools import parameters_of
 
 
@@ -39,15 +43,27 @@ def finish(raw: str | None, stop_reason: Any, stops: tuple[str, ...]) -> tuple[F
     return reason, None
 
 
+def choice_finish(choice: Any, stops: tuple[str, ...]) -> tuple[FinishReason, str | None] | None:
+    """A choice's finish (reason, matched stop), or None while a streamed choice goes on."""
+    raw = a.optional_text(choice, "finish_reason")
+    if raw is None:
+        return None
+    return finish(raw, a.field(choice, "stop_reason"), stops)
+
+
+def choice_body(choice: Any) -> Any:
+    """A chat choice's message, or a stream choice's delta (None: a text completion's choice)."""
+    body = a.member(choice, "message")
+    return a.member(choice, "delta") if body is None else body
+
+
 def choice_text(choice: Any) -> tuple[str, str | None]:
     """A choice's text and refusal: a chat choice's message (or a stream's delta), or a text
     completion's `text` (which has no refusal)."""
-    body = getattr(choice, "message", None)
+    body = choice_body(choice)
     if body is None:
-        body = getattr(choice, "delta", None)
-    if body is None:
-        return getattr(choice, "text", None) or "", None
-    return getattr(body, "content", None) or "", getattr(body, "refusal", None)
+        return a.text(choice, "text"), None
+    return a.text(body, "content"), a.optional_text(body, "refusal")
 
 
 def tool_calls(message: Any) -> tuple[ToolCall, ...]:
@@ -55,30 +71,38 @@ def tool_calls(message: Any) -> tuple[ToolCall, ...]:
     input, and fails validation as no JSON arguments of an offered function would). Arguments
     given as a JSON value rather than text (older TGI) are serialized; a numeric id is text."""
     out: list[ToolCall] = []
-    for call in getattr(message, "tool_calls", None) or ():
-        function = getattr(call, "function", None) or getattr(call, "custom", None)
-        name = getattr(function, "name", None) or ""
-        arguments = getattr(function, "arguments", None)
-        if arguments is None:
-            arguments = getattr(function, "input", None) or ""
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        ident = getattr(call, "id", None)
+    for call in a.objects(message, "tool_calls") if message is not None else ():
+        function = a.member(call, "function") or a.member(call, "custom")
+        name = a.text(function, "name") if function is not None else ""
+        arguments = a.field(function, "arguments") if function is not None else None
+        if arguments is None and function is not None:
+            arguments = a.field(function, "input") or ""
+        arguments = _arguments_text(arguments)
+        ident = a.field(call, "id")
         out.append(ToolCall("" if ident is None else str(ident), name, arguments))
     return tuple(out)
+
+
+def _arguments_text(arguments: Any) -> str:
+    """Arguments as text: a JSON value some servers send instead is serialized."""
+    if arguments is None:
+        return ""
+    if not isinstance(arguments, str):
+        return json.dumps(arguments, ensure_ascii=False)
+    return arguments
 
 
 def chat_generation(choice: Any, reasoning: Reasoning | None = None) -> Generation:
     """A chat choice as a generation: its text, finish reason, calls, and `reasoning` or else the
     message's reasoning text (for the SDKs whose choices need no more: TGI's, LiteLLM's)."""
-    message = choice.message
+    message = a.member(choice, "message")
     if reasoning is None:
         thought = reasoning_text(message)
         reasoning = Reasoning(thought) if thought else None
     return Generation(
-        index=choice.index,
-        text=getattr(message, "content", None) or "",
-        finish_reason=map_finish_reason(choice.finish_reason),
+        index=a.integer(choice, "index") or 0,
+        text=a.text(message, "content") if message is not None else "",
+        finish_reason=map_finish_reason(a.optional_text(choice, "finish_reason")),
         tool_calls=tool_calls(message),
         reasoning=reasoning,
     )
@@ -87,15 +111,18 @@ def chat_generation(choice: Any, reasoning: Reasoning | None = None) -> Generati
 def tool_call_deltas(delta: Any) -> tuple[ToolCallDelta, ...]:
     """A stream delta's call fragments (`delta.tool_calls[{index, id?, function{name?, arguments?}}]`)."""
     out: list[ToolCallDelta] = []
-    for position, call in enumerate(getattr(delta, "tool_calls", None) or ()):
-        function = getattr(call, "function", None)
-        index = getattr(call, "index", None)
+    if delta is None:
+        return ()
+    for position, call in enumerate(a.objects(delta, "tool_calls")):
+        function = a.member(call, "function")
+        index = a.field(call, "index")
+        ident = a.field(call, "id")
         out.append(
             ToolCallDelta(
-                index if isinstance(index, int) else position,
-                getattr(call, "id", None) or "",
-                getattr(function, "name", None) or "",
-                getattr(function, "arguments", None) or "",
+                index if isinstance(index, int) and not isinstance(index, bool) else position,
+                "" if ident is None else str(ident),
+                a.text(function, "name") if function is not None else "",
+                _arguments_text(a.field(function, "arguments")) if function is not None else "",
             )
         )
     return tuple(out)
@@ -104,10 +131,13 @@ def tool_call_deltas(delta: Any) -> tuple[ToolCallDelta, ...]:
 def reasoning_text(body: Any) -> str:
     """A message's or delta's reasoning, from the fields OpenAI's types lack: `reasoning_content`
     (vLLM, SGLang, DeepSeek, llama.cpp, LiteLLM) or `reasoning` (Ollama, newer vLLM, Hugging
-    Face's types), as text: an extra field of an SDK model or an attribute of the SDK's own."""
-    extra = getattr(body, "model_extra", None) or {}
+    Face's types), as text: a key of the plain answer, an extra field of an SDK model or an
+    attribute of the SDK's own."""
+    if body is None:
+        return ""
+    extra = {} if isinstance(body, dict) else getattr(body, "model_extra", None) or {}
     for key in ("reasoning_content", "reasoning"):
-        value = extra.get(key, getattr(body, key, None))
+        value = extra.get(key, a.field(body, key))
         if isinstance(value, str) and value:
             return value
     return ""
@@ -120,32 +150,51 @@ def logprobs(raw: Any, top: int) -> tuple[TokenLogprob, ...] | None:
     the sampled token to it)."""
     if raw is None:
         return None
-    content = getattr(raw, "content", None)
+    content = a.objects(raw, "content")
     if content:
         return tuple(
             TokenLogprob(
-                token=item.token,
-                logprob=item.logprob,
-                top=tuple(TopLogprob(t.token, t.logprob) for t in (item.top_logprobs or ())),
+                token=a.text(item, "token"),
+                logprob=a.number(item, "logprob") or 0.0,
+                top=tuple(
+                    TopLogprob(a.text(t, "token"), a.number(t, "logprob") or 0.0)
+                    for t in a.objects(item, "top_logprobs")
+                ),
             )
             for item in content
         )
-    tokens = getattr(raw, "tokens", None)
+    tokens = a.items(raw, "tokens")
     if not tokens:
         return None
-    values = getattr(raw, "token_logprobs", None) or [None] * len(tokens)
-    tops = getattr(raw, "top_logprobs", None) or [None] * len(tokens)
+    values = a.items(raw, "token_logprobs") or [None] * len(tokens)
+    tops = a.items(raw, "top_logprobs") or [None] * len(tokens)
     out: list[TokenLogprob] = []
     for token, logprob, alternatives in zip(tokens, values, tops, strict=False):
-        best = sorted((alternatives or {}).items(), key=lambda kv: kv[1], reverse=True)[:top]
+        if not isinstance(token, str):
+            raise UnreadableAnswer("an entry of `tokens` is not text")
+        if alternatives is not None and not isinstance(alternatives, dict):
+            raise UnreadableAnswer("an entry of `top_logprobs` is not an object")
+        best = sorted(
+            ((t, a.as_number(lp, "top_logprobs")) for t, lp in (alternatives or {}).items()),
+            key=lambda kv: kv[1],
+            reverse=True,
+        )[:top]
         out.append(
             TokenLogprob(
                 token=token,
-                logprob=logprob if logprob is not None else 0.0,
-                top=tuple(TopLogprob(t, lp) for t, lp in best),
+                logprob=a.as_number(logprob, "token_logprobs") if logprob is not None else 0.0,
+                top=tuple(TopLogprob(str(t), lp) for t, lp in best),
             )
         )
     return tuple(out)
+
+
+def usage(answer: Any) -> Usage | None:
+    """An answer's (or a stream chunk's) `usage` as prompt and completion tokens, or None."""
+    raw = a.member(answer, "usage")
+    if raw is None:
+        return None
+    return Usage(a.integer(raw, "prompt_tokens") or 0, a.integer(raw, "completion_tokens") or 0)
 
 
 def tool_choice(choice: ToolChoice) -> str | dict[str, Any]:

@@ -1,0 +1,236 @@
+"""Raw upstream answers for the SDK-backed providers: the SDK builds and sends the request (auth,
+Azure routing, timeouts, status errors) and hands back the httpx response unread; gengate reads
+the body itself (orjson) and parses server-sent events itself, both bounded, instead of the SDK
+typing every answer and every stream chunk as pydantic objects.
+
+The `text`/`integer`/`items`... accessors read one field of an answer whichever form it has (the
+plain dict read here, or an SDK object where a batch or another SDK still hands one), and raise
+UnreadableAnswer for a field of the wrong kind, so a malformed answer is UPSTREAM_BAD_RESPONSE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from gengate.providers.errors import UnreadableAnswer
+
+# The most a unary answer's body may hold (decoded), and one event (or one line) of a stream.
+MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_EVENT_BYTES = 8 * 1024 * 1024
+
+
+class RawResponse(Protocol):
+    """What is read of an httpx (or httpx2, the openai and anthropic SDKs') response."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def post(client: Any, path: str, body: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
+    """POSTs `body` through a Stainless-generated SDK client (openai, anthropic: both on httpx2)
+    and returns its httpx2 response unread (the caller closes it). The SDK raises its status
+    error for a non-2xx answer before returning, its body read, so status mapping is unchanged."""
+    import httpx2
+
+    return await client.post(path, body=body, cast_to=httpx2.Response, stream=True, options=options)
+
+
+def sdk_request(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An SDK method's keyword arguments as `post`'s body and request options: `extra_body`
+    merged over the fields (as the SDK merges it), `timeout` and `extra_headers` as options."""
+    body = dict(params)
+    body.update(body.pop("extra_body", None) or {})
+    options: dict[str, Any] = {}
+    if "timeout" in body:
+        options["timeout"] = body.pop("timeout")
+    headers = body.pop("extra_headers", None)
+    if headers:
+        options["headers"] = headers
+    return body, options
+
+
+async def read_body(response: RawResponse, limit: int | None = None) -> bytes:
+    """The whole (decoded) body, at most `limit` (MAX_BODY_BYTES) bytes; the response is closed after."""
+    limit = MAX_BODY_BYTES if limit is None else limit
+    try:
+        length = response.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise UnreadableAnswer(f"its body of {int(length)} bytes is over gengate's limit of {limit}")
+        buffer = bytearray()
+        async for piece in response.aiter_bytes():
+            buffer += piece
+            if len(buffer) > limit:
+                raise UnreadableAnswer(f"its body is over gengate's limit of {limit} bytes")
+        return bytes(buffer)
+    finally:
+        await response.aclose()
+
+
+def loads_object(data: bytes | str, what: str = "its body") -> dict[str, Any]:
+    """`data` parsed as a JSON object (UnreadableAnswer when it is no JSON, or not an object)."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise UnreadableAnswer(f"{what} is no JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise UnreadableAnswer(f"{what} is a JSON {_kind(value)}, not an object")
+    return value
+
+
+async def read_object(response: RawResponse, limit: int | None = None) -> dict[str, Any]:
+    """A unary answer: its body, bounded, as a JSON object."""
+    return loads_object(await read_body(response, limit))
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One server-sent event: its `event:` name (None: unnamed) and its data lines joined."""
+
+    name: str | None
+    data: bytes
+
+
+async def events(response: RawResponse, limit: int | None = None) -> AsyncIterator[Event]:
+    """The stream's events (the WHATWG rules: LF, CRLF or CR line ends, `:` comments ignored,
+    data lines joined by LF, an event without data not dispatched, an unfinished event at EOF
+    dropped). A line or an event over `limit` bytes raises UnreadableAnswer, so memory stays
+    bounded whatever the upstream sends (`limit`: MAX_EVENT_BYTES). The caller closes the response."""
+    limit = MAX_EVENT_BYTES if limit is None else limit
+    pending = b""  # an unfinished line
+    after_cr = False  # the last line ended in CR: an LF opening the next piece belongs to it
+    data: list[bytes] = []
+    size = 0
+    name: str | None = None
+    async for piece in response.aiter_bytes():
+        if after_cr and piece.startswith(b"\n"):
+            piece = piece[1:]
+        if pending:
+            piece = pending + piece
+            pending = b""
+        lines = piece.splitlines(keepends=True)
+        if lines and not lines[-1].endswith((b"\n", b"\r")):
+            pending = lines.pop()
+        after_cr = not pending and bool(lines) and lines[-1].endswith(b"\r")
+        for raw in lines:
+            line = raw.rstrip(b"\r\n")
+            if not line:
+                if data:
+                    yield Event(name, b"\n".join(data))
+                data, size, name = [], 0, None
+                continue
+            field, _, value = line.partition(b":")
+            if not field:
+                continue  # a comment (a keep-alive)
+            if value.startswith(b" "):
+                value = value[1:]
+            if field == b"data":
+                size += len(value) + 1
+                if size > limit:
+                    raise UnreadableAnswer(f"an event of its stream is over gengate's limit of {limit} bytes")
+                data.append(value)
+            elif field == b"event":
+                name = value.decode("utf-8", "replace")
+            # id and retry mean nothing to a one-shot request; other fields are ignored by the rules
+        if len(pending) > limit:
+            raise UnreadableAnswer(f"a line of its event stream is over gengate's limit of {limit} bytes")
+
+
+# --- fields of an answer, as a dict or as an SDK object -------------------------------------------
+
+
+def field(obj: Any, name: str) -> Any:
+    """`obj[name]` of a dict, or the attribute of an SDK object (None when absent)."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def text(obj: Any, name: str) -> str:
+    """A text field ("" when absent or null)."""
+    value = field(obj, name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise UnreadableAnswer(f"`{name}` is a {_kind(value)}, not text")
+    return value
+
+
+def optional_text(obj: Any, name: str) -> str | None:
+    """A text field that may be absent (None)."""
+    value = field(obj, name)
+    return None if value is None else text(obj, name)
+
+
+def integer(obj: Any, name: str) -> int | None:
+    """A whole-number field (None when absent or null)."""
+    value = field(obj, name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UnreadableAnswer(f"`{name}` is a {_kind(value)}, not a whole number")
+    return value
+
+
+def number(obj: Any, name: str) -> float | None:
+    """A numeric field (None when absent or null)."""
+    value = field(obj, name)
+    return None if value is None else as_number(value, name)
+
+
+def as_number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UnreadableAnswer(f"`{name}` is a {_kind(value)}, not a number")
+    return float(value)
+
+
+def member(obj: Any, name: str) -> Any:
+    """A nested object (a dict or an SDK object; None when absent or null)."""
+    value = field(obj, name)
+    if value is None or isinstance(value, dict):
+        return value
+    if isinstance(value, str | bytes | int | float | list | tuple):
+        raise UnreadableAnswer(f"`{name}` is a {_kind(value)}, not an object")
+    return value
+
+
+def items(obj: Any, name: str) -> list[Any] | tuple[Any, ...]:
+    """A list field (empty when absent or null)."""
+    value = field(obj, name)
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise UnreadableAnswer(f"`{name}` is a {_kind(value)}, not a list")
+    return value
+
+
+def objects(obj: Any, name: str) -> list[Any]:
+    """A list field whose entries are all objects (dicts or SDK objects)."""
+    out = list(items(obj, name))
+    for entry in out:
+        if entry is None or isinstance(entry, str | bytes | int | float | list | tuple):
+            raise UnreadableAnswer(f"an entry of `{name}` is a {_kind(entry)}, not an object")
+    return out
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, list | tuple):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
