@@ -86,6 +86,16 @@ async def test_an_sse_line_or_event_over_the_limit_is_unreadable() -> None:
     assert await parse(b"data: " + b"x" * 900 + b"\n\n", limit=1000) == [(None, b"x" * 900)]
 
 
+async def test_a_long_line_in_many_small_pieces_reads_whole() -> None:
+    """A line that trickles in (a slow or hostile upstream) is gathered in place: the same event,
+    and the limit still counts the whole line."""
+    line = b"data: " + b"y" * 200_000
+    pieces = [line[i : i + 7] for i in range(0, len(line), 7)]
+    assert await parse(*pieces, b"\r", b"\n\r\n") == [(None, b"y" * 200_000)]
+    with pytest.raises(UnreadableAnswer, match="a line of its event stream is over"):
+        await parse(*pieces, limit=100_000)
+
+
 async def test_a_body_over_the_limit_or_not_a_json_object_is_unreadable() -> None:
     with pytest.raises(UnreadableAnswer, match="over gengate's limit of 100 bytes"):
         await rawhttp.read_object(Pieces(b"{" + b" " * 60, b" " * 60 + b"}"), 100)  # no content-length

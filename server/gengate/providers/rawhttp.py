@@ -104,7 +104,9 @@ async def events(response: RawResponse, limit: int | None = None) -> AsyncIterat
     dropped). A line or an event over `limit` bytes raises UnreadableAnswer, so memory stays
     bounded whatever the upstream sends (`limit`: MAX_EVENT_BYTES). The caller closes the response."""
     limit = MAX_EVENT_BYTES if limit is None else limit
-    pending = b""  # an unfinished line
+    # An unfinished line, grown in place: a long line in many small pieces costs its length once,
+    # not once per piece.
+    pending = bytearray()
     after_cr = False  # the last line ended in CR: an LF opening the next piece belongs to it
     data: list[bytes] = []
     size = 0
@@ -112,12 +114,19 @@ async def events(response: RawResponse, limit: int | None = None) -> AsyncIterat
     async for piece in response.aiter_bytes():
         if after_cr and piece.startswith(b"\n"):
             piece = piece[1:]
+        if b"\n" not in piece and b"\r" not in piece:
+            pending += piece
+            after_cr = False
+            if len(pending) > limit:
+                raise UnreadableAnswer(f"a line of its event stream is over gengate's limit of {limit} bytes")
+            continue
         if pending:
-            piece = pending + piece
-            pending = b""
+            pending += piece
+            piece = bytes(pending)
+            pending = bytearray()
         lines = piece.splitlines(keepends=True)
         if lines and not lines[-1].endswith((b"\n", b"\r")):
-            pending = lines.pop()
+            pending = bytearray(lines.pop())
         after_cr = not pending and bool(lines) and lines[-1].endswith(b"\r")
         for raw in lines:
             line = raw.rstrip(b"\r\n")
