@@ -376,25 +376,34 @@ class GenerationCore:
         error: BaseException | None = None,
         stream: StreamWatch | None = None,
     ) -> None:
-        """Tells the observer how the request ended."""
+        """Tells the observer how the request ended. Runs once per request: the outcome is built
+        positionally and enums are read by `_value_` (keyword construction and `Enum.value`, a
+        Python-level property, cost more than the rest of this method; counted with callgrind)."""
         assert self.observer is not None
         served = self.router.serves(request.model)
         structured = request.structured_output
-        kind: str | None = structured.constraint.kind.value if structured is not None else None
+        kind: str | None = structured.constraint.kind._value_ if structured is not None else None
         if kind is None and request.tools:
             kind = TOOLS_KIND
         enforcement: str | None = None
-        tokens = (0, 0, 0)  # input, output, cached
-        tpot: tuple[float, ...] = ()
-        ttft = None
         if result is not None:
-            enforcement = result.enforcement.value
+            enforcement = result.enforcement._value_
             usage, timings = result.usage, result.timings
-            tokens = (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
+            output_tokens = usage.output_tokens
+            tpot: tuple[float, ...] = ()
             first = timings.time_to_first_token_s
-            if request.n == 1 and first is not None and timings.total_s is not None and tokens[1] > 1:
-                tpot = ((timings.total_s - first) / (tokens[1] - 1),)
-        elif stream is not None:
+            if output_tokens > 1 and first is not None and timings.total_s is not None and request.n == 1:
+                tpot = ((timings.total_s - first) / (output_tokens - 1),)
+            outcome = RequestOutcome(
+                operation, request.model if served else "", caller, "OK", time.monotonic() - arrived,
+                usage.input_tokens, output_tokens, usage.cached_input_tokens, None, tpot, kind, enforcement,
+            )  # fmt: skip
+            self.observer.request_done(outcome)
+            return
+        tokens = (0, 0, 0)  # input, output, cached
+        ttft = None
+        tpot = ()
+        if stream is not None:
             enforcement = stream.enforcement
             tokens = (stream.input_tokens, stream.output_tokens, stream.cached_tokens)
             ttft = stream.first_token_s
@@ -404,7 +413,7 @@ class GenerationCore:
         if kind is not None and enforcement is None and served:
             caps = self.router.route(request.model).backend.capabilities
             declared = caps.tools if structured is None else caps.constraints.get(structured.constraint.kind)
-            enforcement = declared.value if declared is not None else Enforcement.NONE.value
+            enforcement = declared._value_ if declared is not None else Enforcement.NONE._value_
         self.observer.request_done(
             RequestOutcome(
                 operation=operation,
