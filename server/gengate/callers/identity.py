@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gengate.callers.config import LEGACY_NAME, CallerConfig, normalize_subject
 from gengate.errors import ConfigError, Unauthenticated
@@ -38,14 +38,16 @@ class Caller:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     max_concurrency: int | None = None
+    # Whether any quota applies: read on every call, so worked out once (not a property).
+    limited: bool = field(init=False, compare=False, default=False)
 
-    @property
-    def limited(self) -> bool:
-        return (
+    def __post_init__(self) -> None:
+        limited = (
             self.requests_per_minute is not None
             or self.tokens_per_minute is not None
             or self.max_concurrency is not None
         )
+        object.__setattr__(self, "limited", limited)
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models

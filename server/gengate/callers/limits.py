@@ -53,11 +53,13 @@ class SlidingWindow:
 
     def add(self, now: float, amount: int) -> None:
         step = int(now // STEP_S)
-        self._expire(step)
-        if self._buckets and self._buckets[-1][0] == step:
-            self._buckets[-1][1] += amount
+        buckets = self._buckets
+        if buckets and buckets[0][0] <= step - STEPS:  # once per call: no method call unless due
+            self._expire(step)
+        if buckets and buckets[-1][0] == step:
+            buckets[-1][1] += amount
         else:
-            self._buckets.append([step, amount])
+            buckets.append([step, amount])
         self.total += amount
 
     def wait_s(self, now: float, limit: int, cost: int) -> float:
@@ -151,9 +153,11 @@ class LocalLimits:
         self, caller: str, requests_per_minute: int | None, tokens_per_minute: int | None
     ) -> Refusal | None:
         now = self.clock()
+        # `window.total + 1 <= limit` is wait_s's own first test, made here: the common case
+        # (room in the window) costs no call.
         if tokens_per_minute is not None:
             window = self._tokens.get(caller)
-            if window is not None:
+            if window is not None and window.total + 1 > tokens_per_minute:
                 wait = window.wait_s(now, tokens_per_minute, 1)
                 if wait > 0:
                     return Refusal("tokens_per_minute", tokens_per_minute, wait)
@@ -161,9 +165,10 @@ class LocalLimits:
             window = self._requests.get(caller)
             if window is None:
                 window = self._requests[caller] = SlidingWindow()
-            wait = window.wait_s(now, requests_per_minute, 1)
-            if wait > 0:
-                return Refusal("requests_per_minute", requests_per_minute, wait)
+            if window.total + 1 > requests_per_minute:
+                wait = window.wait_s(now, requests_per_minute, 1)
+                if wait > 0:
+                    return Refusal("requests_per_minute", requests_per_minute, wait)
             window.add(now, 1)
         return None
 
