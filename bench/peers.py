@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 from common import REPO
@@ -41,6 +42,17 @@ def bench_python() -> Path | None:
     """The bench venv's python (it has matplotlib), or None without the venv."""
     venv = bench_venv()
     return None if venv is None else venv / "bin" / "python"
+
+
+def upstream_model(upstream: str) -> dict[str, Any]:
+    """The gengate model entry (`gpt`) that proxies the fake upstream at `upstream`."""
+    return {
+        "name": "gpt",
+        "backend": "openai",
+        "model": UPSTREAM_MODEL,
+        "base_url": upstream + "/v1",
+        "api_key": UPSTREAM_KEY,
+    }
 
 
 @contextlib.contextmanager

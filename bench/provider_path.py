@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from common import SERVER_PIDS, Call, RunStats, cpu_seconds, gengate_server, run_interleaved
-from peers import UPSTREAM_KEY, UPSTREAM_MODEL, fake_upstream
+from peers import UPSTREAM_KEY, UPSTREAM_MODEL, fake_upstream, upstream_model
 from sections import _added_over_direct, gengate_calls, openai_calls, ratio
 
 
@@ -39,13 +39,7 @@ async def measure(base: Path | None, c1: int, c32: int, rounds: int) -> dict[str
     result: dict[str, Any] = {"rows": [], "ratios": {}}
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(fake_upstream())
-        model = {
-            "name": "gpt",
-            "backend": "openai",
-            "model": UPSTREAM_MODEL,
-            "base_url": upstream + "/v1",
-            "api_key": UPSTREAM_KEY,
-        }
+        model = upstream_model(upstream)
         servers = {"gengate": stack.enter_context(gengate_server([model]))}
         if base is not None:
             servers["before"] = stack.enter_context(gengate_server([model], repo=base))

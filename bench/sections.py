@@ -23,6 +23,7 @@ from peers import (
     fake_upstream,
     litellm_proxy,
     llamacpp_server,
+    upstream_model,
 )
 
 MAX_TOKENS = 32
@@ -135,13 +136,7 @@ async def gateway(sizes: Sizes) -> dict[str, Any]:
     result: dict[str, Any] = {"status": "ok", "litellm": "ok" if venv else SKIPPED_NO_VENV, "rows": []}
     with contextlib.ExitStack() as stack:
         upstream = stack.enter_context(fake_upstream())
-        model = {
-            "name": "gpt",
-            "backend": "openai",
-            "model": UPSTREAM_MODEL,
-            "base_url": upstream + "/v1",
-            "api_key": UPSTREAM_KEY,
-        }
+        model = upstream_model(upstream)
         address = stack.enter_context(gengate_server([model]))
         proxy = stack.enter_context(litellm_proxy(venv, upstream)) if venv else None
         async with contextlib.AsyncExitStack() as clients:
