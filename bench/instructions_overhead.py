@@ -4,12 +4,13 @@ callgrind, bare and with operations on (as bench/operations_overhead.py). Counti
 (`callgrind_control -i on`) only after start-up and 96 warm-up calls, and off after the measured
 calls, so the total over the calls is the server's user-space instructions per call.
 
-Unlike CPU time, the count hardly moves with the load of a shared machine, so a change of a few
-percent shows; it leaves out the kernel's share of each call (sockets), which both variants pay
-alike, so the ratio here is an upper bound of the CPU-time ratio. Metrics are scraped once per
-1,000 calls (about once a second at the native rate). Needs valgrind (`apt-get install valgrind`);
-each server runs ~50x slower under it (a few minutes in all). `--repo DIR` measures another
-checkout's server (a before/after in one sitting).
+The count moves far less with the load of a shared machine than CPU time does (up to ~2% when
+the machine is busy, as gRPC's threads poll while they wait: run before/after in one quiet
+sitting), so a change of a few percent shows; it leaves out the kernel's share of each call
+(sockets), which both variants pay alike, so the ratio here is an upper bound of the CPU-time
+ratio. Metrics are scraped once per 1,000 calls (about once a second at the native rate).
+Needs valgrind (`apt-get install valgrind`); each server runs ~50x slower under it (a few minutes
+in all). `--repo DIR` measures another checkout's server (a before/after in one sitting).
 
     .venv/bin/python bench/instructions_overhead.py [--calls 2000]
 """
