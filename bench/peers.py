@@ -9,8 +9,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ PROVIDER_TESTS = REPO / "tests" / "providers"
 sys.path.insert(0, str(PROVIDER_TESTS))  # the fakes and the llama.cpp peer live beside the provider tests
 
 import fake_openai  # noqa: E402
-from llamacpp_peer import free_port, llamacpp_server  # noqa: E402
+from llamacpp_peer import free_port, llamacpp_server, wait_http  # noqa: E402
 
 UPSTREAM_KEY = fake_openai.API_KEY
 UPSTREAM_MODEL = "gpt-fake"
@@ -116,7 +114,7 @@ def litellm_proxy(venv: Path, upstream: str, *, timeout_s: float = 120.0) -> Ite
             )
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_http(proc, url + "/health/liveliness", log_path, timeout_s, "LiteLLM's proxy")
+            wait_http(proc, url + "/health/liveliness", log_path, timeout_s, "LiteLLM's proxy")
             yield url
         finally:
             proc.terminate()
@@ -125,18 +123,3 @@ def litellm_proxy(venv: Path, upstream: str, *, timeout_s: float = 120.0) -> Ite
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def _wait_http(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout_s: float, what: str) -> None:
-    """Polls `url` until it answers 200; RuntimeError with the log's tail if the process exits."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited ({proc.returncode}): {log_path.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not come up in {timeout_s:g} s") from None
-            time.sleep(0.3)

@@ -20,6 +20,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_http(
+    proc: subprocess.Popen[bytes],
+    url: str,
+    log_path: Path,
+    timeout_s: float,
+    what: str,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Polls `url` until it answers 200; RuntimeError with the log's tail if the process exits,
+    or when it does not answer within `timeout_s` (a peer server started as its own process)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited ({proc.returncode}): {log_path.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=1).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not come up in {timeout_s:g} s") from None
+            time.sleep(0.3)
+
+
 @contextlib.contextmanager
 def llamacpp_server(
     gguf: Path,
@@ -45,21 +68,9 @@ def llamacpp_server(
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited: {log_path.read_text()[-2000:]}")
-            try:
-                req = urllib.request.Request(
-                    url + "/v1/models", headers={"Authorization": f"Bearer {api_key}"}
-                )
-                urllib.request.urlopen(req, timeout=1).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"llama_cpp.server did not come up in {timeout_s:g} s") from None
-                time.sleep(0.3)
+        headers = {"Authorization": f"Bearer {api_key}"}
+        wait_http(proc, url + "/v1/models", log_path, timeout_s, "llama_cpp.server", headers)
         yield url
     finally:
         proc.terminate()
