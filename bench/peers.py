@@ -20,7 +20,7 @@ PROVIDER_TESTS = REPO / "tests" / "providers"
 sys.path.insert(0, str(PROVIDER_TESTS))  # the fakes and the llama.cpp peer live beside the provider tests
 
 import fake_openai  # noqa: E402
-from llamacpp_peer import free_port, llamacpp_server, wait_http  # noqa: E402
+from llamacpp_peer import free_port, llamacpp_server, stop, wait_http  # noqa: E402
 
 UPSTREAM_KEY = fake_openai.API_KEY
 UPSTREAM_MODEL = "gpt-fake"
@@ -117,9 +117,4 @@ def litellm_proxy(venv: Path, upstream: str, *, timeout_s: float = 120.0) -> Ite
             wait_http(proc, url + "/health/liveliness", log_path, timeout_s, "LiteLLM's proxy")
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, 15)

@@ -232,12 +232,13 @@ async def test_library_failures_while_compiling_are_the_callers_input_error(
     assert "internal state" not in info.value.message and "4300 digits" in info.value.message
 
 
-async def test_a_request_compile_skips_the_checks_the_sandbox_made_and_warm_does_not(
+async def test_a_request_compile_skips_the_checks_the_sandbox_made_and_others_do_not(
     compiler: ConstraintCompiler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A request's constraint passed the sandbox's syntax and metaschema check before it reaches
-    an engine, so `compile` does not check it again (most of a cold compile); `warm` (config, at
-    load, before any sandbox) and `compile_sync` still do."""
+    """A request's own constraint passed the sandbox's syntax and metaschema check before it
+    reaches an engine, so `compile(checked=True)` does not check it again (most of a cold
+    compile); a constraint the engine composed (a tool plan's grammar: `compile()`), `warm`
+    (config, at load, before any sandbox) and `compile_sync` still do."""
     seen: list[bool] = []
     real_lower = kinds.lower
 
@@ -249,10 +250,11 @@ async def test_a_request_compile_skips_the_checks_the_sandbox_made_and_warm_does
     schema = StructuredOutput(
         JsonSchemaConstraint({"type": "object", "properties": {"a": {"type": "integer"}}})
     )
-    await compiler.compile(schema)
+    await compiler.compile(schema, checked=True)
+    await compiler.compile(StructuredOutput(RegexConstraint("u+")))
     compiler.warm(StructuredOutput(RegexConstraint("w+")))
     compiler.compile_sync(StructuredOutput(RegexConstraint("v+")))
-    assert seen == [True, False, False]
+    assert seen == [True, False, False, False]
     bad = StructuredOutput(JsonSchemaConstraint({"type": "object", "properties": {"a": {"type": 7}}}))
     with pytest.raises(errors.InvalidArgument) as info:
         compiler.warm(bad)  # the metaschema check names the schema's own path
@@ -285,16 +287,16 @@ async def test_a_think_block_before_a_constraint_is_compiled_once(compiler: Cons
     def schema(**annotations: object) -> StructuredOutput:
         return StructuredOutput(JsonSchemaConstraint({"type": "integer", **annotations}))
 
-    first = await compile_with_reasoning(compiler, schema(), plan(4))
+    first = await compile_with_reasoning(compiler, schema(), plan(4), checked=True)
     lowered = compiler.stats.lowerings  # the schema, then the think block around it
     described = schema(description="a number")
-    again = await compile_with_reasoning(compiler, described, plan(4))
+    again = await compile_with_reasoning(compiler, described, plan(4), checked=True)
     assert first is not None and again is not None
     assert compiler.stats.lowerings == lowered  # both were cache hits
     assert again.grammar == first.grammar and again.structured is described
     assert again.new_matcher().is_accepting() is False  # a fresh matcher each request
-    await compile_with_reasoning(compiler, schema(), plan(5))
+    await compile_with_reasoning(compiler, schema(), plan(5), checked=True)
     assert compiler.stats.lowerings == lowered + 1  # another budget is another grammar
-    free = await compile_with_reasoning(compiler, None, plan(4))
+    free = await compile_with_reasoning(compiler, None, plan(4), checked=True)
     assert free is not None and compiler.stats.lowerings == lowered + 2
-    assert await compile_with_reasoning(compiler, None, plan(4)) is free
+    assert await compile_with_reasoning(compiler, None, plan(4), checked=True) is free

@@ -297,3 +297,28 @@ async def test_a_template_that_speaks_tools_renders_them_itself(tiny_model: Tiny
         assert_valid_calls(req, gen)
     finally:
         await backend.aclose()
+
+
+async def test_a_tool_plan_grammar_is_checked_in_full_and_a_requests_own_constraint_is_not(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine composes a tool plan's grammar itself, so its compile makes every check; the
+    request's own constraint passed the server's sandbox, so its compile skips those
+    (ConstraintCompiler.compile's `checked`)."""
+    from gengate.constraints import kinds
+    from gengate.domain import RegexConstraint, StructuredOutput
+
+    seen: list[tuple[str, bool]] = []
+    real_lower = kinds.lower
+
+    def spying(structured: StructuredOutput, *, syntax_checked: bool = False) -> Any:
+        seen.append((structured.constraint.kind.value, syntax_checked))
+        return real_lower(structured, syntax_checked=syntax_checked)
+
+    monkeypatch.setattr(kinds, "lower", spying)
+    lone = Tool("lone_tool_for_the_check", "Says which checks ran", {"type": "object"})
+    await backend.generate(ask(tools=(lone,), tool_choice=ToolChoice(ToolChoiceMode.REQUIRED)))
+    await backend.generate(
+        ask(tools=(), structured_output=StructuredOutput(RegexConstraint("checked-[a-c]{1,3}")))
+    )
+    assert seen == [("grammar", False), ("regex", True)]

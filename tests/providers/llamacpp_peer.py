@@ -12,12 +12,23 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def stop(proc: subprocess.Popen[Any], grace_s: float) -> None:
+    """Ends a peer server: SIGTERM, then SIGKILL if it has not exited after `grace_s`."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def wait_http(
@@ -73,9 +84,4 @@ def llamacpp_server(
         wait_http(proc, url + "/v1/models", log_path, timeout_s, "llama_cpp.server", headers)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 10)

@@ -94,10 +94,11 @@ def _for_request(compiled: CompiledConstraint, structured: StructuredOutput) -> 
 class ConstraintCompiler:
     """Compiles constraints for one tokenizer; cached by (tokenizer_key, constraint).
 
-    Compilation runs in a small thread pool with a timeout. Constraints reach `compile` only after
-    the server's sandbox checked and compiled them once (gengate.constraints.sandbox), so a compile
-    here is bounded (the timeout is the last guard) and skips what the sandbox checked already (the
-    JSON Schema metaschema check: most of a cold compile). A compile that waited for a busy pool rather than
+    Compilation runs in a small thread pool with a timeout. A request's constraint reaches
+    `compile` only after the server's sandbox checked and compiled it once
+    (gengate.constraints.sandbox), so a compile here is bounded (the timeout is the last guard) and,
+    with `checked`, skips what the sandbox checked already (the JSON Schema metaschema check: most
+    of a cold compile). A compile that waited for a busy pool rather than
     running long is RESOURCE_EXHAUSTED with RetryInfo, never blamed on the caller's input.
     """
 
@@ -126,8 +127,11 @@ class ConstraintCompiler:
         self._max_workers = max_workers
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gengate-compile")
 
-    async def compile(self, structured: StructuredOutput) -> CompiledConstraint:
-        """The compiled constraint, or InvalidArgument naming the field and what is wrong."""
+    async def compile(self, structured: StructuredOutput, *, checked: bool = False) -> CompiledConstraint:
+        """The compiled constraint, or InvalidArgument naming the field and what is wrong.
+        `checked`: the constraint is the request's own, which the server's sandbox checked (syntax,
+        metaschema) before it reached the engine, so those checks are not made again; a constraint
+        the engine composed itself (a tool plan's grammar) is checked in full."""
         key = (self.tokenizer_key, constraint_key(structured, grammar_only=True))
         hit = self._cache.get(key)
         if hit is not None:
@@ -143,7 +147,7 @@ class ConstraintCompiler:
 
             def run() -> CompiledConstraint:
                 self._started[key] = time.monotonic()
-                return self.compile_sync(structured, syntax_checked=True)
+                return self.compile_sync(structured, syntax_checked=checked)
 
             work = asyncio.get_running_loop().run_in_executor(self._executor, run)
             self._inflight[key] = work

@@ -346,7 +346,8 @@ class LlamaCppBackend:
         if grammar is None and plan is not None and plan.grammar is not None:
             grammar = plan.grammar
             enforcement = plan.enforcement
-        compiled = await compile_with_reasoning(self._compiler, grammar, thinking)
+        own = grammar is request.structured_output  # else the tool plan's, composed here
+        compiled = await compile_with_reasoning(self._compiler, grammar, thinking, checked=own)
         if request.structured_output is not None and compiled is not None:
             enforcement = compiled.enforcement
         sampling = seeded(request.sampling)

@@ -240,13 +240,14 @@ def _regex(literal: str) -> str:
 
 
 async def compile_with_reasoning(
-    compiler: Any, structured: StructuredOutput | None, plan: ReasoningPlan | None
+    compiler: Any, structured: StructuredOutput | None, plan: ReasoningPlan | None, *, checked: bool
 ) -> CompiledConstraint | None:
-    """The request's constraint compiled by `compiler` (a ConstraintCompiler), after a think block
-    when the plan asks for one: with a constraint, or to cap the block at budget_tokens."""
+    """The constraint compiled by `compiler` (a ConstraintCompiler), after a think block when the
+    plan asks for one: with a constraint, or to cap the block at budget_tokens. `checked`: it is
+    the request's own, checked by the server's sandbox (ConstraintCompiler.compile)."""
     if plan is None or (structured is None and plan.budget_tokens is None):
-        return None if structured is None else await compiler.compile(structured)
-    inner = None if structured is None else await compiler.compile(structured)
+        return None if structured is None else await compiler.compile(structured, checked=checked)
+    inner = None if structured is None else await compiler.compile(structured, checked=checked)
     vocab = compiler.ll_tokenizer.vocab_size
 
     def build() -> CompiledConstraint:

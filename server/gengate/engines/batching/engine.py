@@ -136,7 +136,8 @@ class BatchedEngine:
         if grammar is None and plan is not None and plan.grammar is not None:
             grammar = plan.grammar
             enforcement = plan.enforcement
-        compiled = await compile_with_reasoning(loaded.compiler, grammar, thinking)
+        own = grammar is request.structured_output  # else the tool plan's, composed here
+        compiled = await compile_with_reasoning(loaded.compiler, grammar, thinking, checked=own)
         if request.structured_output is not None and compiled is not None:
             enforcement = compiled.enforcement
         yield stream_start(
