@@ -235,8 +235,8 @@ class Route:
         finally:
             if token is not None:
                 reset_notes(token)
-            if observer is not None and notes is not None:
-                observer.routed(self.name, request, notes)
+            if observer is not None and notes is not None and notes.noted:  # most calls note nothing
+                observer.routed(self.config.name, request, notes)
         return evolve(result, timings=result.timings.later(queued_s, queued=True))
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
@@ -260,8 +260,8 @@ class Route:
                         if events is not stream:
                             await aclose_stream(stream)
         finally:
-            if observer is not None and notes is not None:
-                observer.routed(self.name, request, notes)
+            if observer is not None and notes is not None and notes.noted:
+                observer.routed(self.config.name, request, notes)
 
 
 class RouteSlot:

@@ -22,7 +22,7 @@ from gengate.backend import aclose_stream
 from gengate.caller import current_caller
 from gengate.callers.context import current_policy
 from gengate.callers.identity import Caller
-from gengate.callers.limits import Admission, Admitted
+from gengate.callers.limits import Admission
 from gengate.checks import prepare
 from gengate.constraints.sandbox import ConstraintSandbox
 from gengate.conversation import MagpieWriter
@@ -111,19 +111,17 @@ class GenerationCore:
             return models
         return [m for m in models if caller.may_use(m.name)]
 
-    async def _admit(self, request: GenerationRequest, *, wait: bool, quotas: bool = True) -> Admitted | None:
-        """The current caller's pass for this request: the model must be one it may use, and
-        its quotas must have room (RESOURCE_EXHAUSTED with RetryInfo otherwise). None: no
-        caller, one without quotas, or `quotas` off (batch-job items: they run only in spare
-        capacity, below every caller, so a caller's own job never locks it out)."""
+    def _quota_caller(self, request: GenerationRequest, *, quotas: bool = True) -> Caller | None:
+        """The current caller when its quotas apply to this request, after checking it may use
+        the model (PermissionDenied otherwise). None: no caller, one without quotas, or `quotas`
+        off (batch-job items: they run only in spare capacity, below every caller, so a caller's
+        own job never locks it out)."""
         caller = current_policy()
         if caller is None:
             return None
         if request.model and not caller.may_use(request.model):
             raise not_allowed(caller, request.model)
-        if not caller.limited or not quotas:
-            return None
-        return await self.admission.admit(caller, wait=wait)
+        return caller if caller.limited and quotas else None
 
     async def _prepare(self, request: GenerationRequest) -> tuple[Route, GenerationRequest]:
         """Routes and checks the request: limits and capabilities here (in a thread when the request
@@ -236,12 +234,18 @@ class GenerationCore:
     ) -> GenerationResult:
         """The request under the current caller's quotas (its tokens charged once known)."""
         arrived = time.monotonic()
-        admitted = await self._admit(request, wait=not queue_bounded, quotas=not background)
-        if admitted is None:
+        caller = self._quota_caller(request, quotas=not background)
+        if caller is None:
             return await self._generate(request, arrived, queue_bounded, background)
+        # admit_now: no coroutine per call where the quota state needs no await (in this process)
+        wait = not queue_bounded
+        admission = self.admission
+        admitted = admission.admit_now(caller, wait=wait) or await admission.admit(caller, wait=wait)
         try:
             result = await self._generate(request, arrived, queue_bounded, background)
-            await admitted.charge(result.usage.input_tokens + result.usage.output_tokens)
+            tokens = result.usage.input_tokens + result.usage.output_tokens
+            if not admitted.charge_now(tokens):
+                await admitted.charge(tokens)
             return result
         finally:
             admitted.release()
@@ -286,7 +290,10 @@ class GenerationCore:
         """The stream under the current caller's quotas: its tokens are charged as the stream
         tells them (input at the start, output at each generation's end)."""
         arrived = time.monotonic()
-        admitted = await self._admit(request, wait=False)
+        caller = self._quota_caller(request)
+        admitted = None
+        if caller is not None:
+            admitted = self.admission.admit_now(caller) or await self.admission.admit(caller)
         # aclosing: a stream dropped by its caller closes the inner one here, in this task, at
         # once (not later from the event loop's finalizer, in another task).
         async with aclosing(self._stream(request, arrived, watch)) as events:
@@ -297,9 +304,11 @@ class GenerationCore:
             try:
                 async for event in events:
                     if isinstance(event, StreamStart):
-                        await admitted.charge(event.input_tokens)
+                        if not admitted.charge_now(event.input_tokens):
+                            await admitted.charge(event.input_tokens)
                     elif isinstance(event, GenerationEnd):
-                        await admitted.charge(event.usage.output_tokens)
+                        if not admitted.charge_now(event.usage.output_tokens):
+                            await admitted.charge(event.usage.output_tokens)
                     yield event
             finally:
                 admitted.release()
@@ -376,30 +385,28 @@ class GenerationCore:
         error: BaseException | None = None,
         stream: StreamWatch | None = None,
     ) -> None:
-        """Tells the observer how the request ended. Runs once per request: the outcome is built
-        positionally and enums are read by `_value_` (keyword construction and `Enum.value`, a
-        Python-level property, cost more than the rest of this method; counted with callgrind)."""
+        """Tells the observer how the request ended. Runs once per request: a success is told
+        field by field (`succeeded`, no RequestOutcome built) and enums are read by `_value_`
+        (`Enum.value` is a Python-level property; counted with callgrind)."""
         assert self.observer is not None
-        served = self.router.serves(request.model)
         structured = request.structured_output
         kind: str | None = structured.constraint.kind._value_ if structured is not None else None
         if kind is None and request.tools:
             kind = TOOLS_KIND
         enforcement: str | None = None
-        if result is not None:
-            enforcement = result.enforcement._value_
+        if result is not None:  # a success: its model is served (no RequestOutcome is built)
             usage, timings = result.usage, result.timings
             output_tokens = usage.output_tokens
             tpot: tuple[float, ...] = ()
             first = timings.time_to_first_token_s
             if output_tokens > 1 and first is not None and timings.total_s is not None and request.n == 1:
                 tpot = ((timings.total_s - first) / (output_tokens - 1),)
-            outcome = RequestOutcome(
-                operation, request.model if served else "", caller, "OK", time.monotonic() - arrived,
-                usage.input_tokens, output_tokens, usage.cached_input_tokens, None, tpot, kind, enforcement,
+            self.observer.succeeded(
+                operation, request.model, caller, time.monotonic() - arrived, usage.input_tokens,
+                output_tokens, usage.cached_input_tokens, tpot, kind, result.enforcement._value_,
             )  # fmt: skip
-            self.observer.request_done(outcome)
             return
+        served = self.router.serves(request.model)
         tokens = (0, 0, 0)  # input, output, cached
         ttft = None
         tpot = ()

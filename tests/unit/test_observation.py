@@ -56,9 +56,12 @@ def test_notes_merge_and_cross_a_process_boundary_as_plain_data() -> None:
     finally:
         reset_notes(token)
     assert not worker.empty() and CallNotes().empty()
-    server = CallNotes(compile_hits=1, upstream={"ok": 2})
+    server = CallNotes()
+    server.add_compile(hit=True)
+    server.add_upstream("ok")
+    server.add_upstream("ok")
     server.merge(pickle.loads(pickle.dumps(worker)))
-    assert (server.compile_hits, server.compile_misses, server.compile_s) == (2, 1, [0.25])
+    assert (server.compile_hits, server.compile_misses, tuple(server.compile_s)) == (2, 1, (0.25,))
     assert server.upstream == {"ok": 3, "429": 1}
     assert server.provider_retries == {"UPSTREAM_RATE_LIMITED": 1}
 

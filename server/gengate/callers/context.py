@@ -22,10 +22,9 @@ JOB_OWNER_UNKNOWN = "JOB_OWNER_UNKNOWN"
 _policy: ContextVar[Caller | None] = ContextVar("gengate_caller_policy", default=None)
 
 
-def current_policy() -> Caller | None:
-    """The caller of the running call (a batch-job item's: its job's owner); None when
-    authentication is off or outside a call."""
-    return _policy.get()
+# The caller of the running call (a batch-job item's: its job's owner); None when authentication
+# is off or outside a call. The variable's own method: a wrapper's frame costs more than the lookup.
+current_policy = _policy.get
 
 
 def current_priority() -> int:

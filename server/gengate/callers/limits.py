@@ -12,6 +12,7 @@ one max_concurrency then holds across replicas.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,11 +37,15 @@ HOLD_RETRY_MAX_S = 0.5
 class SlidingWindow:
     """Amounts charged over the last WINDOW_S seconds, in STEP_S buckets."""
 
-    __slots__ = ("_buckets", "total")
+    __slots__ = ("_buckets", "_newest", "_until", "total")
 
     def __init__(self) -> None:
         self._buckets: deque[list[int]] = deque()  # [step, amount], oldest first
         self.total = 0
+        # The newest bucket and when its step ends: an add before then touches nothing else
+        # (nothing expires within a step), the common case of every call.
+        self._newest: list[int] = [0, 0]
+        self._until = -math.inf
 
     def _expire(self, step: int) -> None:
         buckets = self._buckets
@@ -52,15 +57,21 @@ class SlidingWindow:
         return self.total
 
     def add(self, now: float, amount: int) -> None:
+        if now < self._until:
+            self._newest[1] += amount
+            self.total += amount
+            return
         step = int(now // STEP_S)
         buckets = self._buckets
-        if buckets and buckets[0][0] <= step - STEPS:  # once per call: no method call unless due
+        if buckets and buckets[0][0] <= step - STEPS:
             self._expire(step)
         if buckets and buckets[-1][0] == step:
             buckets[-1][1] += amount
         else:
             buckets.append([step, amount])
         self.total += amount
+        self._newest = buckets[-1]
+        self._until = (step + 1) * STEP_S
 
     def wait_s(self, now: float, limit: int, cost: int) -> float:
         """Seconds until `cost` more fits under `limit` (0 when it fits now)."""
@@ -259,15 +270,42 @@ class Admission:
         self._local = self.state if isinstance(self.state, LocalLimits) else None
         self._running: dict[str, CallGate] = {}
 
-    async def admit(self, caller: Caller, *, wait: bool = False) -> Admitted:
-        """A pass for one call of `caller`, or ResourceExhausted with RetryInfo. `wait`: wait for
-        room under max_concurrency instead of refusing (batch items: a batch bounds itself)."""
+    def admit_now(self, caller: Caller, *, wait: bool = False) -> Admitted | None:
+        """`admit` without awaiting, where it needs none: windows in this process and room under
+        max_concurrency (the common case: no coroutine per call). None: await `admit` instead."""
+        local = self._local
+        if local is None:
+            return None
         gate = None
-        hold: CallHold | None = None
         if caller.max_concurrency is not None:
             gate = self._running.get(caller.name)
             if gate is None:
                 gate = self._running[caller.name] = CallGate(caller.max_concurrency)
+            # CallGate.try_take, spelled out: once per call
+            if gate.taken < gate.limit and not gate._waiters:
+                gate.taken += 1
+            elif not wait:
+                raise concurrency_exceeded(caller)
+            else:
+                return None
+        if caller.requests_per_minute is not None or caller.tokens_per_minute is not None:
+            refusal = local.admit_now(caller.name, caller.requests_per_minute, caller.tokens_per_minute)
+            if refusal is not None:
+                if gate is not None:
+                    gate.release()
+                raise over_quota(caller, refusal)
+        return Admitted(self, caller, gate)
+
+    async def admit(self, caller: Caller, *, wait: bool = False) -> Admitted:
+        """A pass for one call of `caller`, or ResourceExhausted with RetryInfo. `wait`: wait for
+        room under max_concurrency instead of refusing (batch items: a batch bounds itself)."""
+        passed = self.admit_now(caller, wait=wait)
+        if passed is not None:
+            return passed
+        gate = None
+        hold: CallHold | None = None
+        if caller.max_concurrency is not None:
+            gate = self._gate(caller, caller.max_concurrency)
             if not gate.try_take():
                 if not wait:
                     raise concurrency_exceeded(caller)
@@ -298,6 +336,12 @@ class Admission:
                 gate.release()
             raise
         return Admitted(self, caller, gate, hold)
+
+    def _gate(self, caller: Caller, limit: int) -> CallGate:
+        gate = self._running.get(caller.name)
+        if gate is None:
+            gate = self._running[caller.name] = CallGate(limit)
+        return gate
 
     async def _hold(self, caller: Caller, max_concurrency: int, wait: bool, *, windows: bool) -> CallHold:
         """The call counted where the state keeps calls, admitted under the windows too when it
@@ -342,13 +386,20 @@ class Admitted:
         self._gate = gate
         self._hold = hold
 
+    def charge_now(self, tokens: int) -> bool:
+        """Charges `tokens` without awaiting where the windows are in this process (or there is
+        nothing to charge); False: they are shared, `await charge(tokens)` instead."""
+        if tokens <= 0 or self.caller.tokens_per_minute is None:
+            return True
+        local = self._admission._local
+        if local is None:
+            return False
+        local.charge_now(self.caller.name, tokens)
+        return True
+
     async def charge(self, tokens: int) -> None:
-        if tokens > 0 and self.caller.tokens_per_minute is not None:
-            local = self._admission._local
-            if local is not None:
-                local.charge_now(self.caller.name, tokens)
-            else:
-                await self._admission.state.charge_tokens(self.caller.name, tokens)
+        if not self.charge_now(tokens):
+            await self._admission.state.charge_tokens(self.caller.name, tokens)
 
     def release(self) -> None:
         hold, self._hold = self._hold, None
@@ -356,7 +407,10 @@ class Admitted:
             hold.release()
         gate, self._gate = self._gate, None
         if gate is not None:
-            gate.release()
+            if gate._waiters:
+                gate.release()
+            else:  # CallGate.release without waiters, spelled out: once per call
+                gate.taken -= 1
 
 
 def concurrency_exceeded(caller: Caller) -> ResourceExhausted:

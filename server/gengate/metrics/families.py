@@ -293,49 +293,74 @@ class Metrics:
 
     def request_done(self, outcome: RequestOutcome) -> None:
         model, caller, code = outcome.model, outcome.caller, outcome.code
+        if code == "OK":
+            self.succeeded(
+                outcome.operation, model, caller, outcome.duration_s, outcome.input_tokens,
+                outcome.output_tokens, outcome.cached_input_tokens, outcome.time_per_output_token_s,
+                outcome.constraint_kind, outcome.enforcement, outcome.time_to_first_token_s,
+            )  # fmt: skip
+            return
         key = (model, outcome.operation, caller)
         if outcome.constraint_kind is not None:
             labels = (model, outcome.constraint_kind, outcome.enforcement or "none")
             self.structured.counter(*labels).inc()
             if outcome.validation_failed:
                 self.validation_failures.counter(*labels).inc()
-        if code != "OK":
-            duration = self._durations.get((*key, code))
-            if duration is None:
-                duration = self._durations[(*key, code)] = self.request_duration.histogram(*key, code)
-            duration.observe(outcome.duration_s)
-            self.requests.counter(model, caller, code).inc()
-            if outcome.time_to_first_token_s is not None or outcome.time_per_output_token_s:
-                self._observe_timings(self._request_series(key), outcome)
-            return
+        duration = self._durations.get((*key, code))
+        if duration is None:
+            duration = self._durations[(*key, code)] = self.request_duration.histogram(*key, code)
+        duration.observe(outcome.duration_s)
+        self.requests.counter(model, caller, code).inc()
+        if outcome.time_to_first_token_s is not None or outcome.time_per_output_token_s:
+            self._observe_timings(self._request_series(key), outcome)
+
+    def succeeded(
+        self,
+        operation: str,
+        model: str,
+        caller: str,
+        duration_s: float,
+        input_tokens: int,
+        output_tokens: int,
+        cached_input_tokens: int,
+        time_per_output_token_s: tuple[float, ...],
+        constraint_kind: str | None,
+        enforcement: str | None,
+        time_to_first_token_s: float | None = None,
+    ) -> None:
+        key = (model, operation, caller)
+        if constraint_kind is not None:
+            self.structured.counter(model, constraint_kind, enforcement or "none").inc()
         done = self._succeeded.get(key)
         if done is None:
             done = self._succeeded[key] = _SucceededSeries(self, key)
         # Once per successful request: the series' fields are updated here directly, without a
         # method call each (what .inc() and .observe() do, spelled out).
-        inputs, outputs, cached = outcome.input_tokens, outcome.output_tokens, outcome.cached_input_tokens
         duration = done.duration
-        duration.counts[bisect_left(duration.bounds, outcome.duration_s)] += 1
-        duration.total += outcome.duration_s
+        duration.counts[bisect_left(duration.bounds, duration_s)] += 1
+        duration.total += duration_s
         done.requests.value += 1
         series = done.series
-        if outcome.time_to_first_token_s is not None:
-            series.ttft.observe(outcome.time_to_first_token_s)
-        for seconds in outcome.time_per_output_token_s:
-            series.tpot.observe(seconds)
+        if time_to_first_token_s is not None:
+            series.ttft.observe(time_to_first_token_s)
+        if time_per_output_token_s:
+            tpot = series.tpot
+            for seconds in time_per_output_token_s:
+                tpot.counts[bisect_left(tpot.bounds, seconds)] += 1
+                tpot.total += seconds
         usage = series.input_usage
-        usage.counts[bisect_left(usage.bounds, inputs)] += 1
-        usage.total += inputs
+        usage.counts[bisect_left(usage.bounds, input_tokens)] += 1
+        usage.total += input_tokens
         usage = series.output_usage
-        usage.counts[bisect_left(usage.bounds, outputs)] += 1
-        usage.total += outputs
+        usage.counts[bisect_left(usage.bounds, output_tokens)] += 1
+        usage.total += output_tokens
         counters = done.tokens
-        counters.input.value += inputs
-        counters.output.value += outputs
-        if cached:
-            counters.cached.value += cached
+        counters.input.value += input_tokens
+        counters.output.value += output_tokens
+        if cached_input_tokens:
+            counters.cached.value += cached_input_tokens
         if done.price is not None:
-            cost = done.price.cost(inputs, outputs, cached)
+            cost = done.price.cost(input_tokens, output_tokens, cached_input_tokens)
             self.cost.counter(model, caller).inc(cost)
 
     @staticmethod
@@ -348,7 +373,7 @@ class Metrics:
     # --- RouteObserver --------------------------------------------------------------------
 
     def routed(self, model: str, request: GenerationRequest, notes: CallNotes) -> None:
-        if notes.empty():
+        if not notes.noted:
             return
         structured = request.structured_output
         kind = structured.constraint.kind._value_ if structured is not None else "none"
