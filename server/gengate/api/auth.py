@@ -117,13 +117,16 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
         def parsed(raw: Any) -> Any:
             return parse(raw) if parse is not None else raw
 
+        # Unary requests call `parse` itself (not `parsed`): one frame less on every call.
+        read: Callable[[Any], Any] = parse if parse is not None else _as_is
+
         if handler.unary_unary is not None:
             unary: Any = handler.unary_unary
 
             async def call_unary(raw: Any, context: Context) -> Any:
                 await admit(context)
                 try:
-                    return await unary(parsed(raw), context)
+                    return await unary(read(raw), context)
                 finally:
                     drain.leave()
 
@@ -135,7 +138,7 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
                 await admit(context)
                 try:
                     # aclosing: a dropped stream closes the handler's generator here, at once.
-                    async with aclosing(stream(parsed(raw), context)) as items:
+                    async with aclosing(stream(read(raw), context)) as items:
                         async for item in items:
                             yield item
                 finally:
@@ -170,3 +173,8 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
                 drain.leave()
 
         return grpc.stream_stream_rpc_method_handler(call_both, wire_parse, serialize)
+
+
+def _as_is(raw: Any) -> Any:
+    """The request as grpc handed it (already parsed: authentication is off)."""
+    return raw

@@ -14,10 +14,11 @@ import threading
 from collections.abc import Mapping
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from gengate.config import MetricsSettings, ModelPrice
 from gengate.jobs.runner import JobRunner
+from gengate.metrics.endpoint import metrics_app, serve_http
 from gengate.metrics.families import Metrics
 from gengate.metrics.otlp import OtlpMetricsBridge, otlp_bridge
 from gengate.metrics.scrape import SCRAPED, ServerCollector
@@ -36,8 +37,13 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.metrics = Metrics(self.registry, prices)
         self.collector = ServerCollector()
-        self.registry.register(self.collector)
-        ProcessCollector(registry=self.registry)
+        process = ProcessCollector(registry=None)
+        # The scrape-time collectors in a registry of their own too, for a scrape that writes
+        # `metrics` itself (endpoint.py).
+        self._scraped = CollectorRegistry()
+        for registry in (self.registry, self._scraped):
+            registry.register(self.collector)
+            registry.register(process)
         self._httpd: WSGIServer | None = None
         self._thread: threading.Thread | None = None
         self.otlp: OtlpMetricsBridge | None = None
@@ -51,7 +57,8 @@ class ServerMetrics:
 
     def serve(self, host: str, port: int) -> None:
         """Starts the HTTP endpoint (a daemon thread); OSError when the port cannot be bound."""
-        self._httpd, self._thread = start_http_server(port, host, registry=self.registry)
+        app = metrics_app(self.registry, self.metrics.text, self._scraped)
+        self._httpd, self._thread = serve_http(app, host, port)
         self.host, self.port = host, int(self._httpd.server_port)
 
     @property
