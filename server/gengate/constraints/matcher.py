@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 from llguidance import LLMatcher
@@ -32,6 +34,24 @@ class ConstraintMatcher:
             raise ValueError(f"bitmask row needs {self._words} words, got {bitmask_row.size}")
         self._matcher.unsafe_compute_mask_ptr(bitmask_row.ctypes.data, self._words * 4)
         self._raise_if_error()
+
+    def bind_mask(self, bitmask_row: npt.NDArray[np.int32]) -> Callable[[], None]:
+        """fill_mask for one row, checked once here: the returned call writes the next mask into
+        `bitmask_row` without re-checking it (its address read once), for a decoder's own buffer."""
+        if bitmask_row.dtype != np.int32 or not bitmask_row.flags["C_CONTIGUOUS"]:
+            raise ValueError("bitmask row must be a contiguous int32 array")
+        if bitmask_row.size < self._words:
+            raise ValueError(f"bitmask row needs {self._words} words, got {bitmask_row.size}")
+        compute = self._matcher.unsafe_compute_mask_ptr
+        is_error = self._matcher.is_error
+        address, size = bitmask_row.ctypes.data, self._words * 4
+
+        def fill(_row: npt.NDArray[np.int32] = bitmask_row) -> None:  # the default keeps the row alive
+            compute(address, size)
+            if is_error():
+                self._raise_if_error()
+
+        return fill
 
     def allowed_token_mask(self) -> npt.NDArray[np.bool_]:
         """Booleans over the grammar vocabulary: True where the next token may be that id."""
