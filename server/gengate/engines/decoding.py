@@ -115,9 +115,9 @@ class SequenceDecoder:
             self._bitmask = np.zeros(words, dtype=np.int32)
             self._fill_mask = matcher.bind_mask(self._bitmask)
             self._mask_bytes = self._bitmask.view(np.uint8)
-            # The mask as logits to add: 0 where allowed, -inf elsewhere; the bits are read a byte
-            # at a time through _BYTE_MASKS into its rows. Ids past the grammar's vocabulary (a
-            # padded model vocabulary) are never allowed.
+            # The mask as bounds on the logits: +inf where allowed, -inf elsewhere; the bits are
+            # read a byte at a time through _BYTE_MASKS into its rows. Ids past the grammar's
+            # vocabulary (a padded model vocabulary) are never allowed.
             self._mask = np.full(max(vocab_size, 32 * words), -np.inf, dtype=np.float32)
             self._mask_rows = self._mask[: 32 * words].reshape(-1, 8)
             tail = min(vocab_size, 32 * words)
@@ -260,8 +260,8 @@ class SequenceDecoder:
         """The logits the constraint allows, -inf elsewhere; EOS is allowed exactly when the output
         is complete (and EOS is not held back), whatever the mask says, then the penalties.
 
-        Adding the mask (0 / -inf) is one pass; it equals masking the penalized logits except where
-        a disallowed logit is NaN or +inf (it becomes NaN): step() then redoes it exactly."""
+        The mask is one np.minimum with bounds (+inf / -inf); that equals masking the penalized
+        logits except where a disallowed logit is NaN (it stays NaN): step() then redoes it exactly."""
         self._fill_mask()
         mask = self._mask
         _BYTE_MASKS.take(self._mask_bytes, axis=0, out=self._mask_rows)
@@ -273,15 +273,15 @@ class SequenceDecoder:
             for t in self._eos_ids:
                 mask[t] = value
         work = self._scratch()[0][: raw.shape[0]]
-        np.add(raw, mask[: raw.shape[0]], out=work)
+        np.minimum(raw, mask[: raw.shape[0]], out=work)
         self._apply_penalties(work)
         return work
 
     def _masked_exactly(self, raw: FloatArray) -> FloatArray:
-        """_masked's result for logits with NaN or +inf where the (already computed) mask disallows."""
+        """_masked's result for logits with NaN where the (already computed) mask disallows."""
         work = self._scratch()[0][: raw.shape[0]]
         np.copyto(work, raw)
-        np.copyto(work, _DENY, where=self._mask[: raw.shape[0]] != 0)
+        np.copyto(work, _DENY, where=self._mask[: raw.shape[0]] < 0)
         self._apply_penalties(work)  # -inf stays -inf: the same as penalizing, then masking
         return work
 
@@ -510,9 +510,9 @@ class LoopHandoff(Generic[T]):
                 await self._wait(None)
 
 
-_ALLOW = np.float32(0.0)
+_ALLOW = np.float32(np.inf)
 _DENY = np.float32(-np.inf)
-# Row b: the additive mask of the 8 tokens whose bits are byte b (least significant bit first).
+# Row b: the bounds (+inf allowed, -inf not) of the 8 tokens whose bits are byte b, lowest bit first.
 _BYTE_MASKS = np.where(
     (np.arange(256, dtype=np.uint16)[:, None] >> np.arange(8, dtype=np.uint16)) & 1, _ALLOW, _DENY
 ).astype(np.float32)
