@@ -44,8 +44,8 @@ class ScriptedMatcher:
     def is_stopped(self) -> bool:
         return False
 
-    def consume(self, token: int) -> None:
-        pass
+    def advance(self, token: int) -> bool:
+        return False
 
 
 class PlainMasking(SequenceDecoder):

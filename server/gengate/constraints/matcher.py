@@ -64,6 +64,13 @@ class ConstraintMatcher:
         if not self._matcher.consume_token(token_id):
             raise matcher_error(self._matcher.get_error(), f"constraint rejected token {token_id}")
 
+    def advance(self, token_id: int) -> bool:
+        """consume(token_id), then is_stopped(): one call per token for a decoder."""
+        matcher = self._matcher
+        if not matcher.consume_token(token_id):
+            raise matcher_error(matcher.get_error(), f"constraint rejected token {token_id}")
+        return bool(matcher.is_stopped()) and not matcher.is_error()
+
     def is_accepting(self) -> bool:
         """True when the output so far is complete (EOS may end the generation here)."""
         return bool(self._matcher.is_accepting())

@@ -170,7 +170,7 @@ class SequenceDecoder:
         if self._finished is not None:
             raise RuntimeError("step() called on a finished generation")
         matcher = self._matcher
-        # (the state is unchanged since the previous step's check after its token)
+        # (after the first step, the previous step's advance() told: the state is unchanged)
         if matcher is not None and not self._stop_checked and matcher.is_stopped():
             return self._finish(None, FinishReason.STOP, None)
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self._vocab_size]
@@ -197,8 +197,10 @@ class SequenceDecoder:
         self._tokens.append(token)
         if token in self._eos_set:
             return self._finish(token, FinishReason.STOP, logprob)
+        stopped = False
         if matcher is not None:
-            matcher.consume(token)
+            stopped = matcher.advance(token)
+            self._stop_checked = True  # (when stopped, this step ends the generation)
         if self._penalized:
             self._record(token)
         self._decode(token)
@@ -209,10 +211,8 @@ class SequenceDecoder:
             stop = self._find_stop()
         if stop is not None:
             return self._finish(token, FinishReason.STOP_SEQUENCE, logprob, stop)
-        if matcher is not None:
-            if matcher.is_stopped():
-                return self._finish(token, FinishReason.STOP, logprob)
-            self._stop_checked = True
+        if stopped:
+            return self._finish(token, FinishReason.STOP, logprob)
         if self._max_tokens is not None and len(self._tokens) >= self._max_tokens:
             return self._finish(token, FinishReason.LENGTH, logprob)
         return StepResult(token, self._release(), logprob=logprob)
@@ -274,7 +274,8 @@ class SequenceDecoder:
                 mask[t] = value
         work = self._scratch()[0][: raw.shape[0]]
         np.minimum(raw, mask[: raw.shape[0]], out=work)
-        self._apply_penalties(work)
+        if self._penalized:
+            self._apply_penalties(work)
         return work
 
     def _masked_exactly(self, raw: FloatArray) -> FloatArray:
