@@ -183,6 +183,33 @@ def test_matcher_fill_mask_checks_its_row(compiler: ConstraintCompiler) -> None:
     assert int(np.unpackbits(row.view(np.uint8)).sum()) >= 1
 
 
+def test_bound_mask_fills_the_checked_row_as_fill_mask_does(compiler: ConstraintCompiler) -> None:
+    compiled = compiler.compile_sync(StructuredOutput(ChoiceConstraint(("yes", "no"))))
+    words = (compiler.ll_tokenizer.vocab_size + 31) // 32
+    with pytest.raises(ValueError):
+        compiled.new_matcher().bind_mask(np.zeros(words, dtype=np.int64))
+    with pytest.raises(ValueError):
+        compiled.new_matcher().bind_mask(np.zeros(words - 1, dtype=np.int32))
+    bound, plain = compiled.new_matcher(), compiled.new_matcher()
+    row, expected = np.zeros(words, dtype=np.int32), np.zeros(words, dtype=np.int32)
+    fill = bound.bind_mask(row)
+    for token in compiler.ll_tokenizer.tokenize_str("no"):
+        fill()
+        plain.fill_mask(expected)
+        assert np.array_equal(row, expected) and row.any()
+        bound.consume(token)
+        plain.consume(token)
+
+
+def test_advance_consumes_and_tells_whether_the_output_is_complete(compiler: ConstraintCompiler) -> None:
+    matcher = compiler.compile_sync(StructuredOutput(ChoiceConstraint(("yes", "no")))).new_matcher()
+    tokens = compiler.ll_tokenizer.tokenize_str("no")
+    assert [matcher.advance(t) for t in tokens] == [False] * (len(tokens) - 1) + [True]
+    other = compiler.compile_sync(StructuredOutput(ChoiceConstraint(("yes", "no")))).new_matcher()
+    with pytest.raises(errors.Internal):
+        other.advance(compiler.ll_tokenizer.tokenize_str("x")[0])
+
+
 def test_schema_walks(compiler: ConstraintCompiler) -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 150}}, "required": ["n"]}
     structured = StructuredOutput(JsonSchemaConstraint(schema))

@@ -471,6 +471,9 @@ def test_dead_end_raises_internal() -> None:
         def fill_mask(self, row: np.ndarray) -> None:
             row[:] = 0
 
+        def bind_mask(self, row: np.ndarray) -> Callable[[], None]:
+            return lambda: self.fill_mask(row)
+
         def is_accepting(self) -> bool:
             return False
 

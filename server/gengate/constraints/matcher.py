@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 from llguidance import LLMatcher
@@ -33,6 +35,24 @@ class ConstraintMatcher:
         self._matcher.unsafe_compute_mask_ptr(bitmask_row.ctypes.data, self._words * 4)
         self._raise_if_error()
 
+    def bind_mask(self, bitmask_row: npt.NDArray[np.int32]) -> Callable[[], None]:
+        """fill_mask for one row, checked once here: the returned call writes the next mask into
+        `bitmask_row` without re-checking it (its address read once), for a decoder's own buffer."""
+        if bitmask_row.dtype != np.int32 or not bitmask_row.flags["C_CONTIGUOUS"]:
+            raise ValueError("bitmask row must be a contiguous int32 array")
+        if bitmask_row.size < self._words:
+            raise ValueError(f"bitmask row needs {self._words} words, got {bitmask_row.size}")
+        compute = self._matcher.unsafe_compute_mask_ptr
+        is_error = self._matcher.is_error
+        address, size = bitmask_row.ctypes.data, self._words * 4
+
+        def fill(_row: npt.NDArray[np.int32] = bitmask_row) -> None:  # the default keeps the row alive
+            compute(address, size)
+            if is_error():
+                self._raise_if_error()
+
+        return fill
+
     def allowed_token_mask(self) -> npt.NDArray[np.bool_]:
         """Booleans over the grammar vocabulary: True where the next token may be that id."""
         self.fill_mask(self._bitmask)
@@ -43,6 +63,13 @@ class ConstraintMatcher:
         """Advances past `token_id`; raises Internal if the grammar does not allow it."""
         if not self._matcher.consume_token(token_id):
             raise matcher_error(self._matcher.get_error(), f"constraint rejected token {token_id}")
+
+    def advance(self, token_id: int) -> bool:
+        """consume(token_id), then is_stopped(): one call per token for a decoder."""
+        matcher = self._matcher
+        if not matcher.consume_token(token_id):
+            raise matcher_error(matcher.get_error(), f"constraint rejected token {token_id}")
+        return bool(matcher.is_stopped()) and not matcher.is_error()
 
     def is_accepting(self) -> bool:
         """True when the output so far is complete (EOS may end the generation here)."""

@@ -111,7 +111,20 @@ class SequenceDecoder:
         self._seen_ids: npt.NDArray[np.int64] | None = None
         self._counts: dict[int, int] = {}
         if matcher is not None:
-            self._bitmask = np.zeros((matcher.vocab_size + 31) // 32, dtype=np.int32)
+            words = (matcher.vocab_size + 31) // 32
+            self._bitmask = np.zeros(words, dtype=np.int32)
+            self._fill_mask = matcher.bind_mask(self._bitmask)
+            self._mask_bytes = self._bitmask.view(np.uint8)
+            # The mask as bounds on the logits: +inf where allowed, -inf elsewhere; the bits are
+            # read a byte at a time through _BYTE_MASKS into its rows. Ids past the grammar's
+            # vocabulary (a padded model vocabulary) are never allowed.
+            self._mask = np.full(max(vocab_size, 32 * words), -np.inf, dtype=np.float32)
+            self._mask_rows = self._mask[: 32 * words].reshape(-1, 8)
+            tail = min(vocab_size, 32 * words)
+            self._mask_tail = slice(matcher.vocab_size, tail) if matcher.vocab_size < tail else None
+            self._eos_ids = tuple(int(t) for t in self._eos)
+            self._allowed = np.empty(vocab_size, dtype=np.bool_)
+            self._stop_checked = False  # is_stopped() was False after the last consumed token
         # Without penalties or a mask the logits are only read, so step() skips its copy.
         self._edits_logits = matcher is not None or self._penalized or options.holds_eos
         # Scratch buffers reused every step: allocating vocab-sized arrays per token (page
@@ -157,27 +170,37 @@ class SequenceDecoder:
         if self._finished is not None:
             raise RuntimeError("step() called on a finished generation")
         matcher = self._matcher
-        if matcher is not None and matcher.is_stopped():
+        # (after the first step, the previous step's advance() told: the state is unchanged)
+        if matcher is not None and not self._stop_checked and matcher.is_stopped():
             return self._finish(None, FinishReason.STOP, None)
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self._vocab_size]
-        if self._edits_logits:
-            work = self._scratch()[0][: raw.shape[0]]
-            np.copyto(work, raw)
-            self._apply_penalties(work)
-            if matcher is not None:
-                self._apply_mask(work, matcher)
-            if self._holds_eos():
-                work[self._eos] = -np.inf
+        if matcher is not None:
+            work = self._masked(raw, matcher)
+            try:
+                token = self._choose(work)
+            except errors.Internal:
+                if not np.isnan(work).any():
+                    raise
+                token = self._choose(self._masked_exactly(raw))
         else:
-            work = raw  # read only from here on
-        token = self._choose(work)
+            if self._edits_logits:
+                work = self._scratch()[0][: raw.shape[0]]
+                np.copyto(work, raw)
+                self._apply_penalties(work)
+                if self._holds_eos():
+                    work[self._eos] = -np.inf
+            else:
+                work = raw  # read only from here on
+            token = self._choose(work)
         logprob = self._logprob(raw, token) if self._logprobs is not None else None
 
         self._tokens.append(token)
         if token in self._eos_set:
             return self._finish(token, FinishReason.STOP, logprob)
+        stopped = False
         if matcher is not None:
-            matcher.consume(token)
+            stopped = matcher.advance(token)
+            self._stop_checked = True  # (when stopped, this step ends the generation)
         if self._penalized:
             self._record(token)
         self._decode(token)
@@ -188,7 +211,7 @@ class SequenceDecoder:
             stop = self._find_stop()
         if stop is not None:
             return self._finish(token, FinishReason.STOP_SEQUENCE, logprob, stop)
-        if matcher is not None and matcher.is_stopped():
+        if stopped:
             return self._finish(token, FinishReason.STOP, logprob)
         if self._max_tokens is not None and len(self._tokens) >= self._max_tokens:
             return self._finish(token, FinishReason.LENGTH, logprob)
@@ -233,15 +256,35 @@ class SequenceDecoder:
             counts = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
             work[ids] -= counts * np.float32(self._frequency) + np.float32(self._presence)
 
-    def _apply_mask(self, work: FloatArray, matcher: ConstraintMatcher) -> None:
-        eos_values = work[self._eos] if self._eos.size else None
-        matcher.fill_mask(self._bitmask)
-        n = min(matcher.vocab_size, work.shape[0])
-        allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[:n].view(np.bool_)
-        np.copyto(work[:n], np.float32(-np.inf), where=~allowed)
-        work[n:] = -np.inf
-        if eos_values is not None:
-            work[self._eos] = eos_values if matcher.is_accepting() else -np.inf
+    def _masked(self, raw: FloatArray, matcher: ConstraintMatcher) -> FloatArray:
+        """The logits the constraint allows, -inf elsewhere; EOS is allowed exactly when the output
+        is complete (and EOS is not held back), whatever the mask says, then the penalties.
+
+        The mask is one np.minimum with bounds (+inf / -inf); that equals masking the penalized
+        logits except where a disallowed logit is NaN (it stays NaN): step() then redoes it exactly."""
+        self._fill_mask()
+        mask = self._mask
+        _BYTE_MASKS.take(self._mask_bytes, axis=0, out=self._mask_rows)
+        if self._mask_tail is not None:
+            mask[self._mask_tail] = -np.inf
+        if self._eos_ids:
+            held = self._ignore_eos or len(self._tokens) < self._min_tokens  # _holds_eos()
+            value = _DENY if held or not matcher.is_accepting() else _ALLOW
+            for t in self._eos_ids:
+                mask[t] = value
+        work = self._scratch()[0][: raw.shape[0]]
+        np.minimum(raw, mask[: raw.shape[0]], out=work)
+        if self._penalized:
+            self._apply_penalties(work)
+        return work
+
+    def _masked_exactly(self, raw: FloatArray) -> FloatArray:
+        """_masked's result for logits with NaN where the (already computed) mask disallows."""
+        work = self._scratch()[0][: raw.shape[0]]
+        np.copyto(work, raw)
+        np.copyto(work, _DENY, where=self._mask[: raw.shape[0]] < 0)
+        self._apply_penalties(work)  # -inf stays -inf: the same as penalizing, then masking
+        return work
 
     def _scratch(self) -> tuple[FloatArray, FloatArray, npt.NDArray[np.float64]]:
         """(logits, probabilities, cdf) buffers of vocabulary size, made on first use."""
@@ -268,11 +311,21 @@ class SequenceDecoder:
         cand = scaled
         if self._matcher is not None:
             # constrained states usually allow few tokens: sample among those only
-            allowed = np.flatnonzero(scaled > -np.inf)
-            if allowed.shape[0] == 0:
+            allowed = self._allowed[: scaled.shape[0]]
+            np.greater(scaled, _DENY, out=allowed)
+            count = np.count_nonzero(allowed)
+            if count == 0:
                 raise self._nothing_allowed()
-            if allowed.shape[0] < scaled.shape[0] // 2:
-                ids, cand = allowed, scaled[allowed]
+            if count < scaled.shape[0] // 2:
+                ids = allowed.nonzero()[0]
+                if count == 1 and (self._min_p is None or self._min_p <= 1.0):
+                    # what the draw below gives for one candidate (probability 1), the same
+                    # random number spent
+                    if not math.isfinite(float(scaled[ids[0]])):
+                        raise self._nothing_allowed()
+                    self._rng.random()
+                    return int(ids[0])
+                cand = scaled[ids]
         if self._top_k is not None and self._top_k < cand.shape[0]:
             best = np.argpartition(cand, -self._top_k)[-self._top_k :]
             ids = best if ids is None else ids[best]
@@ -456,6 +509,14 @@ class LoopHandoff(Generic[T]):
             self._wake_pending = False
             if not self._items:
                 await self._wait(None)
+
+
+_ALLOW = np.float32(np.inf)
+_DENY = np.float32(-np.inf)
+# Row b: the bounds (+inf allowed, -inf not) of the 8 tokens whose bits are byte b, lowest bit first.
+_BYTE_MASKS = np.where(
+    (np.arange(256, dtype=np.uint16)[:, None] >> np.arange(8, dtype=np.uint16)) & 1, _ALLOW, _DENY
+).astype(np.float32)
 
 
 def _top_p_keep(
