@@ -16,9 +16,10 @@ The SDK builds and sends each request as its own generate_content does: its requ
 (`models._GenerateContentParameters_to_mldev` / `_to_vertex`), then its API client's
 `_build_request` (URL, API version, key or Vertex AI project path, headers, timeout) and
 `_async_request(stream=True)` (Google credentials, its retry policy, and `APIError` for a non-2xx
-answer), on gengate's own httpx client. The answer comes back unread and gengate reads its JSON
-and its event stream itself, bounded (providers.rawhttp). These hooks are private to the SDK, so
-its major version is pinned and tests/providers/test_raw_sdks.py fails by name if one goes.
+answer), on the SDK's own transport (aiohttp when installed, else httpx). The answer comes back
+unread and gengate reads its JSON and its event stream itself, bounded (providers.rawhttp).
+These hooks are private to the SDK, so its major version is pinned and
+tests/providers/test_raw_sdks.py fails by name if one goes.
 """
 
 from __future__ import annotations
@@ -188,7 +189,6 @@ class GeminiBackend(ProviderBackend):
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)
         self._client: genai.Client | None = None
-        self._http: httpx.AsyncClient | None = None
 
     @property
     def opts(self) -> GeminiOptions:
@@ -198,10 +198,7 @@ class GeminiBackend(ProviderBackend):
     async def start(self) -> None:
         if not self.opts.vertexai:  # Vertex AI authenticates with Google credentials, keys optional
             await super().start()
-        # Our own httpx client: the answers come back as httpx responses (not aiohttp's), read
-        # raw, and aclose() really closes the connections.
-        self._http = httpx.AsyncClient(timeout=self.options.timeout)
-        self._client = genai.Client(**self._client_kwargs(self._http))
+        self._client = genai.Client(**self._client_kwargs())
 
     def _client_kwargs(self, http_client: httpx.AsyncClient | None = None) -> dict[str, Any]:
         http_kwargs: dict[str, Any] = {
@@ -222,9 +219,6 @@ class GeminiBackend(ProviderBackend):
         if self._client is not None:
             await self._client.aio.aclose()
             self._client = None
-        if self._http is not None:
-            await self._http.aclose()
-            self._http = None
 
     @property
     def client(self) -> genai.Client:
@@ -345,10 +339,8 @@ class GeminiBackend(ProviderBackend):
         sent = api._build_request("post", path, body, http_options)
         answer = await api._async_request(http_request=sent, http_options=http_options, stream=True)
         response: Any = answer.response_stream
-        if not hasattr(response, "aiter_bytes"):  # only httpx is given to the SDK (start())
-            raise RuntimeError(
-                f"google-genai answered with a {type(response).__name__}, not an httpx response"
-            )
+        if not hasattr(response, "aiter_bytes"):  # aiohttp's (the SDK's choice when installed)
+            response = _AiohttpBody(response)
         try:
             yield response
         finally:
@@ -397,3 +389,22 @@ class GeminiBackend(ProviderBackend):
                 usage = self._usage(response)
                 if usage is not None:
                     yield ChunkUsage(usage.input_tokens, usage.output_tokens)
+
+
+class _AiohttpBody:
+    """An aiohttp response read as rawhttp reads httpx's: headers, body pieces, close (the
+    connection goes back to the pool only when the body was read to its end)."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = getattr(response, "_response", response)
+        self.headers = self._response.headers
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        async for piece in self._response.content.iter_any():
+            yield piece
+
+    async def aclose(self) -> None:
+        if self._response.content.at_eof():
+            self._response.release()
+        else:
+            self._response.close()
