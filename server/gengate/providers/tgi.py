@@ -255,9 +255,8 @@ class TGIBackend(ProviderBackend):
             task, inputs, extra = "text-generation", call.request.prompt or "", {"stream": stream}
             parameters = self._generate_params(call)
         else:
-            task, inputs, extra = "conversational", wire.messages(call), None
             parameters = {"model": sdk.model, **self._chat_params(call), "stream": stream}
-            del parameters["messages"]
+            task, inputs, extra = "conversational", parameters.pop("messages"), None
         helper = get_provider_helper(sdk.provider, task=task, model=sdk.model)
         request = helper.prepare_request(
             inputs=inputs,
