@@ -1,4 +1,4 @@
-"""The raw provider path of the Mistral, Gemini and TGI backends: their SDKs build and send the
+"""The raw provider path of the Mistral and TGI backends: their SDKs build and send the
 request, gengate reads the answer (providers.rawhttp). First the SDK hooks each backend relies on,
 checked by name (a pinned SDK that drops one fails here, saying which); then each backend against
 its fake answering malformed, oversized and failing upstreams: UPSTREAM_BAD_RESPONSE naming the
@@ -64,22 +64,6 @@ def test_mistralai_hooks_are_there() -> None:
     for name in ("ChatCompletionRequest", "ChatCompletionStreamRequest", "Security"):
         _has(models, name)
     _has(errors.SDKError, "__init__", "message", "raw_response", "body")
-
-
-def test_google_genai_hooks_are_there() -> None:
-    pytest.importorskip("google.genai", reason="the google-genai SDK is not installed")
-    from google.genai import _api_client, _common, models, types
-    from google.genai import errors as genai_errors
-
-    _has(_api_client.BaseApiClient, "_build_request", "http_method", "path", "request_dict", "http_options")
-    _has(_api_client.BaseApiClient, "_async_request", "http_request", "http_options", "stream")
-    _has(_api_client.HttpResponse, "__init__", "headers", "response_stream")
-    _has(models, "_GenerateContentParameters_to_mldev")
-    _has(models, "_GenerateContentParameters_to_vertex")
-    _has(types, "_GenerateContentParameters")
-    _has(_common, "convert_to_dict")
-    _has(_common, "encode_unserializable_types")
-    _has(genai_errors.APIError, "raise_error_async")
 
 
 def test_huggingface_hub_hooks_are_there() -> None:
@@ -182,57 +166,6 @@ def _mistral() -> Case:
     )
 
 
-def _gemini_answer(*parts: Any, **candidate: Any) -> dict[str, Any]:
-    good = {"content": {"role": "model", "parts": list(parts) or [{"text": "hi"}]}, "finishReason": "STOP"}
-    return {
-        "candidates": [good | candidate],
-        "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1},
-    }
-
-
-def _gemini() -> Case:
-    pytest.importorskip("google.genai", reason="the google-genai SDK is not installed")
-    from fake_gemini import API_KEY, FakeGemini
-    from gengate.providers.gemini import GeminiBackend
-
-    return Case(
-        name="Gemini",
-        backend=lambda: GeminiBackend,
-        fake=FakeGemini,
-        options=lambda f: {"model": "gemini-test", "base_url": f.server.base_url, "api_key": API_KEY},
-        request=cc.prompt,
-        malformed={
-            "no JSON": ("[1, 2", "is no JSON"),
-            "candidates an object": ({"candidates": {"content": {}}}, "`candidates` is a object"),
-            "parts a string": (_gemini_answer(content={"parts": "hi"}), "`parts` is a string"),
-            "text a number": (_gemini_answer({"text": 3}), "`text` is a number"),
-            "function call name a list": (
-                _gemini_answer({"functionCall": {"name": ["f"], "args": {}}}),
-                "`name` is a list",
-            ),
-            "args a string": (
-                _gemini_answer({"functionCall": {"name": "f", "args": "{}"}}),
-                "`args` is a string",
-            ),
-            "a signature not base64": (
-                _gemini_answer({"text": "hi", "thoughtSignature": "***"}),
-                "`thoughtSignature` is no base64",
-            ),
-            "finish reason a number": (_gemini_answer(finishReason=1), "`finishReason` is a number"),
-            "usage text": (
-                {**_gemini_answer(), "usageMetadata": {"candidatesTokenCount": "1"}},
-                "`candidatesTokenCount` is a string",
-            ),
-        },
-        good_event={"candidates": [{"content": {"role": "model", "parts": [{"text": "Hey"}]}, "index": 0}]},
-        bad_event=(
-            {"candidates": [{"content": {"role": "model", "parts": [{"text": {"no": 1}}]}, "index": 0}]},
-            "`text` is a object",
-        ),
-        error_body={"error": {"code": 429, "message": "slow down", "status": "RESOURCE_EXHAUSTED"}},
-    )
-
-
 def _tgi() -> Case:
     pytest.importorskip("huggingface_hub", reason="the huggingface_hub SDK is not installed")
     from fake_tgi import API_KEY, FakeTGI
@@ -263,7 +196,7 @@ def _tgi() -> Case:
     )
 
 
-CASES = {"mistral": _mistral, "gemini": _gemini, "tgi": _tgi}
+CASES = {"mistral": _mistral, "tgi": _tgi}
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -11,20 +11,10 @@ functionResponse parts out. Gemini has no parallel-calls switch: with parallel_t
 the server's validation (at most one call) and its re-ask enforce it. Thinking is set by
 `thinkingConfig` (budget, level, off) and comes back as the generation's reasoning, with the
 thought signatures Gemini requires back beside its calls (the wire forms: providers.gemini_wire).
-
-The SDK builds and sends each request as its own generate_content does: its request converter
-(`models._GenerateContentParameters_to_mldev` / `_to_vertex`), then its API client's
-`_build_request` (URL, API version, key or Vertex AI project path, headers, timeout) and
-`_async_request(stream=True)` (Google credentials, its retry policy, and `APIError` for a non-2xx
-answer), on the SDK's own transport (aiohttp when installed, else httpx). The answer comes back
-unread and gengate reads its JSON and its event stream itself, bounded (providers.rawhttp).
-These hooks are private to the SDK, so its major version is pinned and
-tests/providers/test_raw_sdks.py fails by name if one goes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
@@ -51,7 +41,6 @@ from gengate.domain import (
     Usage,
 )
 from gengate.providers import gemini_wire as wire
-from gengate.providers import rawhttp
 from gengate.providers import structured as so
 from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
@@ -63,7 +52,6 @@ from gengate.providers.base import (
     ProviderBackend,
     ProviderCall,
     ProviderOptions,
-    check_event_stream,
     map_finish_reason,
 )
 from gengate.providers.errors import from_status, parse_retry_after
@@ -161,7 +149,8 @@ _CALL_FAILED = frozenset(
 def _finish(candidate: Any) -> FinishReason:
     """The candidate's finish reason; one that says its function call failed is ERROR (a call
     made stops with STOP, which settling turns into TOOL_CALLS)."""
-    raw = rawhttp.optional_text(candidate, "finishReason")
+    reason = candidate.finish_reason
+    raw = reason.value if reason is not None else None
     if raw in _CALL_FAILED:
         return FinishReason.ERROR
     return map_finish_reason(raw)
@@ -307,55 +296,21 @@ class GeminiBackend(ProviderBackend):
     def _usage(response: Any) -> Usage | None:
         """Prompt and output tokens; thinking counts as output (billed so, as other providers
         count it), though Gemini reports it apart (`thoughtsTokenCount`)."""
-        meta = rawhttp.member(response, "usageMetadata")
-        output = rawhttp.integer(meta, "candidatesTokenCount") if meta is not None else None
-        if meta is None or output is None:
+        meta = response.usage_metadata
+        if meta is None or meta.candidates_token_count is None:
             return None
-        output += rawhttp.integer(meta, "thoughtsTokenCount") or 0
-        return Usage(rawhttp.integer(meta, "promptTokenCount") or 0, output)
-
-    @contextlib.asynccontextmanager
-    async def _post(self, call: ProviderCall, *, stream: bool) -> AsyncIterator[rawhttp.RawResponse]:
-        """One generateContent (or streamGenerateContent?alt=sse) request built and sent by the
-        SDK (module docstring), answered unread; closed on leaving. A non-2xx answer raises the
-        SDK's APIError before this returns."""
-        from google.genai import _common
-        from google.genai import models as genai_models
-
-        api = self.client._api_client
-        params = types._GenerateContentParameters(**self._request(call))
-        convert = (
-            genai_models._GenerateContentParameters_to_vertex
-            if api.vertexai
-            else genai_models._GenerateContentParameters_to_mldev
-        )
-        request = convert(api, params, None, params)
-        method = "streamGenerateContent?alt=sse" if stream else "generateContent"
-        url = request.get("_url")
-        path = f"{{model}}:{method}".format_map(url) if url else f"{{model}}:{method}"
-        request.pop("config", None)
-        http_options = params.config.http_options if params.config is not None else None
-        body = _common.encode_unserializable_types(_common.convert_to_dict(request))
-        sent = api._build_request("post", path, body, http_options)
-        answer = await api._async_request(http_request=sent, http_options=http_options, stream=True)
-        response: Any = answer.response_stream
-        if not hasattr(response, "aiter_bytes"):  # aiohttp's (the SDK's choice when installed)
-            response = _AiohttpBody(response)
-        try:
-            yield response
-        finally:
-            await response.aclose()
+        output = meta.candidates_token_count + (meta.thoughts_token_count or 0)
+        return Usage(meta.prompt_token_count or 0, output)
 
     async def _complete(self, call: ProviderCall) -> Completion:
-        async with self._post(call, stream=False) as raw:
-            response = await rawhttp.read_object(raw)
+        response = await self.client.aio.models.generate_content(**self._request(call))
         generations = []
-        for c in rawhttp.objects(response, "candidates"):
+        for c in response.candidates or []:
             got = wire.CandidateParts()
-            got.add(rawhttp.member(c, "content"))
+            got.add(c.content)
             generations.append(
                 Generation(
-                    index=rawhttp.integer(c, "index") or 0,
+                    index=c.index or 0,
                     text="".join(got.text),
                     finish_reason=_finish(c),
                     tool_calls=tuple(got.calls),
@@ -367,44 +322,31 @@ class GeminiBackend(ProviderBackend):
     async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
         """Text and thought text as they come; a function call whole, as Gemini sends it, as one
         fragment; the turn's signature entries with its end."""
+        # The SDK's stream nests generators, so closing ours would leave the HTTP response open
+        # until garbage collection: each stream gets its own connection, closed in `finally`.
+        http = httpx.AsyncClient(timeout=call.timeout)
+        client = genai.Client(**self._client_kwargs(http))
+        stream: Any = None
         turns: dict[int, wire.CandidateParts] = {}
-        async with self._post(call, stream=True) as raw:
-            check_event_stream(self.label, raw.headers.get("content-type"))
-            async for event in rawhttp.events(raw):
-                response = rawhttp.loads_object(event.data, "an event of its stream")
-                if "error" in response:  # an error mid-stream: the SDK's APIError, as its stream raised it
-                    error = response["error"]
-                    code = error.get("code") if isinstance(error, dict) else None
-                    await genai_errors.APIError.raise_error_async(code, response, raw)  # type: ignore[arg-type]
-                for candidate in rawhttp.objects(response, "candidates"):
-                    index = rawhttp.integer(candidate, "index") or 0
+        try:
+            stream = await client.aio.models.generate_content_stream(**self._request(call))
+            async for response in stream:
+                for candidate in response.candidates or []:
+                    index = candidate.index or 0
                     got = turns.setdefault(index, wire.CandidateParts())
-                    text, thought, calls = got.add(rawhttp.member(candidate, "content"))
+                    text, thought, calls = got.add(candidate.content)
                     if text or thought or calls:
                         yield ChunkText(index, text, tool_calls=calls, reasoning=thought)
-                    if rawhttp.field(candidate, "finishReason") is not None:
+                    if candidate.finish_reason is not None:
                         reasoning = got.reasoning()
                         signatures = reasoning.signatures if reasoning is not None else ()
                         yield ChunkEnd(index, _finish(candidate), reasoning_signatures=signatures)
                 usage = self._usage(response)
                 if usage is not None:
                     yield ChunkUsage(usage.input_tokens, usage.output_tokens)
-
-
-class _AiohttpBody:
-    """An aiohttp response read as rawhttp reads httpx's: headers, body pieces, close (the
-    connection goes back to the pool only when the body was read to its end)."""
-
-    def __init__(self, response: Any) -> None:
-        self._response = getattr(response, "_response", response)
-        self.headers = self._response.headers
-
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        async for piece in self._response.content.iter_any():
-            yield piece
-
-    async def aclose(self) -> None:
-        if self._response.content.at_eof():
-            self._response.release()
-        else:
-            self._response.close()
+        finally:
+            try:
+                if stream is not None:
+                    await stream.aclose()
+            finally:
+                await http.aclose()

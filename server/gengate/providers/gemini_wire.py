@@ -1,7 +1,6 @@
 """The Gemini wire format for chat turns, tools and thinking, both directions, as `google-genai`
 types: function declarations, the function-calling config and the thinking config out; the
-parts of a candidate (text, thoughts, function calls, thought signatures) in, unary and streamed
-(the camelCase JSON read by providers.rawhttp, or the SDK's objects, by the same accessors).
+parts of a candidate (text, thoughts, function calls, thought signatures) in, unary and streamed.
 
 Thought signatures: Gemini puts an opaque `thoughtSignature` on some parts of a turn (the first
 functionCall part of every turn that calls, a thought part, the last text part) and requires the
@@ -40,9 +39,7 @@ from gengate.domain import (
     ToolChoiceMode,
 )
 from gengate.errors import FieldViolation
-from gengate.providers import rawhttp as a
 from gengate.providers.anthropic_wire import arguments_object
-from gengate.providers.errors import UnreadableAnswer
 
 CALL = "call:"
 THOUGHT = "thought:"
@@ -255,21 +252,6 @@ def _encoded(signature: bytes | None) -> str:
     return base64.urlsafe_b64encode(signature).decode("ascii") if signature else ""
 
 
-def _part_signature(part: Any) -> str:
-    """A part's thoughtSignature in URL-safe base64 ("" when none): the JSON's base64 (either
-    alphabet, as the SDK decodes it) or an SDK object's bytes."""
-    if not isinstance(part, dict):
-        return _encoded(part.thought_signature)
-    given = a.optional_text(part, "thoughtSignature")
-    if not given:
-        return ""
-    standard = given.replace("-", "+").replace("_", "/")
-    try:
-        return _encoded(base64.b64decode(standard + "=" * (-len(standard) % 4), validate=True))
-    except (binascii.Error, ValueError):
-        raise UnreadableAnswer("`thoughtSignature` is no base64") from None
-
-
 @dataclass
 class CandidateParts:
     """The parts of one candidate, fed in order (a unary content at once, or chunk by chunk):
@@ -286,23 +268,22 @@ class CandidateParts:
         text: list[str] = []
         thought: list[str] = []
         deltas: list[ToolCallDelta] = []
-        for part in a.objects(content, "parts") if content is not None else ():
-            signature = _part_signature(part)
-            fc = a.member(part, "functionCall") if isinstance(part, dict) else part.function_call
-            if fc is not None:
+        for part in (content.parts if content is not None else None) or ():
+            signature = _encoded(part.thought_signature)
+            if part.function_call is not None:
+                fc = part.function_call
                 index = len(self.calls)
-                args = a.member(fc, "args") or {}
-                call = ToolCall(a.text(fc, "id"), a.text(fc, "name"), json.dumps(args, ensure_ascii=False))
+                call = ToolCall(fc.id or "", fc.name or "", json.dumps(fc.args or {}, ensure_ascii=False))
                 self.calls.append(call)
                 deltas.append(ToolCallDelta(index, call.id, call.name, call.arguments))
                 if signature:
                     self.entries.append(f"{CALL}{index}:{signature}")
-            elif a.field(part, "thought"):
-                thought.append(a.text(part, "text"))
+            elif part.thought:
+                thought.append(part.text or "")
                 if signature:
                     self.entries.append(THOUGHT + signature)
-            elif (said := a.optional_text(part, "text")) is not None:
-                text.append(said)
+            elif part.text is not None:
+                text.append(part.text)
                 if signature:
                     self.entries.append(TEXT + signature)
         self.text.extend(text)
