@@ -281,6 +281,8 @@ class TGIBackend(ProviderBackend):
             try:
                 hf_raise_for_status(response)
             except HfHubHTTPError as exc:
+                if exc.response.status_code == 422 and exc.response.text:  # as the SDK's _inner_post adds it
+                    exc.args = (f"{exc.args[0]}\n{exc.response.text}\n", *exc.args[1:])
                 if task == "text-generation":
                     raise_text_generation_error(exc)
                 raise
