@@ -3,12 +3,16 @@ OpenAI upstream (tests/providers/fake_openai.py in its own process), unary and s
 c=32: added p50/p99 ms over direct, req/s, and the server's CPU time per request (its process's
 user+system time during its own runs ÷ their requests; warm-ups and other variants' turns out).
 
+`--provider mistral|gemini|tgi` runs that backend on its fake instead (tests/providers/fake_*.py,
+in its own process; TGI on its chat route); there is no direct peer then, only gengate and the
+`--base` server.
+
 With `--base DIR` an older checkout's server runs beside this one as "before" (same Python, same
 upstream, rounds interleaved: direct, gengate, before, direct, ...), and fast ÷ before ratios of
 CPU per request and req/s are printed:
 
     git worktree add /tmp/base 82e0235
-    .venv/bin/python bench/provider_path.py --base /tmp/base [--quick] [--json out.json]
+    .venv/bin/python bench/provider_path.py --base /tmp/base [--provider gemini] [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -17,14 +21,68 @@ import argparse
 import asyncio
 import contextlib
 import json
+import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from common import SERVER_PIDS, Call, RunStats, cpu_seconds, gengate_server, run_interleaved
-from peers import UPSTREAM_KEY, UPSTREAM_MODEL, fake_upstream, upstream_model
+from peers import PROVIDER_TESTS, UPSTREAM_KEY, UPSTREAM_MODEL, fake_upstream, upstream_model
 from sections import _added_over_direct, gengate_calls, openai_calls, ratio
+from sections import row as stats_row
+
+# A provider's fake (module, class) and its gengate model entry (given the fake's base URL).
+FAKES: dict[str, tuple[str, str]] = {
+    "mistral": ("fake_mistral", "FakeMistral"),
+    "gemini": ("fake_gemini", "FakeGemini"),
+    "tgi": ("fake_tgi", "FakeTGI"),
+}
+PROVIDERS = ("openai", *FAKES)
+_SERVE = """
+import sys
+from {module} import API_KEY, {cls}
+fake = {cls}()
+print(fake.start(), API_KEY, flush=True)
+sys.stdin.read()
+fake.stop()
+"""
+
+
+@contextlib.contextmanager
+def provider_upstream(provider: str) -> Iterator[dict[str, Any]]:
+    """The provider's fake in its own process; yields the gengate model entry (`gpt`) for it."""
+    if provider == "openai":
+        with fake_upstream() as url:
+            yield upstream_model(url)
+        return
+    module, cls = FAKES[provider]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE.format(module=module, cls=cls)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=PROVIDER_TESTS,
+    )
+    try:
+        assert proc.stdout is not None
+        url, _, key = proc.stdout.readline().strip().partition(" ")
+        if not url.startswith("http://"):
+            raise RuntimeError(f"the fake {provider} upstream did not start (exit {proc.poll()})")
+        yield {
+            "name": "gpt",
+            "backend": provider,
+            "model": f"{provider}-fake",
+            "base_url": url,
+            "api_key": key,
+        }
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _meter(pid: int) -> Callable[[], float]:
@@ -32,21 +90,24 @@ def _meter(pid: int) -> Callable[[], float]:
     return lambda: cpu_seconds(pid)
 
 
-async def measure(base: Path | None, c1: int, c32: int, rounds: int) -> dict[str, Any]:
+async def measure(
+    base: Path | None, c1: int, c32: int, rounds: int, provider: str = "openai"
+) -> dict[str, Any]:
     import openai
     from gengate_client import AsyncClient
 
-    result: dict[str, Any] = {"rows": [], "ratios": {}}
+    result: dict[str, Any] = {"rows": [], "ratios": {}, "provider": provider}
     with contextlib.ExitStack() as stack:
-        upstream = stack.enter_context(fake_upstream())
-        model = upstream_model(upstream)
+        model = stack.enter_context(provider_upstream(provider))
         servers = {"gengate": stack.enter_context(gengate_server([model]))}
         if base is not None:
             servers["before"] = stack.enter_context(gengate_server([model], repo=base))
         async with contextlib.AsyncExitStack() as clients:
-            direct = openai.AsyncOpenAI(base_url=upstream + "/v1", api_key=UPSTREAM_KEY, max_retries=0)
-            clients.push_async_callback(direct.close)
-            variants: list[tuple[str, tuple[Call, Call]]] = [("direct", openai_calls(direct, UPSTREAM_MODEL))]
+            variants: list[tuple[str, tuple[Call, Call]]] = []
+            if provider == "openai":
+                direct = openai.AsyncOpenAI(base_url=model["base_url"], api_key=UPSTREAM_KEY, max_retries=0)
+                clients.push_async_callback(direct.close)
+                variants.append(("direct", openai_calls(direct, UPSTREAM_MODEL)))
             for name, address in servers.items():
                 client = await clients.enter_async_context(AsyncClient(address))
                 variants.append((name, gengate_calls(client, "gpt")))
@@ -71,7 +132,11 @@ async def measure(base: Path | None, c1: int, c32: int, rounds: int) -> dict[str
 
 
 def _rows(stats: list[RunStats], mode: str, served: set[str]) -> list[dict[str, Any]]:
-    rows = _added_over_direct(stats, mode)
+    if stats[0].name in served:  # no direct peer (a provider other than OpenAI)
+        nan = float("nan")
+        rows = [stats_row(s, mode=mode, added_p50_ms=nan, added_p99_ms=nan, req_s_ratio=nan) for s in stats]
+    else:
+        rows = _added_over_direct(stats, mode)
     for row, run in zip(rows, stats, strict=True):
         if run.name in served:
             row["server_cpu_ms_per_request"] = round(1000 * run.cpu_s / run.requests, 3)
@@ -80,7 +145,8 @@ def _rows(stats: list[RunStats], mode: str, served: set[str]) -> list[dict[str, 
 
 def report(result: dict[str, Any]) -> None:
     head = f"  {'variant':<9} {'mode':<7} {'c':>3} {'req/s':>8} {'p50 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8}"
-    print("\nremote-provider path, one fake OpenAI upstream (added = over the openai SDK direct)")
+    provider = result.get("provider", "openai")
+    print(f"\nremote-provider path, one fake {provider} upstream (added = over the openai SDK direct)")
     print(head + f" {'CPU ms/req':>10}")
     for r in result["rows"]:
         cpu = r.get("server_cpu_ms_per_request")
@@ -95,6 +161,7 @@ def report(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--base", type=Path, help="an older checkout whose server runs as 'before'")
+    parser.add_argument("--provider", choices=PROVIDERS, default="openai", help="the backend and its fake")
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per variant (3)")
     parser.add_argument("--json", type=Path, help="also write the rows and ratios here")
@@ -103,8 +170,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--base {args.base}: no server/gengate there (a gengate checkout?)")
     c1, c32 = (30, 96) if args.quick else (150, 320)
     rounds = args.rounds or (1 if args.quick else 3)
-    result = asyncio.run(measure(args.base, c1, c32, rounds))
-    result["setup"] = {"requests_c1": c1, "requests_c32": c32, "rounds": rounds, "base": str(args.base or "")}
+    result = asyncio.run(measure(args.base, c1, c32, rounds, args.provider))
+    result["setup"] = {
+        "requests_c1": c1,
+        "requests_c32": c32,
+        "rounds": rounds,
+        "base": str(args.base or ""),
+        "provider": args.provider,
+    }
     report(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -11,10 +11,18 @@ mapped to Mistral's nine letters and digits (providers.mistral_wire). `reasoning
 `reasoning_effort`; thinking chunks come back as the generation's reasoning and go back in the
 assistant turns that carry it. Mistral has no reasoning switch or token budget: those are
 refused.
+
+The SDK sends each request through its generated BaseSDK (`_build_request_async` and
+`do_request_async`, as its own chat methods do: server URL, bearer auth, user agent, its hooks,
+the timeout) and hands back the HTTP response unread; gengate reads the JSON body and the event
+stream itself, bounded (providers.rawhttp). A non-2xx answer raises the SDK's SDKError, as
+`chat.complete_async` would. Both hooks are private to the generated code, so the SDK's major
+version is pinned and tests/providers/test_raw_sdks.py fails by name if either goes.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
@@ -31,6 +39,7 @@ from gengate.domain import (
     Usage,
 )
 from gengate.providers import mistral_wire as wire
+from gengate.providers import rawhttp
 from gengate.providers import structured as so
 from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
@@ -42,8 +51,13 @@ from gengate.providers.base import (
     ProviderBackend,
     ProviderCall,
     ProviderOptions,
+    check_event_stream,
     map_finish_reason,
 )
+from gengate.providers.errors import UnreadableAnswer
+
+# The operation ids the SDK's own chat methods give its hooks.
+_OPERATION = {False: "chat_completion_v1_chat_completions_post", True: "stream_chat"}
 
 
 class MistralOptions(ProviderOptions):
@@ -166,44 +180,125 @@ class MistralBackend(ProviderBackend):
                 }
         return params
 
+    @contextlib.asynccontextmanager
+    async def _post(self, call: ProviderCall, *, stream: bool) -> AsyncIterator[rawhttp.RawResponse]:
+        """One chat-completions request sent by the SDK (module docstring), answered unread; the
+        response is closed on leaving. A non-2xx answer raises the SDK's SDKError (body read
+        bounded), so status errors map as before."""
+        from mistralai.client import errors as sdk_errors
+        from mistralai.client import models, utils
+        from mistralai.client._hooks import HookContext
+
+        params = self._params(call)
+        params.pop("retries")  # the SDK's retries stay off (retry_config None below)
+        timeout_ms = params.pop("timeout_ms")
+        params["stream"] = stream
+        chat = self.client.chat
+        config = chat.sdk_configuration
+        base_url = chat._get_url(None, None)  # type: ignore[no-untyped-call]
+        # The SDK's own request model serializes the body, as its chat methods do (its defaults
+        # included, such as an assistant message's `prefix`): the request bytes stay the SDK's.
+        kind = models.ChatCompletionStreamRequest if stream else models.ChatCompletionRequest
+        model = kind.model_validate(params)
+        request = chat._build_request_async(
+            method="POST",
+            path="/v1/chat/completions",
+            base_url=base_url,
+            url_variables=None,
+            request=None,
+            request_body_required=True,
+            request_has_path_params=False,
+            request_has_query_params=False,
+            user_agent_header="user-agent",
+            accept_header_value="text/event-stream" if stream else "application/json",
+            security=config.security,
+            get_serialized_body=lambda: utils.serialize_request_body(model, False, False, "json", kind),
+            timeout_ms=timeout_ms,
+        )
+        context = HookContext(
+            config=config,
+            base_url=base_url or "",
+            operation_id=_OPERATION[stream],
+            oauth2_scopes=None,
+            security_source=utils.get_security_from_env(config.security, models.Security),
+            tags=["chat"],
+            extensions=None,
+        )
+        response = await chat.do_request_async(
+            hook_ctx=context,
+            request=request,
+            is_error_status_code=lambda code: utils.match_status_codes(["4XX", "5XX"], code),
+            stream=True,
+            retry_config=None,
+        )
+        try:
+            if not 200 <= response.status_code < 300:
+                text = (await rawhttp.read_body(response)).decode("utf-8", "replace")
+                # An empty body as " ": SDKError reads the unread stream's `.text` for "".
+                raise sdk_errors.SDKError("API error occurred", response, text or " ")
+            yield response
+        finally:
+            await response.aclose()
+
     async def _complete(self, call: ProviderCall) -> Completion:
-        response = await self.client.chat.complete_async(**self._params(call))
+        async with self._post(call, stream=False) as raw:
+            response = await rawhttp.read_object(raw)
         generations: list[Generation] = []
-        for choice in response.choices or []:
-            text, thoughts = wire.parts(choice.message)
+        for position, choice in enumerate(rawhttp.objects(response, "choices")):
+            message = rawhttp.member(choice, "message")
+            text, thoughts = wire.parts(message)
+            index = rawhttp.integer(choice, "index")
             generations.append(
                 Generation(
-                    index=choice.index,
+                    index=position if index is None else index,
                     text=text,
-                    finish_reason=map_finish_reason(choice.finish_reason),
-                    tool_calls=wire.tool_calls(choice.message),
+                    finish_reason=map_finish_reason(rawhttp.optional_text(choice, "finish_reason")),
+                    tool_calls=wire.tool_calls(message),
                     reasoning=wire.reasoning(thoughts),
                 )
             )
-        usage = response.usage
-        totals = Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage else None
-        return Completion(sorted(generations, key=lambda g: g.index), totals)
+        return Completion(sorted(generations, key=lambda g: g.index), _usage(response))
 
     async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
-        stream = await self.client.chat.stream_async(**self._params(call))
         state = wire.StreamState()
-        try:
-            async for event in stream:
-                chunk = event.data
-                for choice in chunk.choices:
-                    i = choice.index
-                    text, thoughts = wire.parts(choice.delta)
+        async with self._post(call, stream=True) as response:
+            check_event_stream(self.label, response.headers.get("content-type"))
+            async for event in rawhttp.events(response):
+                if event.data == b"[DONE]":
+                    return
+                chunk = rawhttp.loads_object(event.data, "an event of its stream")
+                if "error" in chunk or chunk.get("object") == "error":
+                    raise UnreadableAnswer(f"its stream sent an error: {_stream_error(chunk)}")
+                for choice in rawhttp.objects(chunk, "choices"):
+                    i = rawhttp.integer(choice, "index") or 0
+                    delta = rawhttp.member(choice, "delta")
+                    text, thoughts = wire.parts(delta)
                     for thought in thoughts:
                         state.think(i, thought)
                     if text:
                         state.said(i)
-                    calls = state.fragments(i, choice.delta)
+                    calls = state.fragments(i, delta)
                     thinking = "".join(t.text for t in thoughts)
                     if text or calls or thinking:
                         yield ChunkText(i, text, tool_calls=calls, reasoning=thinking)
-                    if choice.finish_reason:
-                        yield ChunkEnd(i, map_finish_reason(choice.finish_reason), None, state.signatures(i))
-                if chunk.usage is not None:
-                    yield ChunkUsage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
-        finally:
-            await stream.close()  # type: ignore[no-untyped-call]
+                    finish = rawhttp.optional_text(choice, "finish_reason")
+                    if finish:
+                        yield ChunkEnd(i, map_finish_reason(finish), None, state.signatures(i))
+                usage = _usage(chunk)
+                if usage is not None:
+                    yield ChunkUsage(usage.input_tokens, usage.output_tokens)
+
+
+def _usage(answer: dict[str, Any]) -> Usage | None:
+    usage = rawhttp.member(answer, "usage")
+    if usage is None:
+        return None
+    prompt = rawhttp.integer(usage, "prompt_tokens") or 0
+    return Usage(prompt, rawhttp.integer(usage, "completion_tokens") or 0)
+
+
+def _stream_error(chunk: dict[str, Any]) -> str:
+    """An error event's message (Mistral: `message`, or an OpenAI-style `error` object)."""
+    error = chunk.get("error", chunk)
+    message = error.get("message") if isinstance(error, dict) else error
+    return str(message or chunk)[:500]

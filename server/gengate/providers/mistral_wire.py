@@ -1,7 +1,7 @@
 """The Mistral chat wire format for tools and thinking, both directions, as pure functions:
 messages (tool turns and thinking chunks included), tools and tool choice out; a message's text,
-tool calls and thinking in (unary messages and stream deltas alike, as the `mistralai` SDK types
-them).
+tool calls and thinking in (unary messages and stream deltas alike: the plain JSON read by
+providers.rawhttp, or the `mistralai` SDK's objects, read by the same accessors).
 
 Tool call ids: Mistral takes only nine letters and digits as a call's id (`tool_calls[].id` and
 `tool_call_id`). An id already so (Mistral's own) goes as it is; any other (gengate's `call_…`,
@@ -39,8 +39,10 @@ from gengate.domain import (
     ToolChoiceMode,
 )
 from gengate.providers import anthropic_wire, openai_wire
+from gengate.providers import rawhttp as a
 from gengate.providers.anthropic_wire import Thought
 from gengate.providers.base import image_url
+from gengate.providers.errors import UnreadableAnswer
 from gengate.tools import parameters_of
 
 # The tool call ids Mistral accepts.
@@ -162,19 +164,19 @@ def messages(chat: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 def parts(body: Any) -> tuple[str, list[Thought]]:
     """A message's or delta's content: its text, and its thinking chunks as thoughts."""
-    given = getattr(body, "content", None)
+    given = a.field(body, "content") if body is not None else None
     if not given:
         return "", []
     if isinstance(given, str):
         return given, []
     text: list[str] = []
     thoughts: list[Thought] = []
-    for chunk in given:
-        if getattr(chunk, "type", None) == "thinking":
-            said = "".join(getattr(t, "text", "") or "" for t in chunk.thinking or ())
-            thoughts.append(Thought(said, chunk.signature or ""))
+    for chunk in a.objects(body, "content"):
+        if a.field(chunk, "type") == "thinking":
+            said = "".join(a.text(t, "text") for t in a.objects(chunk, "thinking"))
+            thoughts.append(Thought(said, a.text(chunk, "signature")))
         else:
-            text.append(getattr(chunk, "text", "") or "")
+            text.append(a.text(chunk, "text"))
     return "".join(text), thoughts
 
 
@@ -197,12 +199,30 @@ def arguments(raw: Any) -> str:
     return raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
 
 
+def _function(call: Any) -> tuple[str, str]:
+    """A call's function name and arguments (as JSON text)."""
+    function = a.member(call, "function")
+    if function is None:
+        raise UnreadableAnswer("a tool call has no `function`")
+    return a.text(function, "name"), arguments(a.field(function, "arguments"))
+
+
+def _wire_index(call: Any) -> int | None:
+    """The index a call says it has (None: none given; the SDK defaults it to 0 when absent)."""
+    if isinstance(call, dict):
+        given = call.get("index")
+    else:
+        given = call.index if "index" in call.model_fields_set else None
+    return given if isinstance(given, int) and not isinstance(given, bool) else None
+
+
 def tool_calls(message: Any) -> tuple[ToolCall, ...]:
     """A message's function calls, arguments as JSON text."""
-    return tuple(
-        ToolCall(_id(c.id), c.function.name, arguments(c.function.arguments))
-        for c in getattr(message, "tool_calls", None) or ()
-    )
+    out = []
+    for c in a.objects(message, "tool_calls") if message is not None else ():
+        name, args = _function(c)
+        out.append(ToolCall(_id(a.field(c, "id")), name, args))
+    return tuple(out)
 
 
 @dataclass
@@ -220,19 +240,19 @@ class StreamState:
     def fragments(self, choice: int, delta: Any) -> tuple[ToolCallDelta, ...]:
         """The delta's calls as fragments of the choice's calls (index, and id and name first)."""
         out: list[ToolCallDelta] = []
-        for position, call in enumerate(getattr(delta, "tool_calls", None) or ()):
-            given = call.index if "index" in call.model_fields_set and isinstance(call.index, int) else None
+        for position, call in enumerate(a.objects(delta, "tool_calls") if delta is not None else ()):
+            given = _wire_index(call)
             wire_index = position if given is None else given
-            made = _id(call.id)
+            made = _id(a.field(call, "id"))
             known = self.calls.get((choice, wire_index))
-            function = call.function
+            name, args = _function(call)
             if known is not None and made in ("", known[0]):
-                out.append(ToolCallDelta(known[1], "", function.name, arguments(function.arguments)))
+                out.append(ToolCallDelta(known[1], "", name, args))
                 continue
             index = self.counts.get(choice, 0)
             self.counts[choice] = index + 1
             self.calls[(choice, wire_index)] = (made, index)
-            out.append(ToolCallDelta(index, made, function.name, arguments(function.arguments)))
+            out.append(ToolCallDelta(index, made, name, args))
         return tuple(out)
 
     def said(self, choice: int) -> None:

@@ -18,12 +18,21 @@ tools beside a structured output (TGI: "Grammar and tools are mutually exclusive
 assistant turn with both text and calls (TGI would read the text and drop the calls). The
 endpoint's `reasoning` (or `reasoning_content`) comes back as the generation's reasoning; there
 is no reasoning control.
+
+The SDK builds each request (its provider helper's `prepare_request`: the endpoint URL and route,
+the payload, the token and Hugging Face headers) and sends it through its own HTTP session
+(`AsyncInferenceClient._get_async_client`, with the session's event hooks) with the call's
+timeout; its `hf_raise_for_status` (and, for /generate, `raise_text_generation_error`) raises its
+errors as before. gengate reads the JSON and the event stream itself, bounded
+(providers.rawhttp). `_get_async_client` and the error parser of stream error events are private
+to the SDK, so its major version is pinned and tests/providers/test_raw_sdks.py names them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
 from huggingface_hub import AsyncInferenceClient
@@ -44,9 +53,9 @@ from gengate.domain import (
     Role,
     TokenLogprob,
     TopLogprob,
-    Usage,
 )
 from gengate.providers import openai_wire as wire
+from gengate.providers import rawhttp
 from gengate.providers import structured as so
 from gengate.providers.base import (
     Chunk,
@@ -56,9 +65,10 @@ from gengate.providers.base import (
     ProviderBackend,
     ProviderCall,
     ProviderOptions,
+    check_event_stream,
     map_finish_reason,
 )
-from gengate.providers.errors import from_status
+from gengate.providers.errors import UnreadableAnswer, from_status
 from gengate.tools import TOOLS_UNSUPPORTED, first_tool_field
 
 _TGI_ERROR_STATUS = {"OverloadedError": 429, "ValidationError": 422, "IncompleteGenerationError": 500}
@@ -87,18 +97,15 @@ def tgi_grammar(plan: so.StructuredPlan) -> dict[str, Any]:
     )
 
 
-def _get(obj: Any, name: str) -> Any:
-    """A field of an SDK object or of the plain dict the SDK sometimes leaves nested."""
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-
-
 def _token_logprob(token: Any, top: Any = None) -> TokenLogprob:
+    """A token (a dict or an SDK object) and its top alternatives as logprobs."""
     tops = tuple(
-        TopLogprob(_get(t, "text"), _get(t, "logprob"), _get(t, "id"))
+        TopLogprob(rawhttp.text(t, "text"), logprob, rawhttp.integer(t, "id"))
         for t in top or ()
-        if _get(t, "logprob") is not None
+        if (logprob := rawhttp.number(t, "logprob")) is not None
     )
-    return TokenLogprob(_get(token, "text"), _get(token, "logprob") or 0.0, _get(token, "id"), tops)
+    logprob = rawhttp.number(token, "logprob") or 0.0
+    return TokenLogprob(rawhttp.text(token, "text"), logprob, rawhttp.integer(token, "id"), tops)
 
 
 class TGIBackend(ProviderBackend):
@@ -234,66 +241,149 @@ class TGIBackend(ProviderBackend):
             params["tool_choice"] = wire.tool_choice(req.tool_choice)
         return {k: v for k, v in params.items() if v is not None}
 
-    async def _complete(self, call: ProviderCall) -> Completion:
+    @contextlib.asynccontextmanager
+    async def _post(self, call: ProviderCall, *, stream: bool) -> AsyncIterator[rawhttp.RawResponse]:
+        """One request built and sent by the SDK (module docstring), answered unread: /generate
+        for a prompt, the chat route for messages. The response is closed on leaving."""
+        from huggingface_hub.inference._common import raise_text_generation_error
+        from huggingface_hub.inference._providers import get_provider_helper
+        from huggingface_hub.utils._http import hf_raise_for_status
+
+        sdk = self.client
+        inputs: Any
         if call.request.messages is None:
-            out = await self.client.text_generation(call.request.prompt or "", **self._generate_params(call))
-            details = out.details
-            logprobs = None
-            if call.request.logprobs is not None and details is not None:
-                tops = details.top_tokens or [None] * len(details.tokens)
-                logprobs = tuple(_token_logprob(t, top) for t, top in zip(details.tokens, tops, strict=False))
-            generation = Generation(
-                index=0,
-                text=out.generated_text,
-                finish_reason=map_finish_reason(details.finish_reason if details else None),
-                output_tokens=details.generated_tokens if details else 0,
-                logprobs=logprobs,
-            )
-            return Completion([generation])
-        response = await self.client.chat_completion(**self._chat_params(call))
-        generations = [wire.chat_generation(c) for c in response.choices]
-        usage = response.usage
-        totals = Usage(usage.prompt_tokens, usage.completion_tokens) if usage else None
-        return Completion(generations, totals)
+            task, inputs, extra = "text-generation", call.request.prompt or "", {"stream": stream}
+            parameters = self._generate_params(call)
+        else:
+            parameters = {"model": sdk.model, **self._chat_params(call), "stream": stream}
+            task, inputs, extra = "conversational", parameters.pop("messages"), None
+        helper = get_provider_helper(sdk.provider, task=task, model=sdk.model)
+        request = helper.prepare_request(
+            inputs=inputs,
+            parameters=parameters,
+            extra_payload=extra,
+            headers=sdk.headers,
+            model=sdk.model,
+            api_key=sdk.token,
+        )
+        http = await sdk._get_async_client()  # type: ignore[no-untyped-call]
+        async with http.stream(
+            "POST",
+            request.url,
+            json=request.json,
+            data=request.data,
+            headers=request.headers,
+            cookies=sdk.cookies,
+            timeout=call.timeout,
+        ) as response:
+            if response.status_code >= 400:
+                await _read_error(response)
+            try:
+                hf_raise_for_status(response)
+            except HfHubHTTPError as exc:
+                if exc.response.status_code == 422 and exc.response.text:  # as the SDK's _inner_post adds it
+                    exc.args = (f"{exc.args[0]}\n{exc.response.text}\n", *exc.args[1:])
+                if task == "text-generation":
+                    raise_text_generation_error(exc)
+                raise
+            yield response
+
+    async def _complete(self, call: ProviderCall) -> Completion:
+        async with self._post(call, stream=False) as raw:
+            body = await rawhttp.read_body(raw)
+        if call.request.messages is not None:
+            response = rawhttp.loads_object(body)
+            generations = [wire.chat_generation(c) for c in rawhttp.objects(response, "choices")]
+            return Completion(generations, wire.usage(response))
+        data = orjson_loads(body)
+        if isinstance(data, list):  # some servers answer a list of one
+            data = data[0] if data else None
+        if not isinstance(data, dict):
+            raise UnreadableAnswer("its body is no JSON object")
+        details = rawhttp.member(data, "details")
+        logprobs = None
+        if call.request.logprobs is not None and details is not None:
+            tokens = rawhttp.objects(details, "tokens")
+            tops = list(rawhttp.items(details, "top_tokens")) or [None] * len(tokens)
+            logprobs = tuple(_token_logprob(t, top) for t, top in zip(tokens, tops, strict=False))
+        generation = Generation(
+            index=0,
+            text=rawhttp.text(data, "generated_text"),
+            finish_reason=map_finish_reason(
+                rawhttp.optional_text(details, "finish_reason") if details is not None else None
+            ),
+            output_tokens=(rawhttp.integer(details, "generated_tokens") or 0) if details is not None else 0,
+            logprobs=logprobs,
+        )
+        return Completion([generation])
 
     async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
-        # The SDK keeps a streamed response open until its client closes: one client per stream,
-        # closed in `finally`, so a cancelled consumer drops the upstream connection at once.
-        client = self._new_client(call.timeout)
-        try:
+        async with self._post(call, stream=True) as response:
+            check_event_stream(self.label, response.headers.get("content-type"))
             if call.request.messages is None:
-                stream = await client.text_generation(
-                    call.request.prompt or "", stream=True, **self._generate_params(call)
-                )
-                async for event in stream:
-                    if not event.token.special:
-                        logprobs = (
-                            (_token_logprob(event.token),) if call.request.logprobs is not None else None
-                        )
-                        yield ChunkText(0, event.token.text, logprobs)
-                    if event.details is not None:
-                        yield ChunkEnd(0, map_finish_reason(event.details.finish_reason))
-            else:
-                chat = await client.chat_completion(**self._chat_params(call), stream=True)
-                called: set[int] = set()
-                ended: set[int] = set()
-                async for chunk in chat:
-                    for choice in chunk.choices:
-                        calls = wire.tool_call_deltas(choice.delta)
-                        thought = wire.reasoning_text(choice.delta)
-                        if calls:
-                            called.add(choice.index)
-                        if choice.delta.content or calls or thought:
-                            yield ChunkText(
-                                choice.index, choice.delta.content or "", tool_calls=calls, reasoning=thought
-                            )
-                        if choice.finish_reason:
-                            ended.add(choice.index)
-                            yield ChunkEnd(choice.index, map_finish_reason(choice.finish_reason))
-                for index in sorted(called - ended):  # TGI ends a tool stream without a finish reason
-                    yield ChunkEnd(index, FinishReason.TOOL_CALLS)
-        finally:
-            await client.close()  # type: ignore[no-untyped-call]
+                async for payload in _payloads(response):
+                    token = rawhttp.member(payload, "token")
+                    if token is None:
+                        raise UnreadableAnswer("a stream event has no `token`")
+                    if not rawhttp.field(token, "special"):
+                        logprobs = (_token_logprob(token),) if call.request.logprobs is not None else None
+                        yield ChunkText(0, rawhttp.text(token, "text"), logprobs)
+                    details = rawhttp.member(payload, "details")
+                    if details is not None:
+                        yield ChunkEnd(0, map_finish_reason(rawhttp.optional_text(details, "finish_reason")))
+                return
+            called: set[int] = set()
+            ended: set[int] = set()
+            async for chunk in _payloads(response):
+                for choice in rawhttp.objects(chunk, "choices"):
+                    index = rawhttp.integer(choice, "index") or 0
+                    delta = rawhttp.member(choice, "delta")
+                    calls = wire.tool_call_deltas(delta) if delta is not None else ()
+                    thought = wire.reasoning_text(delta) if delta is not None else ""
+                    content = rawhttp.text(delta, "content") if delta is not None else ""
+                    if calls:
+                        called.add(index)
+                    if content or calls or thought:
+                        yield ChunkText(index, content, tool_calls=calls, reasoning=thought)
+                    finish = rawhttp.optional_text(choice, "finish_reason")
+                    if finish:
+                        ended.add(index)
+                        yield ChunkEnd(index, map_finish_reason(finish))
+            for index in sorted(called - ended):  # TGI ends a tool stream without a finish reason
+                yield ChunkEnd(index, FinishReason.TOOL_CALLS)
+
+
+async def _read_error(response: Any) -> None:
+    """An error answer's body read (as the SDK reads it before raising), a stated length over
+    gengate's limit refused first."""
+    length = response.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > rawhttp.MAX_BODY_BYTES:
+        raise UnreadableAnswer(f"its error body of {int(length)} bytes is over gengate's limit")
+    await response.aread()
+
+
+def orjson_loads(body: bytes) -> Any:
+    """A body as JSON (UnreadableAnswer when it is none)."""
+    import orjson
+
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise UnreadableAnswer(f"its body is no JSON ({exc})") from None
+
+
+async def _payloads(response: rawhttp.RawResponse) -> AsyncIterator[Mapping[str, Any]]:
+    """The stream's events as JSON objects until `[DONE]`; an error event raises the SDK's
+    typed TGI error (OverloadedError, ValidationError...), as its stream did."""
+    from huggingface_hub.inference._common import _parse_text_generation_error
+
+    async for event in rawhttp.events(response):
+        if event.data.strip() == b"[DONE]":
+            return
+        payload = rawhttp.loads_object(event.data, "an event of its stream")
+        if payload.get("error") is not None:
+            raise _parse_text_generation_error(payload["error"], payload.get("error_type"))
+        yield payload
 
 
 def _refused(field_name: str, why: str) -> errors.Unimplemented:

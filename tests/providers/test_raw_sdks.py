@@ -1,0 +1,326 @@
+"""The raw provider path of the Mistral and TGI backends: their SDKs build and send the
+request, gengate reads the answer (providers.rawhttp). First the SDK hooks each backend relies on,
+checked by name (a pinned SDK that drops one fails here, saying which); then each backend against
+its fake answering malformed, oversized and failing upstreams: UPSTREAM_BAD_RESPONSE naming the
+field, the size limits holding, and non-2xx answers still mapped through the SDK's own errors."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import contract_checks as cc
+import pytest
+from fakehttp import FakeServer, Fault
+from gengate import errors
+from gengate.domain import ChatMessage, GenerationDelta, GenerationRequest, Role, TextPart
+from gengate.providers import rawhttp
+from gengate.providers.errors import UPSTREAM_BAD_RESPONSE, UPSTREAM_PROTOCOL
+
+# --- the SDK hooks, by name ----------------------------------------------------------------------
+
+
+def _has(owner: Any, name: str, *parameters: str) -> None:
+    """`owner.name` exists and takes `parameters`, or the test fails saying what went."""
+    where = f"{getattr(owner, '__module__', '')}.{getattr(owner, '__name__', owner)}.{name}"
+    hook = getattr(owner, name, None)
+    assert hook is not None, f"{where} is gone: the raw provider path calls it (see the backend's docstring)"
+    if parameters:
+        taken = set(inspect.signature(hook).parameters)
+        missing = [p for p in parameters if p not in taken]
+        assert not missing, f"{where} no longer takes {missing}: the raw provider path passes them"
+
+
+def test_mistralai_hooks_are_there() -> None:
+    pytest.importorskip("mistralai", reason="the mistralai SDK is not installed")
+    from mistralai.client import basesdk, errors, models, utils
+    from mistralai.client._hooks import HookContext
+
+    _has(
+        basesdk.BaseSDK,
+        "_build_request_async",
+        "method",
+        "path",
+        "base_url",
+        "url_variables",
+        "request",
+        "request_body_required",
+        "request_has_path_params",
+        "request_has_query_params",
+        "user_agent_header",
+        "accept_header_value",
+        "security",
+        "get_serialized_body",
+        "timeout_ms",
+    )
+    _has(basesdk.BaseSDK, "do_request_async", "hook_ctx", "request", "is_error_status_code", "stream")
+    _has(basesdk.BaseSDK, "_get_url", "base_url", "url_variables")
+    _has(HookContext, "__init__", "config", "base_url", "operation_id", "security_source", "tags")
+    for name in ("serialize_request_body", "match_status_codes", "get_security_from_env"):
+        _has(utils, name)
+    for name in ("ChatCompletionRequest", "ChatCompletionStreamRequest", "Security"):
+        _has(models, name)
+    _has(errors.SDKError, "__init__", "message", "raw_response", "body")
+
+
+def test_huggingface_hub_hooks_are_there() -> None:
+    pytest.importorskip("huggingface_hub", reason="the huggingface_hub SDK is not installed")
+    from huggingface_hub import AsyncInferenceClient
+    from huggingface_hub.inference import _common
+    from huggingface_hub.inference._providers import _common as providers_common
+    from huggingface_hub.inference._providers import get_provider_helper
+    from huggingface_hub.utils import _http
+
+    _has(AsyncInferenceClient, "_get_async_client")
+    assert callable(get_provider_helper), "huggingface_hub.inference._providers.get_provider_helper is gone"
+    _has(
+        providers_common.TaskProviderHelper,
+        "prepare_request",
+        "inputs",
+        "parameters",
+        "headers",
+        "model",
+        "api_key",
+        "extra_payload",
+    )
+    _has(_http, "hf_raise_for_status")
+    _has(_common, "raise_text_generation_error")
+    _has(_common, "_parse_text_generation_error")
+
+
+# --- the backends against their fakes ------------------------------------------------------------
+
+
+def answer_with(server: FakeServer, body: Any, content_type: str = "application/json") -> None:
+    text = body if isinstance(body, str) else json.dumps(body)
+    server.fail_next(Fault(status=200, body=text, content_type=content_type))
+
+
+def sse(*events: Any) -> str:
+    return "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
+
+
+def chat(text: str = "Say hello") -> GenerationRequest:
+    return GenerationRequest(model="m", messages=(ChatMessage(Role.USER, (TextPart(text),)),))
+
+
+@dataclass
+class Case:
+    """One backend's fake, its answers' shapes and what it answers wrong."""
+
+    name: str
+    backend: Callable[[], Any]
+    fake: Callable[[], Any]
+    options: Callable[[Any], dict[str, Any]]
+    request: Callable[[], GenerationRequest]
+    malformed: dict[str, tuple[Any, str]]
+    # Stream events: a good text event, and one malformed in a named field.
+    good_event: dict[str, Any]
+    bad_event: tuple[dict[str, Any], str]
+    error_body: dict[str, Any]
+
+
+def _mistral_choice(**message: Any) -> dict[str, Any]:
+    good = {"role": "assistant", "content": "hi"} | message
+    return {"id": "x", "choices": [{"index": 0, "message": good, "finish_reason": "stop"}]}
+
+
+def _mistral() -> Case:
+    pytest.importorskip("mistralai", reason="the mistralai SDK is not installed")
+    from fake_mistral import API_KEY, FakeMistral
+    from gengate.providers.mistral import MistralBackend
+
+    def delta(content: Any) -> dict[str, Any]:
+        return {"id": "x", "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
+
+    return Case(
+        name="Mistral",
+        backend=lambda: MistralBackend,
+        fake=FakeMistral,
+        options=lambda f: {"model": "mistral-test", "base_url": f.server.base_url, "api_key": API_KEY},
+        request=cc.prompt,
+        malformed={
+            "no JSON": ('{"choices": [', "is no JSON"),
+            "choices an object": ({"choices": {"0": {}}}, "`choices` is a object, not a list"),
+            "content a number": (_mistral_choice(content=7), "`content` is a number"),
+            "a thinking chunk's text a list": (
+                _mistral_choice(content=[{"type": "thinking", "thinking": [{"type": "text", "text": []}]}]),
+                "`text` is a list",
+            ),
+            "tool call name a number": (
+                _mistral_choice(tool_calls=[{"id": "abcdefghi", "function": {"name": 5, "arguments": "{}"}}]),
+                "`name` is a number",
+            ),
+            "tool call without function": (_mistral_choice(tool_calls=[{"id": "abcdefghi"}]), "`function`"),
+            "usage text": (
+                _mistral_choice() | {"usage": {"prompt_tokens": "3", "completion_tokens": 1}},
+                "`prompt_tokens` is a string",
+            ),
+        },
+        good_event=delta("Hey"),
+        bad_event=(delta(["not", "chunks"]), "an entry of `content` is a string"),
+        error_body={"message": "slow down"},
+    )
+
+
+def _tgi() -> Case:
+    pytest.importorskip("huggingface_hub", reason="the huggingface_hub SDK is not installed")
+    from fake_tgi import API_KEY, FakeTGI
+    from gengate.providers.tgi import TGIBackend
+
+    def token(text: Any, **extra: Any) -> dict[str, Any]:
+        return {"index": 1, "token": {"id": 1, "text": text, "logprob": -0.1, "special": False}} | extra
+
+    return Case(
+        name="TGI",
+        backend=lambda: TGIBackend,
+        fake=FakeTGI,
+        options=lambda f: {"model": "tgi-test", "base_url": f.server.base_url, "api_key": API_KEY},
+        request=cc.prompt,  # /generate; the chat route is the OpenAI wire, tested below
+        malformed={
+            "no JSON": ("{", "is no JSON"),
+            "a list of a string": (["x"], "no JSON object"),
+            "generated_text a number": ({"generated_text": 5}, "`generated_text` is a number"),
+            "details a list": ({"generated_text": "x", "details": []}, "`details` is a list"),
+            "generated tokens text": (
+                {"generated_text": "x", "details": {"finish_reason": "length", "generated_tokens": "1"}},
+                "`generated_tokens` is a string",
+            ),
+        },
+        good_event=token("Hey"),
+        bad_event=(token(["x"]), "`text` is a list"),
+        error_body={"error": "Model is overloaded", "error_type": "overloaded"},
+    )
+
+
+CASES = {"mistral": _mistral, "tgi": _tgi}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case_fake(request: pytest.FixtureRequest) -> Iterator[tuple[Case, Any]]:
+    case = CASES[request.param]()
+    fake = case.fake()
+    fake.start()
+    try:
+        yield case, fake
+    finally:
+        fake.stop()
+
+
+@pytest.fixture
+async def make(case_fake: tuple[Case, Any]) -> AsyncIterator[cc.Make]:
+    case, fake = case_fake
+    async with cc.backends(
+        case.backend(), case.name.lower(), fake, **case.options(fake), max_retries=0
+    ) as build:
+        yield build
+
+
+async def test_a_malformed_answer_is_unreadable_naming_the_field_and_the_next_call_works(
+    make: cc.Make, case_fake: tuple[Case, Any]
+) -> None:
+    case, fake = case_fake
+    backend = await make()
+    for label, (body, why) in case.malformed.items():
+        answer_with(fake.server, body)
+        with pytest.raises(errors.Unavailable) as info:
+            await backend.generate(case.request())
+        assert info.value.reason == UPSTREAM_BAD_RESPONSE, label
+        assert f"{case.name} sent a response gengate could not read" in info.value.message, label
+        assert why in info.value.message, (label, info.value.message)
+    fake.answers.append("fine again")
+    assert (await backend.generate(case.request())).generations[0].text == "fine again"
+
+
+async def test_a_body_over_the_limit_is_unreadable(
+    make: cc.Make, case_fake: tuple[Case, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case, fake = case_fake
+    monkeypatch.setattr(rawhttp, "MAX_BODY_BYTES", 300)
+    backend = await make()
+    fake.answers.append("x " * 400)
+    with pytest.raises(errors.Unavailable) as info:
+        await backend.generate(case.request())
+    assert info.value.reason == UPSTREAM_BAD_RESPONSE and "over gengate's limit of 300" in info.value.message
+    fake.answers.append("short")
+    assert (await backend.generate(case.request())).generations[0].text == "short"
+
+
+async def test_stream_faults_are_precise_errors(
+    make: cc.Make, case_fake: tuple[Case, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case, fake = case_fake
+    backend = await make()
+
+    async def fails(body: str, content_type: str = "text/event-stream") -> errors.GengateError:
+        answer_with(fake.server, body, content_type)
+        with pytest.raises(errors.GengateError) as info:
+            await cc.collect(backend.generate_stream(case.request()))
+        return info.value
+
+    bad, why = case.bad_event
+    error = await fails(sse(case.good_event, bad))
+    assert error.reason == UPSTREAM_BAD_RESPONSE and why in error.message, error.message
+    error = await fails(sse(case.good_event, "{not json"))
+    assert error.reason == UPSTREAM_BAD_RESPONSE and "an event of its stream is no JSON" in error.message
+    error = await fails('{"not": "a stream"}', "application/json")
+    assert isinstance(error, errors.Unavailable) and error.reason == UPSTREAM_PROTOCOL
+    monkeypatch.setattr(rawhttp, "MAX_EVENT_BYTES", 2000)
+    error = await fails(sse(case.good_event) + "data: " + "x" * 5000)
+    assert error.reason == UPSTREAM_BAD_RESPONSE and "over gengate's limit of 2000" in error.message
+    fake.answers.append("still here")
+    events = await cc.collect(backend.generate_stream(case.request()))
+    assert "".join(e.text for e in events if isinstance(e, GenerationDelta)).replace(" ", "") == "stillhere"
+
+
+async def test_status_errors_are_the_sdks_mapped_as_before(
+    make: cc.Make, case_fake: tuple[Case, Any]
+) -> None:
+    """A non-2xx answer still raises the SDK's own error, for unary and stream alike."""
+    case, fake = case_fake
+    backend = await make()
+    for call in (backend.generate(case.request()), cc.collect(backend.generate_stream(case.request()))):
+        fake.server.fail_next(Fault(status=429, body=case.error_body, headers={"retry-after": "7"}))
+        with pytest.raises(errors.ResourceExhausted) as info:
+            await call
+        assert info.value.retry_after_s == 7.0
+        assert "slow down" in info.value.message or "overloaded" in info.value.message
+    fake.server.fail_next(Fault(status=503, body="<html>down</html>", content_type="text/html"))
+    # huggingface_hub's HfHubHTTPError names the status, not an HTML body (as before).
+    with pytest.raises(errors.Unavailable, match="503" if case.name == "TGI" else "down"):
+        await backend.generate(case.request())
+
+
+async def test_tgi_chat_route_reads_raw_with_its_faults() -> None:
+    pytest.importorskip("huggingface_hub", reason="the huggingface_hub SDK is not installed")
+    from fake_tgi import API_KEY, FakeTGI
+    from gengate.providers.tgi import TGIBackend
+
+    fake = FakeTGI()
+    base = fake.start()
+    try:
+        async with cc.backends(
+            TGIBackend, "tgi", fake, base_url=base, api_key=API_KEY, max_retries=0
+        ) as make:
+            backend = await make()
+            answer_with(fake.server, {"choices": [{"index": 0, "message": {"content": ["x"]}}]})
+            with pytest.raises(errors.Unavailable) as info:
+                await backend.generate(chat())
+            assert info.value.reason == UPSTREAM_BAD_RESPONSE and "`content` is a list" in info.value.message
+            # An error event mid-stream: the SDK's typed TGI error, as its stream raised it.
+            error = {"error": "Request failed during generation: overloaded", "error_type": "overloaded"}
+            delta = {"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]}
+            answer_with(fake.server, sse(delta, error), "text/event-stream")
+            with pytest.raises(errors.ResourceExhausted, match="overloaded"):
+                await cc.collect(backend.generate_stream(chat()))
+            fake.answers.append("all good")
+            events = await cc.collect(backend.generate_stream(chat()))
+            assert (
+                "".join(e.text for e in events if isinstance(e, GenerationDelta)).replace(" ", "")
+                == "allgood"
+            )
+    finally:
+        fake.stop()
