@@ -119,7 +119,8 @@ class GenerationCore:
         caller = current_policy()
         if caller is None:
             return None
-        if request.model and not caller.may_use(request.model):
+        models = caller.models  # Caller.may_use, spelled out: once per call
+        if request.model and models is not None and request.model not in models:
             raise not_allowed(caller, request.model)
         return caller if caller.limited and quotas else None
 

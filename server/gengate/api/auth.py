@@ -56,6 +56,9 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, directory: CallerDirectory | None, drain: Drain | None = None) -> None:
         self.directory = directory
+        # No caller is known by its certificate: the interceptor can identify every call (read
+        # once: the directory is fixed for the server's life).
+        self._by_token_only = directory is not None and not directory.by_certificate
         self.drain = drain if drain is not None else Drain()
         # Whether calls have an RPC span to put the caller on (the tracing interceptor runs first).
         self.spans = True
@@ -70,7 +73,7 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or method.startswith(OPEN_SERVICES):
             return handler
         directory = self.directory
-        if directory is not None and not directory.by_certificate:  # a certificate needs the context
+        if directory is not None and self._by_token_only:  # a certificate needs the context
             try:
                 _identified.set(directory.identify(handler_call_details.invocation_metadata))
             except Unauthenticated as exc:
