@@ -57,19 +57,23 @@ def upstream_model(upstream: str) -> dict[str, Any]:
 def fake_upstream() -> Iterator[str]:
     """The loopback fake OpenAI API in its own process (so its Python does not share the load
     generator's GIL); yields its base URL (without /v1). It serves until its stdin closes."""
+    with fake_process([str(PROVIDER_TESTS / "fake_openai.py")], "OpenAI") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def fake_process(argv: list[str], what: str) -> Iterator[str]:
+    """`python argv` (a fake upstream, run in tests/providers) in its own process, serving until
+    its stdin closes; yields the first line it prints, which starts with its base URL."""
     proc = subprocess.Popen(
-        [sys.executable, str(PROVIDER_TESTS / "fake_openai.py")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=PROVIDER_TESTS,
+        [sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=PROVIDER_TESTS
     )
     try:
         assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        if not url.startswith("http://"):
-            raise RuntimeError(f"the fake OpenAI upstream did not start (exit {proc.poll()})")
-        yield url
+        line = proc.stdout.readline().strip()
+        if not line.startswith("http://"):
+            raise RuntimeError(f"the fake {what} upstream did not start (exit {proc.poll()})")
+        yield line
     finally:
         assert proc.stdin is not None
         proc.stdin.close()

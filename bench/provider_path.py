@@ -21,14 +21,13 @@ import argparse
 import asyncio
 import contextlib
 import json
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from common import SERVER_PIDS, Call, RunStats, cpu_seconds, gengate_server, run_interleaved
-from peers import PROVIDER_TESTS, UPSTREAM_KEY, UPSTREAM_MODEL, fake_upstream, upstream_model
+from peers import UPSTREAM_KEY, UPSTREAM_MODEL, fake_process, fake_upstream, upstream_model
 from sections import _added_over_direct, gengate_calls, openai_calls, ratio
 from sections import row as stats_row
 
@@ -57,18 +56,8 @@ def provider_upstream(provider: str) -> Iterator[dict[str, Any]]:
             yield upstream_model(url)
         return
     module, cls = FAKES[provider]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE.format(module=module, cls=cls)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=PROVIDER_TESTS,
-    )
-    try:
-        assert proc.stdout is not None
-        url, _, key = proc.stdout.readline().strip().partition(" ")
-        if not url.startswith("http://"):
-            raise RuntimeError(f"the fake {provider} upstream did not start (exit {proc.poll()})")
+    with fake_process(["-c", _SERVE.format(module=module, cls=cls)], provider) as line:
+        url, _, key = line.partition(" ")
         yield {
             "name": "gpt",
             "backend": provider,
@@ -76,13 +65,6 @@ def provider_upstream(provider: str) -> Iterator[dict[str, Any]]:
             "base_url": url,
             "api_key": key,
         }
-    finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _meter(pid: int) -> Callable[[], float]:

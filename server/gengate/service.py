@@ -218,23 +218,22 @@ class GenerationCore:
         """One request, checked, routed and validated. `background` (batch jobs) yields the
         model's slots to interactive calls (Route.slot) and charges no caller quota.
         `operation` names it to the observer."""
-        if self.observer is None:
-            return await self._admitted(request, queue_bounded, background)
         arrived = time.monotonic()
+        if self.observer is None:
+            return await self._admitted(request, queue_bounded, background, arrived)
         caller = current_caller()
         try:
-            result = await self._admitted(request, queue_bounded, background)
+            result = await self._admitted(request, queue_bounded, background, arrived)
         except BaseException as exc:
             self._observe(operation, request, caller, arrived, error=exc)
             raise
-        self._observe(operation, request, caller, arrived, result=result)
+        self._observe_success(operation, request, caller, arrived, result)
         return result
 
     async def _admitted(
-        self, request: GenerationRequest, queue_bounded: bool, background: bool
+        self, request: GenerationRequest, queue_bounded: bool, background: bool, arrived: float
     ) -> GenerationResult:
         """The request under the current caller's quotas (its tokens charged once known)."""
-        arrived = time.monotonic()
         caller = self._quota_caller(request, quotas=not background)
         if caller is None:
             return await self._generate(request, arrived, queue_bounded, background)
@@ -375,6 +374,33 @@ class GenerationCore:
             )
         )
 
+    def _observe_success(
+        self,
+        operation: str,
+        request: GenerationRequest,
+        caller: str,
+        arrived: float,
+        result: GenerationResult,
+    ) -> None:
+        """`_observe` of a unary success, told field by field (`succeeded`: no RequestOutcome is
+        built; its model is served). Positional and enums read by `_value_` (`Enum.value` is a
+        Python-level property): it runs once per request (counted with callgrind)."""
+        assert self.observer is not None
+        structured = request.structured_output
+        kind = structured.constraint.kind._value_ if structured is not None else None
+        if kind is None and request.tools:
+            kind = TOOLS_KIND
+        usage, timings = result.usage, result.timings
+        output_tokens = usage.output_tokens
+        tpot: tuple[float, ...] = ()
+        first = timings.time_to_first_token_s
+        if output_tokens > 1 and first is not None and timings.total_s is not None and request.n == 1:
+            tpot = ((timings.total_s - first) / (output_tokens - 1),)
+        self.observer.succeeded(
+            operation, request.model, caller, time.monotonic() - arrived, usage.input_tokens,
+            output_tokens, usage.cached_input_tokens, tpot, kind, result.enforcement._value_,
+        )  # fmt: skip
+
     def _observe(
         self,
         operation: str,
@@ -382,35 +408,21 @@ class GenerationCore:
         caller: str,
         arrived: float,
         *,
-        result: GenerationResult | None = None,
         error: BaseException | None = None,
         stream: StreamWatch | None = None,
     ) -> None:
-        """Tells the observer how the request ended. Runs once per request: a success is told
-        field by field (`succeeded`, no RequestOutcome built) and enums are read by `_value_`
-        (`Enum.value` is a Python-level property; counted with callgrind)."""
+        """Tells the observer how a request that failed, or a stream, ended (a unary success:
+        `_observe_success`)."""
         assert self.observer is not None
         structured = request.structured_output
         kind: str | None = structured.constraint.kind._value_ if structured is not None else None
         if kind is None and request.tools:
             kind = TOOLS_KIND
         enforcement: str | None = None
-        if result is not None:  # a success: its model is served (no RequestOutcome is built)
-            usage, timings = result.usage, result.timings
-            output_tokens = usage.output_tokens
-            tpot: tuple[float, ...] = ()
-            first = timings.time_to_first_token_s
-            if output_tokens > 1 and first is not None and timings.total_s is not None and request.n == 1:
-                tpot = ((timings.total_s - first) / (output_tokens - 1),)
-            self.observer.succeeded(
-                operation, request.model, caller, time.monotonic() - arrived, usage.input_tokens,
-                output_tokens, usage.cached_input_tokens, tpot, kind, result.enforcement._value_,
-            )  # fmt: skip
-            return
         served = self.router.serves(request.model)
         tokens = (0, 0, 0)  # input, output, cached
         ttft = None
-        tpot = ()
+        tpot: tuple[float, ...] = ()
         if stream is not None:
             enforcement = stream.enforcement
             tokens = (stream.input_tokens, stream.output_tokens, stream.cached_tokens)

@@ -21,7 +21,7 @@ from gengate.api import OPEN_SERVICES
 from gengate.api.drain import Drain
 from gengate.api.status import GRPC_CODES, to_rpc_status, trailing_metadata
 from gengate.api.tracing import mark_caller
-from gengate.callers import context as caller_context
+from gengate.callers.context import enter as enter_caller
 from gengate.callers.identity import Caller, CallerDirectory
 from gengate.errors import GengateError, Unauthenticated
 
@@ -104,7 +104,7 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
             caller = found
             # Set here, in the handler's own context: what an interceptor sets in its own
             # coroutine is not promised to reach the handler (and grpc may run them apart).
-            caller_context.enter(caller)
+            enter_caller(caller)
             if self.spans:
                 mark_caller(caller.name)
         drain.enter()
