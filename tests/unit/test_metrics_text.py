@@ -65,6 +65,12 @@ def test_the_endpoint_answers_plain_text_itself_and_everything_else_through_prom
         open_metrics, headers = _get(url, Accept="application/openmetrics-text; version=1.0.0")
         assert headers["Content-Type"].startswith("application/openmetrics-text")
         assert open_metrics.decode().endswith("# EOF\n")
+        for name, family in (
+            ("gengate_requests_total", "gengate_requests"),
+            ("process_cpu_seconds_total", "process_cpu_seconds"),
+        ):
+            selected, _ = _get(f"{url}?name[]={name}")  # prometheus_client's selection, by name
+            assert {f.name for f in text_string_to_metric_families(selected.decode())} == {family}
         options = urllib.request.Request(url, method="OPTIONS")
         with urllib.request.urlopen(options, timeout=10) as answer:  # prometheus_client's answer
             assert answer.headers["Allow"] == "OPTIONS,GET"

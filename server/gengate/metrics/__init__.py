@@ -34,13 +34,14 @@ class ServerMetrics:
     """One server's metrics and where they go: the endpoint (if a port is set), OTLP (if set up)."""
 
     def __init__(self, prices: Mapping[str, ModelPrice] | None = None) -> None:
-        self.registry = CollectorRegistry()
+        # auto_describe: the process collector, which has no describe(), is found by name too
+        self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = Metrics(self.registry, prices)
         self.collector = ServerCollector()
         process = ProcessCollector(registry=None)
         # The scrape-time collectors in a registry of their own too, for a scrape that writes
         # `metrics` itself (endpoint.py).
-        self._scraped = CollectorRegistry()
+        self._scraped = CollectorRegistry(auto_describe=True)
         for registry in (self.registry, self._scraped):
             registry.register(self.collector)
             registry.register(process)

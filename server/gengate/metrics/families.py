@@ -330,7 +330,9 @@ class Metrics:
             registry.register(self)
 
     def describe(self) -> list[Metric]:
-        return []  # the registry need not check these names against its other collectors
+        """The families, empty (read once, at registration): the names a scrape's `name[]`
+        selection finds this collector by."""
+        return [family.collect() for family in self.families]
 
     def collect(self) -> Iterator[Metric]:
         for family in self.families:

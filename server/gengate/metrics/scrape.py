@@ -119,7 +119,8 @@ class ServerCollector:
         self.parts = ServerParts()
 
     def describe(self) -> list[Metric]:
-        return []  # names are not checked against other collectors: they are gengate's own
+        """The families, empty: the names a scrape's `name[]` selection finds this collector by."""
+        return [spec.new() for spec in SCRAPED]
 
     def collect(self) -> Iterator[Metric]:
         parts = self.parts
