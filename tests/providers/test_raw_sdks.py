@@ -294,6 +294,21 @@ async def test_status_errors_are_the_sdks_mapped_as_before(
         await backend.generate(case.request())
 
 
+async def test_an_error_body_over_the_limit_is_unreadable_before_the_sdk_reads_it(
+    make: cc.Make, case_fake: tuple[Case, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A non-2xx body is read bounded too (rawhttp.read_body), never whole into the SDK's error."""
+    case, fake = case_fake
+    monkeypatch.setattr(rawhttp, "MAX_BODY_BYTES", 300)
+    backend = await make()
+    fake.server.fail_next(Fault(status=500, body={"error": "x" * 5000}))
+    with pytest.raises(errors.Unavailable) as info:
+        await backend.generate(case.request())
+    assert info.value.reason == UPSTREAM_BAD_RESPONSE and "over gengate's limit of 300" in info.value.message
+    fake.answers.append("after")
+    assert (await backend.generate(case.request())).generations[0].text == "after"
+
+
 async def test_tgi_chat_route_reads_raw_with_its_faults() -> None:
     pytest.importorskip("huggingface_hub", reason="the huggingface_hub SDK is not installed")
     from fake_tgi import API_KEY, FakeTGI

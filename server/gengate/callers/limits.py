@@ -394,10 +394,7 @@ class Admitted:
         local = self._admission._local
         if local is None:
             return False
-        window = local._tokens.get(self.caller.name)  # LocalLimits.charge_now, spelled out
-        if window is None:
-            window = local._tokens[self.caller.name] = SlidingWindow()
-        window.add(local.clock(), tokens)
+        local.charge_now(self.caller.name, tokens)
         return True
 
     async def charge(self, tokens: int) -> None:

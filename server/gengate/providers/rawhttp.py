@@ -74,12 +74,17 @@ async def read_body(response: RawResponse, limit: int | None = None) -> bytes:
         await response.aclose()
 
 
-def loads_object(data: bytes | str, what: str = "its body") -> dict[str, Any]:
-    """`data` parsed as a JSON object (UnreadableAnswer when it is no JSON, or not an object)."""
+def loads(data: bytes | str, what: str = "its body") -> Any:
+    """`data` parsed as JSON (UnreadableAnswer when it is none)."""
     try:
-        value = orjson.loads(data)
+        return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise UnreadableAnswer(f"{what} is no JSON ({exc})") from None
+
+
+def loads_object(data: bytes | str, what: str = "its body") -> dict[str, Any]:
+    """`data` parsed as a JSON object (UnreadableAnswer when it is no JSON, or not an object)."""
+    value = loads(data, what)
     if not isinstance(value, dict):
         raise UnreadableAnswer(f"{what} is a JSON {_kind(value)}, not an object")
     return value

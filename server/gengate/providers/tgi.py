@@ -277,7 +277,7 @@ class TGIBackend(ProviderBackend):
             timeout=call.timeout,
         ) as response:
             if response.status_code >= 400:
-                await _read_error(response)
+                response = await _read_error(response)
             try:
                 hf_raise_for_status(response)
             except HfHubHTTPError as exc:
@@ -295,7 +295,7 @@ class TGIBackend(ProviderBackend):
             response = rawhttp.loads_object(body)
             generations = [wire.chat_generation(c) for c in rawhttp.objects(response, "choices")]
             return Completion(generations, wire.usage(response))
-        data = orjson_loads(body)
+        data = rawhttp.loads(body)
         if isinstance(data, list):  # some servers answer a list of one
             data = data[0] if data else None
         if not isinstance(data, dict):
@@ -353,23 +353,17 @@ class TGIBackend(ProviderBackend):
                 yield ChunkEnd(index, FinishReason.TOOL_CALLS)
 
 
-async def _read_error(response: Any) -> None:
-    """An error answer's body read (as the SDK reads it before raising), a stated length over
-    gengate's limit refused first."""
-    length = response.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > rawhttp.MAX_BODY_BYTES:
-        raise UnreadableAnswer(f"its error body of {int(length)} bytes is over gengate's limit")
-    await response.aread()
+async def _read_error(response: Any) -> Any:
+    """An error answer read whole, bounded as every body (rawhttp.read_body: a stated length
+    over the limit refused first, the bytes counted as they come), as a read response of the
+    session's own class (huggingface_hub's httpx2) for the SDK's error parsing."""
+    body = await rawhttp.read_body(response)
+    # The body is decoded already: the copy must not say it is compressed.
+    headers = [(k, v) for k, v in response.headers.items() if k.lower() not in _BODY_HEADERS]
+    return type(response)(response.status_code, headers=headers, content=body, request=response.request)
 
 
-def orjson_loads(body: bytes) -> Any:
-    """A body as JSON (UnreadableAnswer when it is none)."""
-    import orjson
-
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise UnreadableAnswer(f"its body is no JSON ({exc})") from None
+_BODY_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
 
 async def _payloads(response: rawhttp.RawResponse) -> AsyncIterator[Mapping[str, Any]]:
