@@ -19,8 +19,7 @@ from contextlib import aclosing
 
 from gengate import tools
 from gengate.backend import aclose_stream
-from gengate.caller import current_caller
-from gengate.callers.context import current_policy
+from gengate.caller import ANONYMOUS, current_caller, current_policy
 from gengate.callers.identity import Caller
 from gengate.callers.limits import Admission
 from gengate.checks import prepare
@@ -221,7 +220,8 @@ class GenerationCore:
         arrived = time.monotonic()
         if self.observer is None:
             return await self._admitted(request, queue_bounded, background, arrived)
-        caller = current_caller()
+        policy = current_policy()  # current_caller(), spelled out: once per call
+        caller = ANONYMOUS if policy is None else policy.name
         try:
             result = await self._admitted(request, queue_bounded, background, arrived)
         except BaseException as exc:

@@ -10,13 +10,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import pytest
 from gengate.api.auth import CallerInterceptor
 from gengate.api.tracing import tracing_interceptor
-from gengate.caller import current_caller
+from gengate.caller import current_caller, current_policy
 from gengate.callers.identity import CallerDirectory
 from gengate.config import parse_config
 from gengate.logs import RequestContext
@@ -180,3 +181,20 @@ async def test_mutual_tls_callers_are_known_by_their_certificate_subject(
             await client.generate("gpt", "hi")
         assert caught.value.reason == "MISSING_CREDENTIALS"
         assert "subject" in caught.value.message
+
+
+async def test_every_intercepted_call_sets_its_caller_and_a_refused_one_none() -> None:
+    """The interceptor makes the caller current itself (one set a call); a call whose token
+    names nobody leaves none current, so no earlier call's caller could serve it."""
+    interceptor = CallerInterceptor(_directory())
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+
+    async def continuation(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any]:
+        return handler
+
+    known = SimpleNamespace(method="/gengate.v1.Gengate/Generate", invocation_metadata=bearer(TOKEN_A))
+    await interceptor.intercept_service(continuation, known)  # type: ignore[arg-type]
+    assert current_caller() == "team-a"
+    wrong = SimpleNamespace(method="/gengate.v1.Gengate/Generate", invocation_metadata=bearer(TOKEN_B))
+    await interceptor.intercept_service(continuation, wrong)  # type: ignore[arg-type]
+    assert current_policy() is None and current_caller() == "anonymous"

@@ -16,14 +16,15 @@ from serve_process import ServerProcess
 
 SNIPPET = """
 import logging, sys
-from gengate.caller import set_caller
+from gengate.caller import set_current
+from gengate.callers.identity import Caller
 from gengate.logs import about_request, configure_logging
 from gengate.redaction import register_secret
 configure_logging(sys.argv[1], sys.argv[2])
 register_secret("sk-live-CANARY-0123456789abcdef")
 log = logging.getLogger("gengate.test")
 log.info("outside any call")
-set_caller("team-a")
+set_current(Caller("team-a"))
 with about_request("req-1", "tiny"):
     log.info("inside %s", "the call")
     try:

@@ -11,7 +11,8 @@ from typing import Any
 
 import grpc
 import pytest
-from gengate.caller import reset_caller, set_caller
+from gengate.caller import reset_current, set_current
+from gengate.callers.identity import Caller
 from gengate.config import parse_config
 from gengate.domain import GenerationRequest
 from gengate.engines.scripted import ScriptedOptions
@@ -158,12 +159,12 @@ async def test_the_caller_label_is_the_current_caller() -> None:
     router = Router.from_config(config, observer=metrics.metrics)
     await router.start_all()
     core = GenerationCore(router, observer=metrics.metrics)
-    token = set_caller("team-search")
+    token = set_current(Caller("team-search"))
     try:
         await core.generate(GenerationRequest(model="m", prompt="x"))
         await core.generate(GenerationRequest(model="m", prompt="x"))
     finally:
-        reset_caller(token)
+        reset_current(token)
     await core.generate(GenerationRequest(model="m", prompt="x"))
     await core.aclose()
     await router.close_all()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 
@@ -21,7 +21,7 @@ from gengate.api import OPEN_SERVICES
 from gengate.api.drain import Drain
 from gengate.api.status import GRPC_CODES, to_rpc_status, trailing_metadata
 from gengate.api.tracing import mark_caller
-from gengate.callers.context import enter as enter_caller
+from gengate.caller import current_policy, set_current
 from gengate.callers.identity import Caller, CallerDirectory
 from gengate.errors import GengateError, Unauthenticated
 
@@ -32,16 +32,18 @@ if TYPE_CHECKING:
     Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]]
 
 
-# The caller (or why there is none) found from the metadata grpc hands the interceptor, for the
-# handler of the same call: grpc runs both in the call's task today, so the handler need not build
-# the metadata again (~3 µs); where it finds nothing here it identifies the call itself.
-_identified: ContextVar[Caller | Unauthenticated | None] = ContextVar("gengate_identified", default=None)
+# Why the metadata grpc hands the interceptor names no caller, for the handler of the same call
+# (the caller it does name is made current directly: gengate.caller). grpc runs both in the call's
+# task today, so the handler need not build the metadata again (~3 µs); where it finds neither
+# here, it identifies the call itself.
+_refused: ContextVar[Unauthenticated | None] = ContextVar("gengate_refused", default=None)
 
 
-async def reject(context: Context, error: GengateError) -> None:
+async def reject(context: Context, error: GengateError) -> NoReturn:
     """Ends the call with `error`: its code, message and google.rpc details."""
     context.set_trailing_metadata(trailing_metadata(to_rpc_status(error)))
     await context.abort(GRPC_CODES[error.code], error.message)
+    raise AssertionError("unreachable")  # abort() raises
 
 
 def identify(directory: CallerDirectory, context: Context) -> Caller:
@@ -74,10 +76,13 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
             return handler
         directory = self.directory
         if directory is not None and self._by_token_only:  # a certificate needs the context
+            # Every call sets the caller here, a refused one to None: one set a call, and a
+            # refusal never leaves an earlier call's caller current.
             try:
-                _identified.set(directory.identify(handler_call_details.invocation_metadata))
+                set_current(directory.identify(handler_call_details.invocation_metadata))
             except Unauthenticated as exc:
-                _identified.set(exc)
+                set_current(None)
+                _refused.set(exc)
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
@@ -85,51 +90,52 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
-    async def _admit(self, context: Context) -> None:
-        """Refuses the call while draining or without a known caller; else makes its caller
-        current and counts it in flight (the caller of `_admit` must `drain.leave()`)."""
+    def _refusal(self, context: Context) -> GengateError | None:
+        """Why the call is refused (draining, or no known caller), or None: then its caller is
+        current and it counts in flight (the caller of `_refusal` must `drain.leave()`). Not a
+        coroutine: it runs on every call, and needs no await until a refusal is sent."""
         drain = self.drain
         if drain.draining:
-            await reject(context, drain.refusal())
+            return drain.refusal()
         if self.directory is not None:
-            found = _identified.get()
-            if found is None:
+            caller = current_policy()
+            if caller is None:
+                # Refused by the interceptor, or not identified there (a certificate needs the
+                # context; and what an interceptor sets is not promised to reach the handler).
+                refusal = _refused.get()
+                if refusal is not None:
+                    return refusal
                 try:
-                    found = identify(self.directory, context)
+                    caller = identify(self.directory, context)
                 except Unauthenticated as exc:
-                    found = exc
-            if isinstance(found, Unauthenticated):
-                await reject(context, found)
-                raise AssertionError("unreachable")  # reject() raises
-            caller = found
-            # Set here, in the handler's own context: what an interceptor sets in its own
-            # coroutine is not promised to reach the handler (and grpc may run them apart).
-            enter_caller(caller)
+                    return exc
+                set_current(caller)  # in the handler's own context
             if self.spans:
                 mark_caller(caller.name)
         drain.enter()
+        return None
 
     def _wrap(self, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         # With authentication on, the body is parsed only after the caller is known.
         parse = handler.request_deserializer if self.directory is not None else None
         wire_parse = None if self.directory is not None else handler.request_deserializer
         serialize = handler.response_serializer
-        admit = self._admit
+        refused = self._refusal
         drain = self.drain
 
         def parsed(raw: Any) -> Any:
             return parse(raw) if parse is not None else raw
 
-        # Unary requests call `parse` itself (not `parsed`): one frame less on every call.
-        read: Callable[[Any], Any] = parse if parse is not None else _as_is
-
         if handler.unary_unary is not None:
             unary: Any = handler.unary_unary
 
             async def call_unary(raw: Any, context: Context) -> Any:
-                await admit(context)
+                refusal = refused(context)
+                if refusal is not None:
+                    await reject(context, refusal)
                 try:
-                    return await unary(read(raw), context)
+                    # `parsed`, spelled out: one frame less on every call
+                    return await unary(raw if parse is None else parse(raw), context)
                 finally:
                     drain.leave()
 
@@ -138,10 +144,12 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
             stream: Any = handler.unary_stream
 
             async def call_stream(raw: Any, context: Context) -> AsyncIterator[Any]:
-                await admit(context)
+                refusal = refused(context)
+                if refusal is not None:
+                    await reject(context, refusal)
                 try:
                     # aclosing: a dropped stream closes the handler's generator here, at once.
-                    async with aclosing(stream(read(raw), context)) as items:
+                    async with aclosing(stream(raw if parse is None else parse(raw), context)) as items:
                         async for item in items:
                             yield item
                 finally:
@@ -157,7 +165,9 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
             upload: Any = handler.stream_unary
 
             async def call_upload(requests: AsyncIterator[Any], context: Context) -> Any:
-                await admit(context)
+                refusal = refused(context)
+                if refusal is not None:
+                    await reject(context, refusal)
                 try:
                     return await upload(each_parsed(requests), context)
                 finally:
@@ -167,7 +177,9 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
         both: Any = handler.stream_stream
 
         async def call_both(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
-            await admit(context)
+            refusal = refused(context)
+            if refusal is not None:
+                await reject(context, refusal)
             try:
                 async with aclosing(both(each_parsed(requests), context)) as items:
                     async for item in items:
@@ -176,8 +188,3 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
                 drain.leave()
 
         return grpc.stream_stream_rpc_method_handler(call_both, wire_parse, serialize)
-
-
-def _as_is(raw: Any) -> Any:
-    """The request as grpc handed it (already parsed: authentication is off)."""
-    return raw

@@ -43,7 +43,6 @@ class GuardedHealthServicer(health.aio.HealthServicer):  # type: ignore[misc]  #
             caller = identify(self._directory, context)
         except Unauthenticated as exc:
             await reject(context, exc)
-            return
         if self._model_prefix and service.startswith(self._model_prefix):
             model = service[len(self._model_prefix) :]
             if not caller.may_use(model):
