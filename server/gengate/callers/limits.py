@@ -152,30 +152,51 @@ class LimitState(Protocol):
     async def aclose(self) -> None: ...
 
 
+class CallerWindows:
+    """One caller's two windows in this process: requests and tokens."""
+
+    __slots__ = ("requests", "tokens")
+
+    def __init__(self) -> None:
+        self.requests = SlidingWindow()
+        self.tokens = SlidingWindow()
+
+
 class LocalLimits:
     """The windows in this process's memory."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._requests: dict[str, SlidingWindow] = {}
-        self._tokens: dict[str, SlidingWindow] = {}
+        self._windows: dict[str, CallerWindows] = {}
+
+    def windows(self, caller: str) -> CallerWindows:
+        """`caller`'s windows (Admission keeps them with the caller's gate: one lookup a call)."""
+        windows = self._windows.get(caller)
+        if windows is None:
+            windows = self._windows[caller] = CallerWindows()
+        return windows
 
     def admit_now(
         self, caller: str, requests_per_minute: int | None, tokens_per_minute: int | None
     ) -> Refusal | None:
+        return self.admit_windows(self.windows(caller), requests_per_minute, tokens_per_minute)
+
+    def admit_windows(
+        self, windows: CallerWindows, requests_per_minute: int | None, tokens_per_minute: int | None
+    ) -> Refusal | None:
+        """`admit` of one caller's windows, without awaiting: charges one request when both have
+        room, else charges nothing and says which limit refused."""
         now = self.clock()
         # `window.total + 1 <= limit` is wait_s's own first test, made here: the common case
         # (room in the window) costs no call.
         if tokens_per_minute is not None:
-            window = self._tokens.get(caller)
-            if window is not None and window.total + 1 > tokens_per_minute:
+            window = windows.tokens
+            if window.total + 1 > tokens_per_minute:
                 wait = window.wait_s(now, tokens_per_minute, 1)
                 if wait > 0:
                     return Refusal("tokens_per_minute", tokens_per_minute, wait)
         if requests_per_minute is not None:
-            window = self._requests.get(caller)
-            if window is None:
-                window = self._requests[caller] = SlidingWindow()
+            window = windows.requests
             if window.total + 1 > requests_per_minute:
                 wait = window.wait_s(now, requests_per_minute, 1)
                 if wait > 0:
@@ -189,10 +210,7 @@ class LocalLimits:
         return self.admit_now(caller, requests_per_minute, tokens_per_minute)
 
     def charge_now(self, caller: str, tokens: int) -> None:
-        window = self._tokens.get(caller)
-        if window is None:
-            window = self._tokens[caller] = SlidingWindow()
-        window.add(self.clock(), tokens)
+        self.windows(caller).tokens.add(self.clock(), tokens)
 
     async def charge_tokens(self, caller: str, tokens: int) -> None:
         self.charge_now(caller, tokens)
@@ -269,6 +287,8 @@ class Admission:
         # Windows in this process: admitted without awaiting anything.
         self._local = self.state if isinstance(self.state, LocalLimits) else None
         self._running: dict[str, CallGate] = {}
+        # Each caller's gate and windows where the windows are in this process: one lookup a call.
+        self._quotas: dict[str, _LocalQuota] = {}
 
     def admit_now(self, caller: Caller, *, wait: bool = False) -> Admitted | None:
         """`admit` without awaiting, where it needs none: windows in this process and room under
@@ -276,11 +296,11 @@ class Admission:
         local = self._local
         if local is None:
             return None
-        gate = None
-        if caller.max_concurrency is not None:
-            gate = self._running.get(caller.name)
-            if gate is None:
-                gate = self._running[caller.name] = CallGate(caller.max_concurrency)
+        quota = self._quotas.get(caller.name)
+        if quota is None:
+            quota = self._quotas[caller.name] = self._local_quota(caller, local)
+        gate = quota.gate
+        if gate is not None:
             # CallGate.try_take, spelled out: once per call
             if gate.taken < gate.limit and not gate._waiters:
                 gate.taken += 1
@@ -288,13 +308,21 @@ class Admission:
                 raise concurrency_exceeded(caller)
             else:
                 return None
-        if caller.requests_per_minute is not None or caller.tokens_per_minute is not None:
-            refusal = local.admit_now(caller.name, caller.requests_per_minute, caller.tokens_per_minute)
+        windows = quota.windows
+        if windows is not None:
+            refusal = local.admit_windows(windows, caller.requests_per_minute, caller.tokens_per_minute)
             if refusal is not None:
                 if gate is not None:
                     gate.release()
                 raise over_quota(caller, refusal)
-        return Admitted(self, caller, gate)
+        return Admitted(self, caller, gate, None, quota.tokens)
+
+    def _local_quota(self, caller: Caller, local: LocalLimits) -> _LocalQuota:
+        gate = self._gate(caller, caller.max_concurrency) if caller.max_concurrency is not None else None
+        windows = local.windows(caller.name)
+        has_windows = caller.requests_per_minute is not None or caller.tokens_per_minute is not None
+        tokens = windows.tokens if caller.tokens_per_minute is not None else None
+        return _LocalQuota(gate, windows if has_windows else None, tokens)
 
     async def admit(self, caller: Caller, *, wait: bool = False) -> Admitted:
         """A pass for one call of `caller`, or ResourceExhausted with RetryInfo. `wait`: wait for
@@ -369,10 +397,25 @@ class Admission:
         await self.state.aclose()
 
 
+class _LocalQuota:
+    """What admits one caller's calls where the windows are in this process: its gate (None
+    without max_concurrency), its windows (None without a per-minute quota) and the token
+    window its usage is charged to (None without tokens_per_minute)."""
+
+    __slots__ = ("gate", "tokens", "windows")
+
+    def __init__(
+        self, gate: CallGate | None, windows: CallerWindows | None, tokens: SlidingWindow | None
+    ) -> None:
+        self.gate = gate
+        self.windows = windows
+        self.tokens = tokens
+
+
 class Admitted:
     """One admitted call: charge its tokens as they are known, release it when it ends."""
 
-    __slots__ = ("_admission", "_gate", "_hold", "caller")
+    __slots__ = ("_admission", "_gate", "_hold", "_tokens", "caller")
 
     def __init__(
         self,
@@ -380,11 +423,13 @@ class Admitted:
         caller: Caller,
         gate: CallGate | None,
         hold: CallHold | None = None,
+        tokens: SlidingWindow | None = None,
     ) -> None:
         self._admission = admission
         self.caller = caller
         self._gate = gate
         self._hold = hold
+        self._tokens = tokens  # the token window in this process, when admitted by admit_now
 
     def charge_now(self, tokens: int) -> bool:
         """Charges `tokens` without awaiting where the windows are in this process (or there is
@@ -394,7 +439,10 @@ class Admitted:
         local = self._admission._local
         if local is None:
             return False
-        local.charge_now(self.caller.name, tokens)
+        window = self._tokens
+        if window is None:  # admitted by `admit` (it waited for room)
+            window = local.windows(self.caller.name).tokens
+        window.add(local.clock(), tokens)
         return True
 
     async def charge(self, tokens: int) -> None:
