@@ -155,7 +155,8 @@ class CallerDirectory:
         (MISSING_CREDENTIALS / INVALID_CREDENTIALS) otherwise. A wrong token is refused even
         when the certificate would name a caller."""
         for key, value in metadata or ():
-            if key == "authorization" or key.lower() == "authorization":
+            # Keys arrive lowercase: HTTP/2 header names are, and grpc refuses any other.
+            if key == "authorization":
                 known = self._known_values.get(value)
                 if known is not None:
                     return known
