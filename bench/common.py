@@ -189,6 +189,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int) -> float:
+    """CPU time of a process's live threads, to the nanosecond (/proc/PID/task/*/schedstat): for
+    short rounds, where cpu_seconds' 10 ms ticks are ±2% of a 0.5 s round. Threads that have
+    ended count no more (e.g. a metrics scrape's, ~0.4 ms a scrape): over a whole run, use
+    cpu_seconds."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[0])
+        except (OSError, IndexError, ValueError):  # the thread ended while being read
+            continue
+    return total / 1e9
+
+
 @contextlib.contextmanager
 def gengate_server(
     models: list[dict[str, Any]],

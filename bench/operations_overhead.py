@@ -38,6 +38,7 @@ from common import (
     print_table,
     run_concurrent,
     run_interleaved,
+    thread_cpu_seconds,
     unary_calls,
 )
 from metrics_overhead import free_port, scraper
@@ -141,7 +142,9 @@ async def paired_cpu_ratios(
     """Each variant's server CPU per call ÷ bare's, round by round: the variants run right after
     one another in each round (so a busy moment of the machine weighs on both of a pair), and
     the median round is the estimate (a burst of other work on the machine spoils a few rounds,
-    not the result). The Redis variant counts redis-server's CPU too."""
+    not the result). Each round reads the threads' CPU to the nanosecond (thread_cpu_seconds):
+    /proc's 10 ms ticks alone would be ±2% of a round. The Redis variant counts redis-server's
+    CPU too."""
     ratios: dict[str, list[float]] = {name: [] for name, _ in variants[1:]}
     for round_ in range(rounds):
         per_call = [0.0] * len(variants)
@@ -151,9 +154,9 @@ async def paired_cpu_ratios(
         for i in order:
             call, pid = variants[i][1], pids[i]
             watched = [pid, redis_pid] if i == 2 else [pid]
-            before = sum(cpu_seconds(p) for p in watched)
+            before = sum(thread_cpu_seconds(p) for p in watched)
             await run_concurrent("cpu", call, requests, 8)
-            per_call[i] = (sum(cpu_seconds(p) for p in watched) - before) / requests
+            per_call[i] = (sum(thread_cpu_seconds(p) for p in watched) - before) / requests
         for (name, _), value in zip(variants[1:], per_call[1:], strict=True):
             ratios[name].append(value / per_call[0])
     return ratios
