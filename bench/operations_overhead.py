@@ -14,7 +14,8 @@ scripted model does no work, so this is the whole per-call cost over the server'
 per-call cost (~1 ms); on a real model it is a fraction of that. Redis is the Debian
 `redis-server` (started in a temp dir, as the tests do).
 
-    .venv/bin/python bench/operations_overhead.py [--quick] [--requests 1000] [--rounds 3] [--cpu-rounds 21]
+    .venv/bin/python bench/operations_overhead.py [--quick] [--requests 1000] [--rounds 3]
+        [--cpu-rounds 21] [--processes 3]
 """
 
 from __future__ import annotations
@@ -162,17 +163,93 @@ async def paired_cpu_ratios(
     return ratios
 
 
+async def across_processes(
+    processes: int, rounds: int, requests: int
+) -> tuple[float, float, list[float], list[float]]:
+    """Server CPU per call of `processes` bare servers and as many with callers, every quota and
+    metrics (scraped every second), all interleaved (each round runs every server once, every
+    other round in reverse order): one server process of either may run a few % faster or slower
+    than another of the same code for its whole life (memory layout, hash seeds), which no
+    number of rounds on one process averages out. The means over all calls, and each process's."""
+    from gengate_client import AsyncClient
+
+    os.environ[TOKEN_VARIABLE] = TOKEN
+    auth = (("authorization", f"Bearer {TOKEN}"),)
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    with contextlib.ExitStack() as stack:
+        servers: list[tuple[str, bool]] = []  # (address, with operations)
+        for _ in range(processes):
+            servers.append((stack.enter_context(gengate_server(MODELS)), False))
+            port = free_port()
+            metrics = {"metrics": {"port": port, "host": "127.0.0.1"}}
+            servers.append(
+                (stack.enter_context(gengate_server(MODELS, callers=LIMITED, server=metrics)), True)
+            )
+            threads.append(scraper(f"http://127.0.0.1:{port}/metrics", stop))
+        try:
+            async with contextlib.AsyncExitStack() as clients:
+                variants = []
+                for address, operated in servers:
+                    client = await clients.enter_async_context(
+                        AsyncClient(address, metadata=auth if operated else ())
+                    )
+                    call = unary_calls(client, "echo", "hello world", 8)
+                    await run_concurrent("warm-up", call, requests, 8)
+                    variants.append((call, SERVER_PIDS[address]))
+                used = [0.0] * len(variants)
+                for round_ in range(rounds):
+                    order = list(range(len(variants)))
+                    if round_ % 2:
+                        order.reverse()
+                    for i in order:
+                        call, pid = variants[i]
+                        before = thread_cpu_seconds(pid)
+                        await run_concurrent("cpu", call, requests, 8)
+                        used[i] += thread_cpu_seconds(pid) - before
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+    per_call = [1e6 * u / (rounds * requests) for u in used]
+    bare, operated = per_call[0::2], per_call[1::2]
+    return sum(bare) / processes, sum(operated) / processes, bare, operated
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     parser.add_argument("--requests", type=int, default=None, help="requests per round (1000)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per variant (3)")
     parser.add_argument("--cpu-rounds", type=int, default=None, help="paired CPU rounds (21)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="server processes of each for the last figure (3; 0: skip it)",
+    )
     args = parser.parse_args(argv)
     requests = args.requests or (200 if args.quick else 1000)
     rounds = args.rounds or (1 if args.quick else 3)
     cpu_rounds = args.cpu_rounds or (5 if args.quick else 21)
     asyncio.run(run(requests, rounds, cpu_rounds, 300 if args.quick else 1000))
+    processes = args.processes if args.processes is not None else (1 if args.quick else 3)
+    if processes > 0:
+        spread_rounds = 4 if args.quick else 12
+        spread_requests = 300 if args.quick else 500
+        bare, operated, each_bare, each_operated = asyncio.run(
+            across_processes(processes, spread_rounds, spread_requests)
+        )
+        print(
+            f"\nserver CPU per call over {processes} processes of each "
+            f"({spread_rounds} rounds of {spread_requests} calls at c=8):"
+        )
+        print(f"  bare {bare:.0f} µs (each: {', '.join(f'{v:.0f}' for v in each_bare)})")
+        print(
+            f"  callers+quotas+metrics {operated:.0f} µs "
+            f"(each: {', '.join(f'{v:.0f}' for v in each_operated)})"
+        )
+        print(f"SUMMARY CPU per call ÷ bare over {processes} processes each: {operated / bare:.3f}")
     return 0
 
 
