@@ -18,8 +18,11 @@ import pytest
 from gengate.api.auth import CallerInterceptor
 from gengate.api.tracing import tracing_interceptor
 from gengate.caller import current_caller, current_policy
+from gengate.callers.config import CallerConfig
+from gengate.callers.context import serving
 from gengate.callers.identity import CallerDirectory
 from gengate.config import parse_config
+from gengate.errors import Unauthenticated
 from gengate.logs import RequestContext
 from gengate_client import AsyncClient
 from gengate_client.errors import UnauthenticatedError, UnavailableError
@@ -198,3 +201,17 @@ async def test_every_intercepted_call_sets_its_caller_and_a_refused_one_none() -
     wrong = SimpleNamespace(method="/gengate.v1.Gengate/Generate", invocation_metadata=bearer(TOKEN_B))
     await interceptor.intercept_service(continuation, wrong)  # type: ignore[arg-type]
     assert current_policy() is None and current_caller() == "anonymous"
+
+
+async def test_with_certificate_callers_the_handler_identifies_every_call_itself() -> None:
+    """Where a caller may be known by its certificate, the interceptor identifies nobody, and a
+    caller already current around the handler (embedding code, a job's owner) never stands in
+    for the call's own credentials."""
+    callers = [CallerConfig(name="team-a", token_env="A"), CallerConfig(name="team-b", subject="CN=team-b")]
+    directory = CallerDirectory.from_config(callers, env={"A": TOKEN_A})
+    assert directory is not None and directory.by_certificate
+    interceptor = CallerInterceptor(directory)
+    bare_call = SimpleNamespace(invocation_metadata=lambda: (), auth_context=lambda: {})
+    with serving(directory.by_name("team-a")):
+        refusal = interceptor._refusal(bare_call)  # type: ignore[arg-type]
+    assert isinstance(refusal, Unauthenticated) and refusal.reason == "MISSING_CREDENTIALS"

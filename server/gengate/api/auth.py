@@ -98,11 +98,13 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):
         if drain.draining:
             return drain.refusal()
         if self.directory is not None:
-            caller = current_policy()
+            # Identified by the interceptor (which sets every call's caller, None when refused),
+            # unless a certificate needs the context: then always here.
+            caller = current_policy() if self._by_token_only else None
             if caller is None:
                 # Refused by the interceptor, or not identified there (a certificate needs the
                 # context; and what an interceptor sets is not promised to reach the handler).
-                refusal = _refused.get()
+                refusal = _refused.get() if self._by_token_only else None
                 if refusal is not None:
                     return refusal
                 try:
