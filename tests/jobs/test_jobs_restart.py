@@ -31,23 +31,33 @@ def _job(stub: jobs_pb2_grpc.BatchJobServiceStub, job_id: str) -> j.BatchJob:
     return stub.GetBatchJob(j.GetBatchJobRequest(id=job_id)).job
 
 
+def _leased(data_dir: Path) -> int:
+    """Items the store shows under a lease right now (read beside the running server)."""
+    with sqlite3.connect(data_dir / "jobs.db", timeout=5) as db:
+        (leased,) = db.execute(
+            "SELECT COUNT(*) FROM gengate_job_items WHERE lease_owner IS NOT NULL"
+        ).fetchone()
+    return int(leased)
+
+
 def test_a_killed_server_resumes_the_job_with_one_result_per_item(tmp_path: Path) -> None:
     env = {"GENGATE_DATA_DIR": str(tmp_path)}
     first = ServerProcess(CONFIG, env=env)
     channel, stub = _stub(first.address)
     requests = [g.GenerateRequest(model="slow", prompt=f"p{i}") for i in range(ITEMS)]
     job_id = stub.CreateBatchJob(j.CreateBatchJobRequest(requests=requests)).job.id
-    while _job(stub, job_id).done < 6:  # some finished, others in flight
-        time.sleep(0.05)
-    channel.close()
+    # Some finished, others in flight. Items finish in lockstep (four at a time, eight leased
+    # ahead), so `done` alone can land in the instant between one lease and the next: the kill
+    # waits until the store also shows leases held, which then last another item's run.
+    while (done := _job(stub, job_id).done) < ITEMS and (done < 6 or _leased(tmp_path) == 0):
+        time.sleep(0.02)
     first.kill()
+    channel.close()
     with sqlite3.connect(tmp_path / "jobs.db") as db:
         (stored_before,) = db.execute(
             "SELECT COUNT(*) FROM gengate_job_items WHERE result IS NOT NULL"
         ).fetchone()
-        (leased,) = db.execute(
-            "SELECT COUNT(*) FROM gengate_job_items WHERE lease_owner IS NOT NULL"
-        ).fetchone()
+    leased = _leased(tmp_path)
     assert 6 <= stored_before < ITEMS and leased > 0  # killed mid-job, holding leases
 
     second = ServerProcess(CONFIG, env=env)
