@@ -123,6 +123,25 @@ async def check_stream(make: Make, fake: Fake) -> list[StreamEvent]:
     return events
 
 
+async def check_streams_keep_the_connection(
+    make: Make, fake: Fake, request: GenerationRequest | None = None
+) -> None:
+    """Streams one after another, then a unary call, all over one upstream connection: a stream
+    read to its end leaves its HTTP/1.1 connection to the pool (one closed unread drops it, and
+    every stream would pay a new connection, over TLS a handshake)."""
+    backend = await make()
+    before = len(fake.server.requests)
+    for text in ("one two", "three four", "five six"):
+        fake.answers.append(text)
+        events = await collect(backend.generate_stream(request or prompt()))
+        assert "".join(e.text for e in events if isinstance(e, GenerationDelta)) == text
+    fake.answers.append("seven")
+    await backend.generate(request or prompt())
+    peers = [r.peer for r in fake.server.requests[before:]]
+    assert len(peers) == 4 and None not in peers
+    assert len(set(peers)) == 1, f"{len(set(peers))} connections for 3 streams and a call"
+
+
 async def check_n2(make: Make, fake: Fake, *, native: bool) -> None:
     fake.answers.extend(["first answer", "second answer"])
     backend = await make()

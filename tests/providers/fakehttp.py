@@ -71,6 +71,8 @@ class Recorded:
     # When the request arrived (time.monotonic()): how long a client waited between attempts.
     arrived_at: float = 0.0
     raw: bytes = b""  # the body as sent (a multipart upload), `body` its JSON or text reading
+    # The client's (host, port): requests over one kept-alive connection share it.
+    peer: tuple[str, int] | None = None
 
 
 Handler = Callable[[Recorded], Awaitable[Json | Sse | Raw] | Json | Sse | Raw]
@@ -191,6 +193,7 @@ class FakeServer:
                 body,
                 time.monotonic(),
                 raw,
+                request.transport.get_extra_info("peername") if request.transport else None,
             )
             with self._lock:
                 self.requests.append(rec)

@@ -53,6 +53,10 @@ async def test_stream_usage_in_final_frame(make: cc.Make, fake: FakeCohere) -> N
     assert events[-1].usage.input_tokens == prompt_tokens + 7  # type: ignore[union-attr]
 
 
+async def test_streams_keep_the_upstream_connection(make: cc.Make, fake: FakeCohere) -> None:
+    await cc.check_streams_keep_the_connection(make, fake)
+
+
 async def test_n2_fans_out(make: cc.Make, fake: FakeCohere) -> None:
     await cc.check_n2(make, fake, native=False)
 

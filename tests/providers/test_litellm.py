@@ -59,6 +59,10 @@ async def test_stream_usage_in_final_frame(make: cc.Make, fake: FakeOpenAI) -> N
     assert fake.server.requests[0].body["stream"] is True
 
 
+async def test_streams_keep_the_upstream_connection(make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_streams_keep_the_connection(make, fake)
+
+
 async def test_n2_native(make: cc.Make, fake: FakeOpenAI) -> None:
     await cc.check_n2(make, fake, native=True)
     assert fake.server.requests[0].body["n"] == 2

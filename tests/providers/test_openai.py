@@ -124,6 +124,10 @@ async def test_family_stream(family_make: cc.Make, fake: FakeOpenAI) -> None:
     assert fake.server.requests[-1].body["stream_options"] == {"include_usage": True}
 
 
+async def test_family_streams_keep_the_upstream_connection(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_streams_keep_the_connection(family_make, fake)
+
+
 async def test_family_n2(family_make: cc.Make, fake: FakeOpenAI) -> None:
     backend_native = not fake.ignore_n
     await cc.check_n2(family_make, fake, native=backend_native)

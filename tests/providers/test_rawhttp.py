@@ -6,6 +6,7 @@ precise errors (UPSTREAM_BAD_RESPONSE, UPSTREAM_PROTOCOL) and serving the next c
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
@@ -94,6 +95,49 @@ async def test_a_long_line_in_many_small_pieces_reads_whole() -> None:
     assert await parse(*pieces, b"\r", b"\n\r\n") == [(None, b"y" * 200_000)]
     with pytest.raises(UnreadableAnswer, match="a line of its event stream is over"):
         await parse(*pieces, limit=100_000)
+
+
+class Counted(Pieces):
+    """Pieces that count how many were read, and can stall or fail after the last one."""
+
+    def __init__(self, *pieces: bytes, then: str = "end") -> None:
+        super().__init__(*pieces)
+        self.read = 0
+        self.then = then
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            self.read += 1
+            yield piece
+        if self.then == "stall":
+            await asyncio.Event().wait()  # an upstream that keeps the response open, silent
+        elif self.then == "fail":
+            raise httpx2.ReadError("connection reset")
+
+
+async def _until_done(response: Pieces) -> list[bytes]:
+    return [e.data async for e in rawhttp.events(response, end=rawhttp.DONE)]
+
+
+async def test_the_done_event_ends_a_stream_and_what_follows_it_is_read() -> None:
+    """The events before [DONE] are the stream; it is not yielded, and the body after it is
+    read to its end (so the HTTP/1.1 connection goes back to the pool), events and all."""
+    body = Counted(b"data: one\n\n", b"data:  [DONE] \n\n", b"data: after\n\n", b"\r\n")
+    assert await _until_done(body) == [b"one"]
+    assert body.read == 4
+    assert [e.data async for e in rawhttp.events(Pieces(b"data: [DONE]\n\n"))] == [b"[DONE]"]  # no `end`
+
+
+async def test_what_follows_done_is_read_only_so_far() -> None:
+    """Past DRAIN_BYTES after [DONE], or a silent upstream for DRAIN_S, or a read error: the
+    stream ends as it is (the answer is whole), and the rest is left unread."""
+    flood = Counted(b"data: one\n\ndata: [DONE]\n\n", *[b"x" * 4096] * 64)
+    assert await _until_done(flood) == [b"one"]
+    assert flood.read == 1 + rawhttp.DRAIN_BYTES // 4096 + 1
+    stalled = Counted(b"data: one\n\ndata: [DONE]\n\n", then="stall")
+    assert await asyncio.wait_for(_until_done(stalled), 30) == [b"one"]
+    failing = Counted(b"data: one\n\ndata: [DONE]\n\n", then="fail")
+    assert await _until_done(failing) == [b"one"]
 
 
 async def test_a_body_over_the_limit_or_not_a_json_object_is_unreadable() -> None:

@@ -61,6 +61,14 @@ async def test_stream_usage_in_final_frame(make: cc.Make, fake: FakeTGI) -> None
     assert fake.server.requests[0].body["stream"] is True
 
 
+async def test_streams_keep_the_upstream_connection(make: cc.Make, fake: FakeTGI) -> None:
+    await cc.check_streams_keep_the_connection(make, fake)
+
+
+async def test_chat_streams_keep_the_upstream_connection(make: cc.Make, fake: FakeTGI) -> None:
+    await cc.check_streams_keep_the_connection(make, fake, chat("Say hello"))  # ends in [DONE]
+
+
 async def test_chat_route_text_and_stream(make: cc.Make, fake: FakeTGI) -> None:
     fake.answers.extend(["chat reply here", "streamed chat reply"])
     backend = await make()

@@ -254,9 +254,7 @@ class CohereBackend(ProviderBackend):
         calls = wire.StreamState()
         async with self._post(call, stream=True) as response:
             check_event_stream(self.label, response.headers.get("content-type"))
-            async for sse in rawhttp.events(response):
-                if sse.data == b"[DONE]":
-                    return
+            async for sse in rawhttp.events(response, end=rawhttp.DONE):
                 event = rawhttp.loads_object(sse.data, "an event of its stream")
                 if event.get("type") != "message-end":
                     for chunk in calls.chunks(event):

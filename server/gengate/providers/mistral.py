@@ -263,9 +263,7 @@ class MistralBackend(ProviderBackend):
         state = wire.StreamState()
         async with self._post(call, stream=True) as response:
             check_event_stream(self.label, response.headers.get("content-type"))
-            async for event in rawhttp.events(response):
-                if event.data == b"[DONE]":
-                    return
+            async for event in rawhttp.events(response, end=rawhttp.DONE):
                 chunk = rawhttp.loads_object(event.data, "an event of its stream")
                 if "error" in chunk or chunk.get("object") == "error":
                     raise UnreadableAnswer(f"its stream sent an error: {_stream_error(chunk)}")

@@ -363,9 +363,7 @@ class OpenAIChatBackend(ProviderBackend):
         top = call.request.logprobs or 0
         try:
             check_event_stream(self.label, response.headers.get("content-type"))
-            async for event in rawhttp.events(response):
-                if event.data.startswith(b"[DONE]"):
-                    break
+            async for event in rawhttp.events(response, end=rawhttp.DONE):
                 if event.name is not None and event.name != "error":
                     continue  # not a chunk (the SDK's stream would yield it with no choices)
                 chunk = rawhttp.loads_object(event.data, "an event of its stream")

@@ -10,6 +10,7 @@ UnreadableAnswer for a field of the wrong kind, so a malformed answer is UPSTREA
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,6 +22,13 @@ from gengate.providers.errors import UnreadableAnswer
 # The most a unary answer's body may hold (decoded), and one event (or one line) of a stream.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_EVENT_BYTES = 8 * 1024 * 1024
+# The OpenAI family's last event of a stream (its data), and how much of the body after it is
+# read, for at most how long, so that the HTTP/1.1 connection is kept for the next request: a
+# response closed unread drops its connection, and every stream would open (and, over TLS,
+# handshake) a new one. After it comes only the chunked encoding's end, sent with it.
+DONE = b"[DONE]"
+DRAIN_BYTES = 64 * 1024
+DRAIN_S = 0.1
 
 
 class RawResponse(Protocol):
@@ -103,12 +111,17 @@ class Event:
     data: bytes
 
 
-async def events(response: RawResponse, limit: int | None = None) -> AsyncIterator[Event]:
+async def events(
+    response: RawResponse, limit: int | None = None, *, end: bytes | None = None
+) -> AsyncIterator[Event]:
     """The stream's events (the WHATWG rules: LF, CRLF or CR line ends, `:` comments ignored,
     data lines joined by LF, an event without data not dispatched, an unfinished event at EOF
     dropped). A line or an event over `limit` bytes raises UnreadableAnswer, so memory stays
-    bounded whatever the upstream sends (`limit`: MAX_EVENT_BYTES). The caller closes the response."""
+    bounded whatever the upstream sends (`limit`: MAX_EVENT_BYTES). An event whose data starts
+    with `end` (DONE; spaces around it allowed) ends the stream unyielded, the rest of the body
+    read (`_drain`) so its connection is reused. The caller closes the response."""
     limit = MAX_EVENT_BYTES if limit is None else limit
+    pieces = response.aiter_bytes()
     # An unfinished line, grown in place: a long line in many small pieces costs its length once,
     # not once per piece.
     pending = bytearray()
@@ -116,7 +129,7 @@ async def events(response: RawResponse, limit: int | None = None) -> AsyncIterat
     data: list[bytes] = []
     size = 0
     name: str | None = None
-    async for piece in response.aiter_bytes():
+    async for piece in pieces:
         if after_cr and piece.startswith(b"\n"):
             piece = piece[1:]
         if b"\n" not in piece and b"\r" not in piece:
@@ -137,7 +150,11 @@ async def events(response: RawResponse, limit: int | None = None) -> AsyncIterat
             line = raw.rstrip(b"\r\n")
             if not line:
                 if data:
-                    yield Event(name, b"\n".join(data))
+                    joined = b"\n".join(data)
+                    if end is not None and joined[:32].strip().startswith(end):
+                        await _drain(pieces)
+                        return
+                    yield Event(name, joined)
                 data, size, name = [], 0, None
                 continue
             field, _, value = line.partition(b":")
@@ -155,6 +172,21 @@ async def events(response: RawResponse, limit: int | None = None) -> AsyncIterat
             # id and retry mean nothing to a one-shot request; other fields are ignored by the rules
         if len(pending) > limit:
             raise UnreadableAnswer(f"a line of its event stream is over gengate's limit of {limit} bytes")
+
+
+async def _drain(pieces: AsyncIterator[bytes]) -> None:
+    """Reads what is left of a stream's body after its last event, at most DRAIN_BYTES for
+    DRAIN_S; past either, or on a read error, the connection is left to be dropped when the
+    response closes (the answer is whole already: nothing is lost but the connection)."""
+    left = DRAIN_BYTES
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            async for piece in pieces:
+                left -= len(piece)
+                if left < 0:
+                    return
+    except Exception:  # TimeoutError, or the SDK's transport error (httpx or httpx2): drop it
+        return
 
 
 # --- fields of an answer, as a dict or as an SDK object -------------------------------------------

@@ -371,9 +371,7 @@ async def _payloads(response: rawhttp.RawResponse) -> AsyncIterator[Mapping[str,
     typed TGI error (OverloadedError, ValidationError...), as its stream did."""
     from huggingface_hub.inference._common import _parse_text_generation_error
 
-    async for event in rawhttp.events(response):
-        if event.data.strip() == b"[DONE]":
-            return
+    async for event in rawhttp.events(response, end=rawhttp.DONE):
         payload = rawhttp.loads_object(event.data, "an event of its stream")
         if payload.get("error") is not None:
             raise _parse_text_generation_error(payload["error"], payload.get("error_type"))
