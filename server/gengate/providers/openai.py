@@ -66,6 +66,7 @@ from gengate.providers.base import (
     check_event_stream,
 )
 from gengate.providers.errors import UnreadableAnswer
+from gengate.providers.openai_send import PreparedPosts
 from gengate.redaction import register_secret
 
 log = logging.getLogger("gengate.providers")
@@ -160,6 +161,7 @@ class OpenAIChatBackend(ProviderBackend):
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)
         self._client: Any = None
+        self._posts: PreparedPosts | None = None
         for header, value in self.options.extra_headers.items():
             if _CREDENTIAL_HEADER.search(header):  # a proxy's key sent as a custom header
                 register_secret(value)
@@ -170,6 +172,7 @@ class OpenAIChatBackend(ProviderBackend):
     async def start(self) -> None:
         await super().start()
         self._client = self._make_client()
+        self._posts = PreparedPosts(self._client)
 
     def _make_client(self) -> Any:
         import openai
@@ -187,7 +190,7 @@ class OpenAIChatBackend(ProviderBackend):
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()
-            self._client = None
+            self._client = self._posts = None
 
     # --- structured output ---------------------------------------------------------------------
 
@@ -315,11 +318,12 @@ class OpenAIChatBackend(ProviderBackend):
 
     async def _create(self, call: ProviderCall, *, stream: bool) -> Any:
         """One upstream request, on the completions route where `_raw_route` says, else on chat:
-        sent by the SDK, answered unread (providers.rawhttp)."""
+        a copy of the SDK's own request (providers.openai_send), answered unread (providers.rawhttp)."""
         raw = self._raw_route(call)
         body, options = rawhttp.sdk_request(self._params(call, stream=stream, raw=raw))
         options["security"] = {"bearer_auth": True}  # as the SDK's create() asks for its key
-        return await rawhttp.post(self._client, "/completions" if raw else "/chat/completions", body, options)
+        assert self._posts is not None, "the backend is not started"
+        return await self._posts.post("/completions" if raw else "/chat/completions", body, options)
 
     async def _complete(self, call: ProviderCall) -> Completion:
         return self._completion(call, await rawhttp.read_object(await self._create(call, stream=False)))

@@ -82,6 +82,18 @@ async def read_body(response: RawResponse, limit: int | None = None) -> bytes:
         await response.aclose()
 
 
+async def read_error(response: Any) -> Any:
+    """A non-2xx answer read whole, bounded as every body (`read_body`), as a read response of
+    the same (httpx or httpx2) class, for an SDK's error parsing to read as it reads its own."""
+    body = await read_body(response)
+    # The body is decoded already: the copy must not say it is compressed, or how long it was.
+    headers = [(k, v) for k, v in response.headers.items() if k.lower() not in _BODY_HEADERS]
+    return type(response)(response.status_code, headers=headers, content=body, request=response.request)
+
+
+_BODY_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+
+
 def loads(data: bytes | str, what: str = "its body") -> Any:
     """`data` parsed as JSON (UnreadableAnswer when it is none)."""
     try:

@@ -277,7 +277,7 @@ class TGIBackend(ProviderBackend):
             timeout=call.timeout,
         ) as response:
             if response.status_code >= 400:
-                response = await _read_error(response)
+                response = await rawhttp.read_error(response)
             try:
                 hf_raise_for_status(response)
             except HfHubHTTPError as exc:
@@ -351,19 +351,6 @@ class TGIBackend(ProviderBackend):
                         yield ChunkEnd(index, map_finish_reason(finish))
             for index in sorted(called - ended):  # TGI ends a tool stream without a finish reason
                 yield ChunkEnd(index, FinishReason.TOOL_CALLS)
-
-
-async def _read_error(response: Any) -> Any:
-    """An error answer read whole, bounded as every body (rawhttp.read_body: a stated length
-    over the limit refused first, the bytes counted as they come), as a read response of the
-    session's own class (huggingface_hub's httpx2) for the SDK's error parsing."""
-    body = await rawhttp.read_body(response)
-    # The body is decoded already: the copy must not say it is compressed.
-    headers = [(k, v) for k, v in response.headers.items() if k.lower() not in _BODY_HEADERS]
-    return type(response)(response.status_code, headers=headers, content=body, request=response.request)
-
-
-_BODY_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
 
 async def _payloads(response: rawhttp.RawResponse) -> AsyncIterator[Mapping[str, Any]]:
