@@ -52,6 +52,7 @@ from gengate.providers.base import (
 )
 from gengate.providers.errors import UnreadableAnswer, from_status
 from gengate.providers.retry import call_with_retries
+from gengate.providers.stainless import PreparedPosts
 from gengate.tools import parameters_of
 
 T = TypeVar("T")
@@ -189,6 +190,7 @@ class AnthropicBackend(ProviderBackend):
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)
         self._client: anthropic.AsyncAnthropic | None = None
+        self._posts: PreparedPosts | None = None
 
     @property
     def opts(self) -> AnthropicOptions:
@@ -203,11 +205,12 @@ class AnthropicBackend(ProviderBackend):
             timeout=self.options.timeout,
             max_retries=0,
         )
+        self._posts = PreparedPosts(self._client, "anthropic")
 
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()
-            self._client = None
+            self._client = self._posts = None
 
     def plan_structured(self, req: GenerationRequest, level: Enforcement) -> so.StructuredPlan:
         assert req.structured_output is not None
@@ -329,12 +332,15 @@ class AnthropicBackend(ProviderBackend):
         return params
 
     async def _post(self, call: ProviderCall, *, stream: bool) -> Any:
-        """One Messages request, sent by the SDK and answered unread (providers.rawhttp)."""
+        """One Messages request, a copy of the SDK's own (providers.stainless), answered unread
+        (providers.rawhttp)."""
         params = self._params(call)
         if stream:
             params["stream"] = True
         body, options = rawhttp.sdk_request(params)
-        return await rawhttp.post(self.client, "/v1/messages", body, options)
+        if self._posts is None:
+            raise RuntimeError(f"model {self.name!r} used before start()")
+        return await self._posts.post("/v1/messages", body, options)
 
     async def _complete(self, call: ProviderCall) -> Completion:
         return self._completion(await rawhttp.read_object(await self._post(call, stream=False)))

@@ -66,7 +66,7 @@ from gengate.providers.base import (
     check_event_stream,
 )
 from gengate.providers.errors import UnreadableAnswer
-from gengate.providers.openai_send import PreparedPosts
+from gengate.providers.stainless import PreparedPosts
 from gengate.redaction import register_secret
 
 log = logging.getLogger("gengate.providers")
@@ -172,7 +172,7 @@ class OpenAIChatBackend(ProviderBackend):
     async def start(self) -> None:
         await super().start()
         self._client = self._make_client()
-        self._posts = PreparedPosts(self._client)
+        self._posts = PreparedPosts(self._client, "openai")
 
     def _make_client(self) -> Any:
         import openai
@@ -318,11 +318,12 @@ class OpenAIChatBackend(ProviderBackend):
 
     async def _create(self, call: ProviderCall, *, stream: bool) -> Any:
         """One upstream request, on the completions route where `_raw_route` says, else on chat:
-        a copy of the SDK's own request (providers.openai_send), answered unread (providers.rawhttp)."""
+        a copy of the SDK's own request (providers.stainless), answered unread (providers.rawhttp)."""
         raw = self._raw_route(call)
         body, options = rawhttp.sdk_request(self._params(call, stream=stream, raw=raw))
         options["security"] = {"bearer_auth": True}  # as the SDK's create() asks for its key
-        assert self._posts is not None, "the backend is not started"
+        if self._posts is None:
+            raise RuntimeError(f"model {self.name!r} used before start()")
         return await self._posts.post("/completions" if raw else "/chat/completions", body, options)
 
     async def _complete(self, call: ProviderCall) -> Completion:

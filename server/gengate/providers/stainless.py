@@ -1,21 +1,26 @@
-"""OpenAI-family requests sent as the openai SDK's `request()` sends them (its auth, URL, headers,
-timeout and errors) without its per-request cost, ~0.35 ms of CPU a call where gengate's own
-share of a call is ~0.4 ms (bench/README.md). The SDK prepares and builds one request per route
-and model, once (`_prepare_options`, `_build_request`, `_prepare_request`); each call sends a copy
-with its own body, timeout and headers on the SDK's own httpx2 client.
+"""Requests of the Stainless-generated SDKs (openai, anthropic) sent as the SDK's own `request()`
+sends them (its auth, URL, headers, timeout and errors) without its per-request cost: ~0.3 ms of
+CPU a call, where gengate's own share of a call is ~0.4 ms (bench/README.md). The SDK prepares
+and builds one request per route and model, once (`_prepare_options`, `_build_request`,
+`_prepare_request`); each call sends a copy with its own body, timeout and headers on the SDK's
+own httpx2 client.
 
 A non-2xx answer is read bounded and raised as the SDK's own status error, and a timeout or a
 transport failure as its APITimeoutError or APIConnectionError, as `request()` raises them, so
 error mapping is unchanged. gengate builds its clients with a fixed key and no SDK retries
 (providers.retry retries), so what the SDK computes for a request is the same every time. A
-client whose auth is computed per request goes the SDK's whole way on every call: a key
-provider, a workload identity, a provider runtime, an Azure AD token, or custom httpx auth.
+client whose auth is computed per request goes the SDK's whole way on every call: a key or
+token provider, credentials, a workload identity, a provider runtime, an Azure AD token, or
+custom httpx auth. The SDK's own tracing of a call (anthropic's, when switched on) is not run
+for a copy: gengate's spans cover the upstream call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -23,31 +28,75 @@ import orjson
 from gengate.providers import rawhttp
 
 # Client attributes that, when set, make the SDK compute auth per request.
-_PER_REQUEST_AUTH = (
+PER_REQUEST_AUTH = (
     "_api_key_provider",
     "_provider_runtime",
     "workload_identity",
     "_workload_identity_auth",
     "_azure_ad_token_provider",
     "_azure_ad_token",
+    "credentials",
 )
 # The request options a prepared copy can carry; any other goes the SDK's whole way.
 _COPIED_OPTIONS = frozenset({"timeout", "headers", "security"})
+# Headers the SDK writes from a request's own timeout: its read timeout (openai, anthropic), and
+# the timeout as given (anthropic).
 _READ_TIMEOUT = "x-stainless-read-timeout"
+_TIMEOUT = "x-stainless-timeout"
+
+
+@dataclass(frozen=True)
+class Sdk:
+    """What a copy takes from one SDK package: how it builds options, and the errors its
+    `request()` raises for a transport failure (timeouts first, then the rest; its own errors
+    pass as they are)."""
+
+    final_request_options: Any
+    get_platform: Any
+    timeouts: tuple[type[BaseException], ...]
+    transport_errors: tuple[type[BaseException], ...]
+    own_error: type[BaseException]
+    timeout_error: Any
+    connection_error: Any
+
+    @classmethod
+    def of(cls, package: str) -> Sdk:
+        """The parts of the `openai` or `anthropic` package."""
+        import httpx2
+
+        sdk = importlib.import_module(package)
+        base = importlib.import_module(f"{package}._base_client")
+        models = importlib.import_module(f"{package}._models")
+        if package == "openai":
+            from openai._httpx2 import request_exceptions, timeout_exceptions
+
+            timeouts, transport, own = timeout_exceptions(), request_exceptions(), sdk.OpenAIError
+        else:  # anthropic's request(): any exception but its own is a connection error
+            timeouts, transport, own = (httpx2.TimeoutException,), (Exception,), sdk.AnthropicError
+        return cls(
+            models.FinalRequestOptions,
+            base.get_platform,
+            timeouts,
+            transport,
+            own,
+            sdk.APITimeoutError,
+            sdk.APIConnectionError,
+        )
 
 
 def per_request_auth(client: Any) -> bool:
     """Whether the SDK computes `client`'s auth per request (then nothing is prepared)."""
     if client.custom_auth is not None:
         return True
-    return any(getattr(client, name, None) is not None for name in _PER_REQUEST_AUTH)
+    return any(getattr(client, name, None) is not None for name in PER_REQUEST_AUTH)
 
 
 class PreparedPosts:
-    """POSTs for one openai SDK client, each a copy of a request the SDK built once."""
+    """POSTs for one client of a Stainless SDK, each a copy of a request the SDK built once."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, package: str) -> None:
         self.client = client
+        self.sdk = Sdk.of(package)
         self.prepared = not per_request_auth(client)
         self._templates: dict[tuple[str, Any, Any], Any] = {}
         self._lock = asyncio.Lock()
@@ -58,8 +107,6 @@ class PreparedPosts:
         if not self.prepared or not _COPIED_OPTIONS.issuperset(options):
             return await rawhttp.post(self.client, path, body, options)
         import httpx2
-        from openai import APIConnectionError, APITimeoutError, OpenAIError
-        from openai._httpx2 import request_exceptions, timeout_exceptions
 
         security = options.get("security")
         key = (path, body.get("model"), tuple(sorted(security.items())) if security else None)
@@ -71,23 +118,26 @@ class PreparedPosts:
         if extra:
             headers.update(extra)
         extensions = dict(template.extensions)
-        timeout = options.get("timeout")
-        if timeout is not None:
-            timeout = timeout if isinstance(timeout, httpx2.Timeout) else httpx2.Timeout(timeout)
+        given = options.get("timeout")
+        if given is not None:
+            timeout = given if isinstance(given, httpx2.Timeout) else httpx2.Timeout(given)
             extensions["timeout"] = timeout.as_dict()
             if not (extra and _READ_TIMEOUT in extra):
                 headers[_READ_TIMEOUT] = str(timeout.read)
+            if _TIMEOUT in headers and not (extra and _TIMEOUT in extra):
+                headers[_TIMEOUT] = str(given)
         request = httpx2.Request(
             "POST", template.url, headers=headers, content=orjson.dumps(body), extensions=extensions
         )
+        sdk = self.sdk
         try:
             response = await self.client._client.send(request, stream=True)
-        except timeout_exceptions() as exc:
-            raise APITimeoutError(request=request) from exc
-        except OpenAIError:
+        except sdk.timeouts as exc:
+            raise sdk.timeout_error(request=request) from exc
+        except sdk.own_error:
             raise
-        except request_exceptions() as exc:
-            raise APIConnectionError(request=request) from exc
+        except sdk.transport_errors as exc:
+            raise sdk.connection_error(request=request) from exc
         if response.is_error:
             raise self.client._make_status_error_from_response(await rawhttp.read_error(response)) from None
         return response
@@ -97,20 +147,17 @@ class PreparedPosts:
     ) -> Any:
         """The SDK's own request for `key`, built as `request()` builds it (without the body's
         length, which each copy has its own of, or a call's timeout)."""
-        from openai._base_client import get_platform
-        from openai._models import FinalRequestOptions
-
         client = self.client
         async with self._lock:
             template = self._templates.get(key)
             if template is not None:
                 return template
             if client._platform is None:  # as request() does: get_platform may block on I/O
-                client._platform = await asyncio.to_thread(get_platform)
+                client._platform = await asyncio.to_thread(self.sdk.get_platform)
             fields: dict[str, Any] = {"method": "post", "url": path, "json_data": dict(body)}
             if options.get("security"):
                 fields["security"] = options["security"]
-            prepared = await client._prepare_options(FinalRequestOptions.construct(**fields))
+            prepared = await client._prepare_options(self.sdk.final_request_options.construct(**fields))
             template = client._build_request(prepared, retries_taken=0)
             await client._prepare_request(template)
             del template.headers["content-length"]
