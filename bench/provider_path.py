@@ -3,9 +3,9 @@ OpenAI upstream (tests/providers/fake_openai.py in its own process), unary and s
 c=32: added p50/p99 ms over direct, req/s, and the server's CPU time per request (its process's
 user+system time during its own runs ÷ their requests; warm-ups and other variants' turns out).
 
-`--provider mistral|gemini|tgi` runs that backend on its fake instead (tests/providers/fake_*.py,
-in its own process; TGI on its chat route); there is no direct peer then, only gengate and the
-`--base` server.
+`--provider anthropic|cohere|mistral|gemini|tgi` runs that backend on its fake instead
+(tests/providers/fake_*.py, in its own process; TGI on its chat route); there is no direct peer
+then, only gengate and the `--base` server.
 
 With `--base DIR` an older checkout's server runs beside this one as "before" (same Python, same
 upstream, rounds interleaved: direct, gengate, before, direct, ...), and fast ÷ before ratios of
@@ -33,6 +33,8 @@ from sections import row as stats_row
 
 # A provider's fake (module, class) and its gengate model entry (given the fake's base URL).
 FAKES: dict[str, tuple[str, str]] = {
+    "anthropic": ("fake_anthropic", "FakeAnthropic"),
+    "cohere": ("fake_cohere", "FakeCohere"),
     "mistral": ("fake_mistral", "FakeMistral"),
     "gemini": ("fake_gemini", "FakeGemini"),
     "tgi": ("fake_tgi", "FakeTGI"),
