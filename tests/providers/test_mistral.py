@@ -25,6 +25,7 @@ from gengate.domain import (
     StructuredOutput,
 )
 from gengate.providers.mistral import MistralBackend
+from mistral_bytes import same_bytes_as_the_sdk  # noqa: F401  (autouse: every body checked)
 
 
 @pytest.fixture(scope="module")

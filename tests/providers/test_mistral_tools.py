@@ -36,6 +36,7 @@ from gengate.domain import (
 )
 from gengate.providers import mistral_wire
 from gengate.providers.mistral import MistralBackend
+from mistral_bytes import same_bytes_as_the_sdk  # noqa: F401  (autouse: every body checked)
 from pydantic import SecretStr
 from tool_requests import CLOCK, PARIS, WEATHER, ask, chat, deltas
 

@@ -59,7 +59,12 @@ def test_mistralai_hooks_are_there() -> None:
     _has(basesdk.BaseSDK, "do_request_async", "hook_ctx", "request", "is_error_status_code", "stream")
     _has(basesdk.BaseSDK, "_get_url", "base_url", "url_variables")
     _has(HookContext, "__init__", "config", "base_url", "operation_id", "security_source", "tags")
-    for name in ("serialize_request_body", "match_status_codes", "get_security_from_env"):
+    for name in (
+        "serialize_request_body",
+        "SerializedRequestBody",
+        "match_status_codes",
+        "get_security_from_env",
+    ):
         _has(utils, name)
     for name in ("ChatCompletionRequest", "ChatCompletionStreamRequest", "Security"):
         _has(models, name)

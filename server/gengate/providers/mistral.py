@@ -23,6 +23,7 @@ version is pinned and tests/providers/test_raw_sdks.py fails by name if either g
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
@@ -197,7 +198,8 @@ class MistralBackend(ProviderBackend):
         config = chat.sdk_configuration
         base_url = chat._get_url(None, None)  # type: ignore[no-untyped-call]
         # The SDK's own request model serializes the body, as its chat methods do (its defaults
-        # included, such as an assistant message's `prefix`): the request bytes stay the SDK's.
+        # included, such as an assistant message's `prefix`): the request bytes stay the SDK's
+        # (request_json).
         kind = models.ChatCompletionStreamRequest if stream else models.ChatCompletionRequest
         model = kind.model_validate(params)
         request = chat._build_request_async(
@@ -212,7 +214,7 @@ class MistralBackend(ProviderBackend):
             user_agent_header="user-agent",
             accept_header_value="text/event-stream" if stream else "application/json",
             security=config.security,
-            get_serialized_body=lambda: utils.serialize_request_body(model, False, False, "json", kind),
+            get_serialized_body=lambda: utils.SerializedRequestBody("application/json", request_json(model)),
             timeout_ms=timeout_ms,
         )
         context = HookContext(
@@ -300,3 +302,10 @@ def _stream_error(chunk: dict[str, Any]) -> str:
     error = chunk.get("error", chunk)
     message = error.get("message") if isinstance(error, dict) else error
     return str(message or chunk)[:500]
+
+
+def request_json(model: Any) -> str:
+    """A request model's JSON as the SDK's `utils.serialize_request_body` writes it (its field
+    aliases, None left out, compact, ASCII-escaped), without the pydantic model class it creates
+    to wrap every body (`marshal_json`: ~40% of a call's CPU); a test holds the bytes equal."""
+    return json.dumps(model.model_dump(by_alias=True, mode="json", exclude_none=True), separators=(",", ":"))
