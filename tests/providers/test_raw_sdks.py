@@ -1,4 +1,4 @@
-"""The raw provider path of the Mistral and TGI backends: their SDKs build and send the
+"""The raw provider path of the Mistral, TGI and Gemini backends: their SDKs build and send the
 request, gengate reads the answer (providers.rawhttp). First the SDK hooks each backend relies on,
 checked by name (a pinned SDK that drops one fails here, saying which); then each backend against
 its fake answering malformed, oversized and failing upstreams: UPSTREAM_BAD_RESPONSE naming the
@@ -89,6 +89,38 @@ def test_huggingface_hub_hooks_are_there() -> None:
     _has(_http, "hf_raise_for_status")
     _has(_common, "raise_text_generation_error")
     _has(_common, "_parse_text_generation_error")
+
+
+def test_google_genai_hooks_are_there() -> None:
+    """The request path providers.gemini_raw drives, and the continuation it re-implements."""
+    pytest.importorskip("google.genai", reason="the google-genai SDK is not installed")
+    from gengate.providers import gemini_raw
+    from google import genai
+    from google.genai import _api_client, _common, _extra_utils, models, types
+    from google.genai import errors as genai_errors
+
+    converter = ("api_client", "from_object", "parent_object", "root_object")
+    _has(models, "_GenerateContentParameters_to_mldev", *converter)
+    _has(models, "_GenerateContentParameters_to_vertex", *converter)
+    _has(types, "_GenerateContentParameters")
+    assert {"model", "contents", "config"} <= set(types._GenerateContentParameters.model_fields)
+    _has(_common, "convert_to_dict", "obj")
+    _has(_common, "encode_unserializable_types", "data")
+    _has(_api_client.BaseApiClient, "_build_request", "http_method", "path", "request_dict", "http_options")
+    _has(_api_client.BaseApiClient, "_async_request", "http_request", "http_options", "stream")
+    _has(_api_client.HttpResponse, "__init__", "headers", "response_stream")
+    _has(genai_errors.APIError, "raise_error_async", "status_code", "response_json", "response")
+    client = genai.Client(api_key="k")
+    assert isinstance(client.aio.models._api_client, _api_client.BaseApiClient)
+    assert {"continuation_token", "automatic_continuation"} <= set(types.GenerateContentConfig.model_fields)
+    assert types.FinishReason.CONTINUATION.value == gemini_raw.CONTINUATION
+    # The SDK's own continuation, which the raw path does in its place: still there, still so.
+    _has(models.AsyncModels, "_generate_content_with_continuation", "model", "contents", "config")
+    _has(models.AsyncModels, "_generate_content_stream_with_continuation", "model", "contents", "config")
+    for name in ("should_continue_generation", "merge_continuation_responses", "is_resumable_finish_reason"):
+        _has(_extra_utils, name)
+    _has(_extra_utils.StreamContinuation, "end_hop", "error")
+    assert _extra_utils.MAX_STREAM_RECONNECTS_WITHOUT_PROGRESS == gemini_raw.MAX_STALLS
 
 
 # --- the backends against their fakes ------------------------------------------------------------
@@ -196,7 +228,60 @@ def _tgi() -> Case:
     )
 
 
-CASES = {"mistral": _mistral, "tgi": _tgi}
+def _gemini_answer(*parts: Any, **candidate: Any) -> dict[str, Any]:
+    good = {"content": {"parts": list(parts) or [{"text": "hi"}], "role": "model"}, "index": 0}
+    return {"candidates": [good | {"finishReason": "STOP"} | candidate]}
+
+
+def _gemini() -> Case:
+    pytest.importorskip("google.genai", reason="the google-genai SDK is not installed")
+    from fake_gemini import API_KEY, FakeGemini
+    from gengate.providers.gemini import GeminiBackend
+
+    def chunk(text: Any) -> dict[str, Any]:
+        return {"candidates": [{"content": {"parts": [{"text": text}], "role": "model"}, "index": 0}]}
+
+    return Case(
+        name="Gemini",
+        backend=lambda: GeminiBackend,
+        fake=FakeGemini,
+        options=lambda f: {"model": "gemini-test", "base_url": f.server.base_url, "api_key": API_KEY},
+        request=cc.prompt,
+        malformed={
+            "no JSON": ('{"candidates": [', "is no JSON"),
+            "a list": ([{"candidates": []}], "is a JSON list, not an object"),
+            "candidates an object": ({"candidates": {"0": {}}}, "`candidates` is a object, not a list"),
+            "content a list": ({"candidates": [{"content": []}]}, "`content` is a list, not an object"),
+            "parts text": ({"candidates": [{"content": {"parts": "hi"}}]}, "`parts` is a string, not a list"),
+            "text a number": (_gemini_answer({"text": 7}), "`text` is a number"),
+            "thought a string": (_gemini_answer({"text": "x", "thought": "yes"}), "`thought` is a string"),
+            "call name a number": (_gemini_answer({"functionCall": {"name": 5}}), "`name` is a number"),
+            "call args a list": (
+                _gemini_answer({"functionCall": {"name": "f", "args": [1]}}),
+                "`args` is a list, not an object",
+            ),
+            "signature no base64": (
+                _gemini_answer({"text": "x", "thoughtSignature": "!!"}),
+                "`thoughtSignature` is no base64",
+            ),
+            "finish reason a number": (_gemini_answer(finishReason=3), "`finishReason` is a number"),
+            "index text": (_gemini_answer(index="0"), "`index` is a string"),
+            "continuation token a number": (
+                _gemini_answer(finishReason="CONTINUATION", continuationToken=5),
+                "`continuationToken` is a number",
+            ),
+            "usage text": (
+                _gemini_answer() | {"usageMetadata": {"promptTokenCount": "3", "candidatesTokenCount": 1}},
+                "`promptTokenCount` is a string",
+            ),
+        },
+        good_event=chunk("Hey"),
+        bad_event=(chunk(["x"]), "`text` is a list"),
+        error_body={"error": {"code": 429, "message": "slow down", "status": "RESOURCE_EXHAUSTED"}},
+    )
+
+
+CASES = {"mistral": _mistral, "tgi": _tgi, "gemini": _gemini}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
