@@ -19,6 +19,7 @@ from gengate import errors
 from gengate.domain import ChatMessage, GenerationDelta, GenerationRequest, Role, TextPart
 from gengate.providers import rawhttp
 from gengate.providers.errors import UPSTREAM_BAD_RESPONSE, UPSTREAM_PROTOCOL
+from pydantic import SecretStr
 
 # --- the SDK hooks, by name ----------------------------------------------------------------------
 
@@ -121,6 +122,100 @@ def test_google_genai_hooks_are_there() -> None:
         _has(_extra_utils, name)
     _has(_extra_utils.StreamContinuation, "end_hop", "error")
     assert _extra_utils.MAX_STREAM_RECONNECTS_WITHOUT_PROGRESS == gemini_raw.MAX_STALLS
+
+
+def _gemini_requests() -> list[GenerationRequest]:
+    """Requests using every part of the Gemini request gengate builds."""
+    import base64
+
+    from gengate.domain import (
+        ImagePart,
+        JsonSchemaConstraint,
+        Reasoning,
+        ReasoningControl,
+        SamplingParams,
+        StoppingCriteria,
+        StructuredOutput,
+        ToolCall,
+        ToolChoice,
+    )
+    from tool_requests import CLOCK, PARIS, WEATHER, ask
+
+    signed = Reasoning("thinking", ("call:0:" + base64.urlsafe_b64encode(b"\xfb\xffsig").decode(),))
+    turns = (
+        ChatMessage(Role.SYSTEM, (TextPart("Be brief."),)),
+        ChatMessage(Role.USER, (TextPart("Weather?"), ImagePart(data=b"\x89PNG", mime_type="image/png"))),
+        ChatMessage(Role.ASSISTANT, (), tool_calls=(ToolCall("c1", "get_weather", PARIS),), reasoning=signed),
+        ChatMessage(Role.TOOL, (TextPart('{"temp": 21}'),), tool_call_id="c1"),
+        ChatMessage(Role.USER, (ImagePart(url="gs://b/cat.png", mime_type="image/png"),)),
+    )
+    sampling = SamplingParams(temperature=0.5, top_p=0.9, top_k=40, seed=7, presence_penalty=0.1)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    return [
+        chat(),
+        ask(
+            WEATHER,
+            CLOCK,
+            tool_choice=ToolChoice(name="get_time"),
+            reasoning=ReasoningControl(budget_tokens=64),
+        ),
+        GenerationRequest(
+            model="m",
+            messages=turns,
+            n=2,
+            sampling=sampling,
+            stopping=StoppingCriteria(max_tokens=50, stop=("END",)),
+            tools=(WEATHER,),
+            reasoning=ReasoningControl(enabled=True),
+        ),
+        GenerationRequest(
+            model="m",
+            messages=turns[:2],
+            structured_output=StructuredOutput(JsonSchemaConstraint(schema)),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("vertexai", [False, True])
+async def test_gemini_request_bodies_are_the_sdks(vertexai: bool) -> None:
+    """The converters fed the parameters as a dict (gemini_raw.hop_request) build the body and
+    path the SDK's own `_generate_content` builds from its pydantic parameters."""
+    pytest.importorskip("google.genai", reason="the google-genai SDK is not installed")
+    from gengate.providers import gemini_raw
+    from gengate.providers.gemini import GeminiBackend
+    from google.genai import _common, models, types
+
+    options: dict[str, Any] = {"model": "gemini-test", "api_key": SecretStr("k"), "vertexai": vertexai}
+    backend = GeminiBackend("gemini", GeminiBackend.Options(**options))
+    await backend.start()
+    try:
+        api = backend.client.aio.models._api_client
+        convert = (
+            models._GenerateContentParameters_to_vertex
+            if vertexai
+            else models._GenerateContentParameters_to_mldev
+        )
+        for req in _gemini_requests():
+            request = backend._request(backend._prepare(req))
+            for token in (None, b"\xfftoken"):
+                path, body, http_options = gemini_raw.hop_request(
+                    api, request, stream=True, token=token, timeout_s=2.5
+                )
+                update: dict[str, Any] = {"http_options": types.HttpOptions(timeout=2500)}
+                if token:
+                    update["continuation_token"] = token
+                config = request["config"].model_copy(update=update)
+                params = types._GenerateContentParameters(
+                    model=request["model"], contents=request["contents"], config=config
+                )
+                want = convert(api, params, None, params)
+                assert path == "{model}:streamGenerateContent?alt=sse".format_map(want["_url"])
+                want.pop("config", None)
+                assert body == _common.encode_unserializable_types(_common.convert_to_dict(want))
+                assert params.config is not None and http_options == params.config.http_options
+                assert ("continuationToken" in body) is (token is not None)
+    finally:
+        await backend.aclose()
 
 
 # --- the backends against their fakes ------------------------------------------------------------
