@@ -22,6 +22,7 @@ tests/providers/test_raw_sdks.py fails by name if one goes.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -271,18 +272,21 @@ class _Clock:
 
 
 async def complete(client: genai.Client, request: Mapping[str, Any], timeout: float) -> Completion:
-    """A unary answer, its continuation hops followed and merged (module docstring)."""
+    """A unary answer, its continuation hops followed and merged (module docstring), within
+    `timeout` in all (as the SDK's aiohttp transport bounded a unary call in total, not each
+    read of it)."""
     clock = _Clock(timeout)
     enabled = request["config"].automatic_continuation is not False
     merged = _Merged()
     token: bytes | None = None
-    for _ in range(MAX_HOPS):
-        response = await open_hop(client, request, stream=False, token=token, timeout_s=clock.left())
-        answer = await rawhttp.read_object(response)
-        merged.add(answer)
-        token = resume_token(answer) if enabled else None
-        if token is None:
-            return merged.completion()
+    async with asyncio.timeout(timeout):
+        for _ in range(MAX_HOPS):
+            response = await open_hop(client, request, stream=False, token=token, timeout_s=clock.left())
+            answer = await rawhttp.read_object(response)
+            merged.add(answer)
+            token = resume_token(answer) if enabled else None
+            if token is None:
+                return merged.completion()
     raise _over_limit()
 
 
