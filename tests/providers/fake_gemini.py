@@ -9,10 +9,19 @@ unless `call_ids` is off), finishReason STOP as Gemini sends it, the first call'
 `thinking` puts thought parts (text, signature or "") first when the request asks for them
 (thinkingConfig.includeThoughts), streamed a word a chunk; `text_signature` signs the last text
 part (streamed on an empty text part of the final chunk, as Gemini does). Thinking is counted
-apart from the answer in `thoughtsTokenCount`, whether its text is shown or not."""
+apart from the answer in `thoughtsTokenCount`, whether its text is shown or not.
+
+Continuation, as the API does it past its per-request token limit: with `hop_words` set, each
+request serves at most that many words of each candidate's (text) answer; a hop that leaves some
+unsaid ends with finishReason CONTINUATION and a `continuationToken` on the first candidate, and
+the next request must send that token back (top-level `continuationToken`; an unknown one is a
+400). Each hop bills the prompt again. Streamed, `checkpoints` also puts a resumable token on
+each of the first candidate's chunks (no finish reason), as long decodes do mid-hop; `endless`
+asks to continue forever (a hostile upstream), each time with a new token."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -67,6 +76,10 @@ class FakeGemini:
         self.thinking: list[tuple[str, str]] = []  # (text, signature or "") of each thought part
         self.text_signature: str | None = None
         self.served = 0
+        self.hop_words: int | None = None
+        self.checkpoints = False
+        self.endless = False
+        self.held: dict[int, list[list[str]]] = {}  # answer id -> each candidate's words
 
     @staticmethod
     def _auth(rec: Recorded) -> bool:
@@ -121,6 +134,8 @@ class FakeGemini:
         n = int(config.get("candidateCount") or 1)
         thoughts = bool(config.get("thinkingConfig", {}).get("includeThoughts"))
         self.served += 1
+        if self.hop_words or self.endless or "continuationToken" in body:
+            return self._hop(body, method, model, n)
         turns = [self._turn(i, thoughts) for i in range(n)]
         prompt_tokens = sum(len(json.dumps(c).split()) for c in body["contents"])
         output_tokens = sum(len(words(self._said(t))) for t in turns)
@@ -190,3 +205,76 @@ class FakeGemini:
             if "text" in p and not p.get("thought") and p.get("thoughtSignature"):
                 return {"thoughtSignature": p["thoughtSignature"]}
         return {}
+
+    # --- continuation ---------------------------------------------------------------------------
+
+    @staticmethod
+    def token(answer: int, at: int) -> str:
+        """A continuation token (standard base64, as Google sends bytes): resume `answer` at word `at`."""
+        return base64.b64encode(json.dumps([answer, at]).encode()).decode()
+
+    def _hop(self, body: dict[str, Any], method: str, model: str, n: int) -> Json | Sse:
+        """One request of a continued answer: the words from the token's offset on, at most
+        `hop_words` of them (all of them without), then CONTINUATION or the finish reason."""
+        token = body.get("continuationToken")
+        if self.endless:
+            answer, at, held = 0, 0, [["more "] * 2] * n
+        elif token is None:
+            answer, at = self.served, 0
+            texts = [
+                self.answers.pop(0) if self.answers else f"Hello from the fake Gemini {i}" for i in range(n)
+            ]
+            held = self.held[answer] = [words(t) for t in texts]
+        else:
+            try:
+                answer, at = json.loads(base64.urlsafe_b64decode(token))
+                held = self.held[answer]
+            except (ValueError, KeyError, TypeError):
+                error = {"code": 400, "message": "Invalid continuation token.", "status": "INVALID_ARGUMENT"}
+                return Json({"error": error}, 400)
+        step = 1 if self.endless else self.hop_words or max(len(w) for w in held)
+        end = at + step
+        done = not self.endless and all(end >= len(w) for w in held)
+        pieces = [w[at:end] for w in held]
+        prompt_tokens = sum(len(json.dumps(c).split()) for c in body["contents"])
+        usage = {
+            "promptTokenCount": prompt_tokens,
+            "candidatesTokenCount": sum(len(p) for p in pieces),
+            "totalTokenCount": prompt_tokens + sum(len(p) for p in pieces),
+        }
+        resume = self.token(0, self.served) if self.endless else self.token(answer, end)
+
+        def ending(i: int) -> dict[str, Any]:
+            if done:
+                return {"finishReason": self.finish_reason}
+            return {"finishReason": "CONTINUATION", "continuationToken": resume} if i == 0 else {}
+
+        if method == "generateContent":
+            candidates = [
+                {"content": {"parts": [{"text": "".join(p)}], "role": "model"}, "index": i} | ending(i)
+                for i, p in enumerate(pieces)
+            ]
+            return Json({"candidates": candidates, "usageMetadata": usage, "modelVersion": model})
+        events: list[tuple[str | None, str]] = []
+        for k in range(max(len(p) for p in pieces)):
+            candidates = []
+            for i, p in enumerate(pieces):
+                if k < len(p):
+                    candidate: dict[str, Any] = {
+                        "content": {"parts": [{"text": p[k]}], "role": "model"},
+                        "index": i,
+                    }
+                    if i == 0 and self.checkpoints and not self.endless:
+                        candidate["continuationToken"] = self.token(answer, at + k + 1)
+                    candidates.append(candidate)
+            chunk = {"candidates": candidates, "usageMetadata": {"promptTokenCount": prompt_tokens}}
+            events.append((None, json.dumps(chunk)))
+        final = [
+            {"content": {"parts": [{"text": ""}], "role": "model"}, "index": i} | ending(i)
+            for i in range(len(pieces))
+            if done or i == 0
+        ]
+        events.append(
+            (None, json.dumps({"candidates": final, "usageMetadata": usage, "modelVersion": model}))
+        )
+        return Sse(events)

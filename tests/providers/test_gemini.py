@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("google.genai", reason="the google-genai SDK is not installed (extra: gengate[gemini])")
@@ -17,6 +21,8 @@ from gengate.domain import (
     ChoiceConstraint,
     Enforcement,
     FinishReason,
+    GenerationDelta,
+    GenerationEnd,
     GenerationRequest,
     GrammarConstraint,
     GrammarSyntax,
@@ -184,3 +190,212 @@ async def test_broken_stream_and_malformed_body(make: cc.Make, fake: FakeGemini)
     await cc.check_broken_stream(make, fake)
     fake.reset()
     await cc.check_malformed(make, fake)
+
+
+# --- the raw path: continuation as the SDK follows it, errors as the SDK raised them ------------
+
+
+@contextlib.asynccontextmanager
+async def sdk_client(fake: FakeGemini, *, stream: bool = False) -> AsyncIterator[Any]:
+    """google-genai itself on the fake: what the backend did before its raw path (unary through
+    the SDK's default transport, aiohttp; a stream through an httpx client of its own)."""
+    from google import genai
+    from google.genai import types
+
+    async with httpx.AsyncClient() as http:
+        options = types.HttpOptions(
+            base_url=fake.server.base_url, httpx_async_client=http if stream else None
+        )
+        client = genai.Client(api_key=API_KEY, http_options=options)
+        try:
+            yield client
+        finally:
+            await client.aio.aclose()
+
+
+SAID = [{"role": "user", "parts": [{"text": "Say hello"}]}]  # cc.prompt() as the backend sends it
+LONG = "one two three four five six seven"
+
+
+def tokens_sent(fake: FakeGemini) -> list[Any]:
+    return [r.body.get("continuationToken") for r in fake.server.requests]
+
+
+async def test_continuation_unary_is_followed_and_merged_as_the_sdk_does(
+    make: cc.Make, fake: FakeGemini
+) -> None:
+    fake.hop_words = 3
+    fake.answers.append(LONG)
+    async with sdk_client(fake) as client:
+        sdk = await client.aio.models.generate_content(model="gemini-test", contents=SAID)
+    assert sdk.text == LONG and len(fake.server.requests) == 3
+    expected = tokens_sent(fake)
+    fake.reset()
+    fake.hop_words = 3
+    fake.answers.append(LONG)
+    result = await (await make()).generate(cc.prompt())
+    g = result.generations[0]
+    assert (g.text, g.finish_reason) == (LONG, FinishReason.STOP)
+    meta = sdk.usage_metadata
+    assert meta is not None and meta.prompt_token_count is not None
+    # Each hop bills the prompt again; the SDK sums the hops' counts, and so does gengate.
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (
+        meta.prompt_token_count,
+        meta.candidates_token_count,
+    )
+    # Each hop after the first sends back the token the one before gave, as the SDK sent it.
+    assert tokens_sent(fake) == expected and expected[0] is None and None not in expected[1:]
+
+
+async def test_continuation_streamed_flows_across_hops_as_the_sdk_does(
+    make: cc.Make, fake: FakeGemini
+) -> None:
+    for checkpoints in (False, True):
+        fake.reset()
+        fake.hop_words, fake.checkpoints = 2, checkpoints
+        fake.answers.append(LONG)
+        sdk_text, sdk_usage, sdk_finishes = "", None, []
+        async with sdk_client(fake, stream=True) as client:
+            chunks = await client.aio.models.generate_content_stream(model="gemini-test", contents=SAID)
+            async for chunk in chunks:
+                sdk_text += chunk.text or ""
+                sdk_usage = chunk.usage_metadata or sdk_usage
+                sdk_finishes += [c.finish_reason for c in chunk.candidates or () if c.finish_reason]
+        assert sdk_text == LONG and len(sdk_finishes) == 1 and sdk_usage is not None
+        fake.reset()
+        fake.hop_words, fake.checkpoints = 2, checkpoints
+        fake.answers.append(LONG)
+        events = await cc.collect((await make()).generate_stream(cc.prompt()))
+        assert "".join(e.text for e in events if isinstance(e, GenerationDelta)) == LONG
+        ends = [e for e in events if isinstance(e, GenerationEnd)]
+        assert [e.finish_reason for e in ends] == [FinishReason.STOP], checkpoints
+        assert (ends[0].usage.input_tokens, ends[0].usage.output_tokens) == (
+            sdk_usage.prompt_token_count,
+            sdk_usage.candidates_token_count,
+        )
+        assert len(fake.server.requests) == 4  # 7 words, 2 a hop
+
+
+async def test_a_broken_stream_resumes_from_its_checkpoint_as_the_sdk_does(
+    make: cc.Make, fake: FakeGemini
+) -> None:
+    from fakehttp import Fault
+
+    def broken_after_three_words() -> None:
+        fake.reset()
+        fake.hop_words, fake.checkpoints = 100, True  # one hop, a checkpoint on every chunk
+        fake.answers.append(LONG)
+        fake.server.fail_next(Fault(break_after=3))  # the connection drops after three words
+
+    broken_after_three_words()
+    async with sdk_client(fake, stream=True) as client:
+        chunks = await client.aio.models.generate_content_stream(model="gemini-test", contents=SAID)
+        assert "".join([c.text or "" async for c in chunks]) == LONG
+    sdk_tokens = tokens_sent(fake)
+    broken_after_three_words()
+    events = await cc.collect((await make(max_retries=0)).generate_stream(cc.prompt()))
+    assert "".join(e.text for e in events if isinstance(e, GenerationDelta)) == LONG
+    assert [e.finish_reason for e in events if isinstance(e, GenerationEnd)] == [FinishReason.STOP]
+    assert tokens_sent(fake) == sdk_tokens and len(sdk_tokens) == 2
+    assert base64.urlsafe_b64decode(sdk_tokens[1]) == base64.b64decode(FakeGemini.token(1, 3))
+    # Without a checkpoint there is nothing to resume from: the break is an error, as before.
+    fake.reset()
+    fake.answers.append(LONG)
+    fake.server.fail_next(Fault(break_after=3))
+    with pytest.raises(errors.GengateError):
+        await cc.collect((await make(max_retries=0)).generate_stream(cc.prompt()))
+    assert len(fake.server.requests) == 1
+
+
+async def test_an_endless_continuation_ends_at_the_hop_limit(
+    make: cc.Make, fake: FakeGemini, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gengate.providers import gemini_raw
+    from gengate.providers.errors import UPSTREAM_BAD_RESPONSE
+
+    monkeypatch.setattr(gemini_raw, "MAX_HOPS", 5)
+    fake.endless = True
+    backend = await make(max_retries=0)
+    for call in (backend.generate(cc.prompt()), cc.collect(backend.generate_stream(cc.prompt()))):
+        fake.server.reset()
+        with pytest.raises(errors.Unavailable) as info:
+            await call
+        assert info.value.reason == UPSTREAM_BAD_RESPONSE
+        assert "past gengate's limit of 5 requests" in info.value.message
+        assert len(fake.server.requests) == 5
+
+
+async def test_a_continuation_left_without_a_token_is_length(make: cc.Make, fake: FakeGemini) -> None:
+    from fakehttp import Fault
+
+    body = {"candidates": [{"content": {"parts": [{"text": "cut"}]}, "finishReason": "CONTINUATION"}]}
+    fake.server.fail_next(Fault(status=200, body=body))
+    result = await (await make()).generate(cc.prompt())
+    assert result.generations[0].finish_reason == FinishReason.LENGTH and len(fake.server.requests) == 1
+
+
+STATUS_FAULTS = {
+    "400": (400, {"error": {"code": 400, "message": "bad field x", "status": "INVALID_ARGUMENT"}}, {}, None),
+    "429": (
+        429,
+        {"error": {"code": 429, "message": "Resource has been exhausted", "status": "RESOURCE_EXHAUSTED"}},
+        {"retry-after": "7"},
+        None,
+    ),
+    "503 json": (503, {"error": {"code": 503, "message": "overloaded", "status": "UNAVAILABLE"}}, {}, None),
+    "503 html": (503, "<html>down</html>", {}, "text/html"),
+}
+
+
+@pytest.mark.parametrize("label", list(STATUS_FAULTS))
+async def test_status_errors_map_as_the_sdk_raised_them(make: cc.Make, fake: FakeGemini, label: str) -> None:
+    """400, 429 (retry-after), 503: the SDK's APIError, mapped, is the same error as before,
+    unary and streamed (the SDK driven directly stands for before)."""
+    from fakehttp import Fault
+    from google.genai import errors as genai_errors
+
+    status, body, headers, content_type = STATUS_FAULTS[label]
+
+    def fault() -> Fault:
+        return Fault(
+            status=status, body=body, headers=headers, content_type=content_type or "application/json"
+        )
+
+    backend = await make(max_retries=0)
+
+    def same(got: errors.GengateError, sdk: genai_errors.APIError) -> None:
+        want = backend.normalize_error(sdk)
+        assert type(got) is type(want), label
+        assert (got.reason, got.message, got.retry_after_s) == (want.reason, want.message, want.retry_after_s)
+        assert got.metadata == want.metadata
+
+    fake.server.fail_next(fault())
+    async with sdk_client(fake) as client:
+        with pytest.raises(genai_errors.APIError) as sdk_info:
+            await client.aio.models.generate_content(model="gemini-test", contents=SAID)
+    fake.server.fail_next(fault())
+    with pytest.raises(errors.GengateError) as info:
+        await backend.generate(cc.prompt())
+    same(info.value, sdk_info.value)
+    async with sdk_client(fake, stream=True) as client:
+        fake.server.fail_next(fault())
+        with pytest.raises(genai_errors.APIError) as sdk_info:
+            async for _ in await client.aio.models.generate_content_stream(
+                model="gemini-test", contents=SAID
+            ):
+                pass
+    fake.server.fail_next(fault())
+    with pytest.raises(errors.GengateError) as info:
+        await cc.collect(backend.generate_stream(cc.prompt()))
+    same(info.value, sdk_info.value)
+
+
+async def test_an_error_event_mid_stream_is_the_sdks_error(make: cc.Make, fake: FakeGemini) -> None:
+    from fakehttp import Fault
+
+    hey = {"candidates": [{"content": {"parts": [{"text": "Hey"}], "role": "model"}, "index": 0}]}
+    quota = {"error": {"code": 429, "message": "quota", "status": "RESOURCE_EXHAUSTED"}}
+    sse = "".join(f"data: {json.dumps(e)}\n\n" for e in (hey, quota))
+    fake.server.fail_next(Fault(status=200, body=sse, content_type="text/event-stream"))
+    with pytest.raises(errors.ResourceExhausted, match="quota"):
+        await cc.collect((await make(max_retries=0)).generate_stream(cc.prompt()))

@@ -1,4 +1,4 @@
-"""The raw provider path of the Mistral and TGI backends: their SDKs build and send the
+"""The raw provider path of the Mistral, TGI and Gemini backends: their SDKs build and send the
 request, gengate reads the answer (providers.rawhttp). First the SDK hooks each backend relies on,
 checked by name (a pinned SDK that drops one fails here, saying which); then each backend against
 its fake answering malformed, oversized and failing upstreams: UPSTREAM_BAD_RESPONSE naming the
@@ -19,6 +19,7 @@ from gengate import errors
 from gengate.domain import ChatMessage, GenerationDelta, GenerationRequest, Role, TextPart
 from gengate.providers import rawhttp
 from gengate.providers.errors import UPSTREAM_BAD_RESPONSE, UPSTREAM_PROTOCOL
+from pydantic import SecretStr
 
 # --- the SDK hooks, by name ----------------------------------------------------------------------
 
@@ -94,6 +95,132 @@ def test_huggingface_hub_hooks_are_there() -> None:
     _has(_http, "hf_raise_for_status")
     _has(_common, "raise_text_generation_error")
     _has(_common, "_parse_text_generation_error")
+
+
+def test_google_genai_hooks_are_there() -> None:
+    """The request path providers.gemini_raw drives, and the continuation it re-implements."""
+    pytest.importorskip("google.genai", reason="the google-genai SDK is not installed")
+    from gengate.providers import gemini_raw
+    from google import genai
+    from google.genai import _api_client, _common, _extra_utils, models, types
+    from google.genai import errors as genai_errors
+
+    converter = ("api_client", "from_object", "parent_object", "root_object")
+    _has(models, "_GenerateContentParameters_to_mldev", *converter)
+    _has(models, "_GenerateContentParameters_to_vertex", *converter)
+    _has(types, "_GenerateContentParameters")
+    assert {"model", "contents", "config"} <= set(types._GenerateContentParameters.model_fields)
+    _has(_common, "convert_to_dict", "obj")
+    _has(_common, "encode_unserializable_types", "data")
+    _has(_api_client.BaseApiClient, "_build_request", "http_method", "path", "request_dict", "http_options")
+    _has(_api_client.BaseApiClient, "_async_request", "http_request", "http_options", "stream")
+    _has(_api_client.HttpResponse, "__init__", "headers", "response_stream")
+    _has(genai_errors.APIError, "raise_error_async", "status_code", "response_json", "response")
+    client = genai.Client(api_key="k")
+    assert isinstance(client.aio.models._api_client, _api_client.BaseApiClient)
+    assert {"continuation_token", "automatic_continuation"} <= set(types.GenerateContentConfig.model_fields)
+    assert types.FinishReason.CONTINUATION.value == gemini_raw.CONTINUATION
+    # The SDK's own continuation, which the raw path does in its place: still there, still so.
+    _has(models.AsyncModels, "_generate_content_with_continuation", "model", "contents", "config")
+    _has(models.AsyncModels, "_generate_content_stream_with_continuation", "model", "contents", "config")
+    for name in ("should_continue_generation", "merge_continuation_responses", "is_resumable_finish_reason"):
+        _has(_extra_utils, name)
+    _has(_extra_utils.StreamContinuation, "end_hop", "error")
+    assert _extra_utils.MAX_STREAM_RECONNECTS_WITHOUT_PROGRESS == gemini_raw.MAX_STALLS
+
+
+def _gemini_requests() -> list[GenerationRequest]:
+    """Requests using every part of the Gemini request gengate builds."""
+    import base64
+
+    from gengate.domain import (
+        ImagePart,
+        JsonSchemaConstraint,
+        Reasoning,
+        ReasoningControl,
+        SamplingParams,
+        StoppingCriteria,
+        StructuredOutput,
+        ToolCall,
+        ToolChoice,
+    )
+    from tool_requests import CLOCK, PARIS, WEATHER, ask
+
+    signed = Reasoning("thinking", ("call:0:" + base64.urlsafe_b64encode(b"\xfb\xffsig").decode(),))
+    turns = (
+        ChatMessage(Role.SYSTEM, (TextPart("Be brief."),)),
+        ChatMessage(Role.USER, (TextPart("Weather?"), ImagePart(data=b"\x89PNG", mime_type="image/png"))),
+        ChatMessage(Role.ASSISTANT, (), tool_calls=(ToolCall("c1", "get_weather", PARIS),), reasoning=signed),
+        ChatMessage(Role.TOOL, (TextPart('{"temp": 21}'),), tool_call_id="c1"),
+        ChatMessage(Role.USER, (ImagePart(url="gs://b/cat.png", mime_type="image/png"),)),
+    )
+    sampling = SamplingParams(temperature=0.5, top_p=0.9, top_k=40, seed=7, presence_penalty=0.1)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    return [
+        chat(),
+        ask(
+            WEATHER,
+            CLOCK,
+            tool_choice=ToolChoice(name="get_time"),
+            reasoning=ReasoningControl(budget_tokens=64),
+        ),
+        GenerationRequest(
+            model="m",
+            messages=turns,
+            n=2,
+            sampling=sampling,
+            stopping=StoppingCriteria(max_tokens=50, stop=("END",)),
+            tools=(WEATHER,),
+            reasoning=ReasoningControl(enabled=True),
+        ),
+        GenerationRequest(
+            model="m",
+            messages=turns[:2],
+            structured_output=StructuredOutput(JsonSchemaConstraint(schema)),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("vertexai", [False, True])
+async def test_gemini_request_bodies_are_the_sdks(vertexai: bool) -> None:
+    """The converters fed the parameters as a dict (gemini_raw.hop_request) build the body and
+    path the SDK's own `_generate_content` builds from its pydantic parameters."""
+    pytest.importorskip("google.genai", reason="the google-genai SDK is not installed")
+    from gengate.providers import gemini_raw
+    from gengate.providers.gemini import GeminiBackend
+    from google.genai import _common, models, types
+
+    options: dict[str, Any] = {"model": "gemini-test", "api_key": SecretStr("k"), "vertexai": vertexai}
+    backend = GeminiBackend("gemini", GeminiBackend.Options(**options))
+    await backend.start()
+    try:
+        api = backend.client.aio.models._api_client
+        convert = (
+            models._GenerateContentParameters_to_vertex
+            if vertexai
+            else models._GenerateContentParameters_to_mldev
+        )
+        for req in _gemini_requests():
+            request = backend._request(backend._prepare(req))
+            for token in (None, b"\xfftoken"):
+                path, body, http_options = gemini_raw.hop_request(
+                    api, request, stream=True, token=token, timeout_s=2.5
+                )
+                update: dict[str, Any] = {"http_options": types.HttpOptions(timeout=2500)}
+                if token:
+                    update["continuation_token"] = token
+                config = request["config"].model_copy(update=update)
+                params = types._GenerateContentParameters(
+                    model=request["model"], contents=request["contents"], config=config
+                )
+                want = convert(api, params, None, params)
+                assert path == "{model}:streamGenerateContent?alt=sse".format_map(want["_url"])
+                want.pop("config", None)
+                assert body == _common.encode_unserializable_types(_common.convert_to_dict(want))
+                assert params.config is not None and http_options == params.config.http_options
+                assert ("continuationToken" in body) is (token is not None)
+    finally:
+        await backend.aclose()
 
 
 # --- the backends against their fakes ------------------------------------------------------------
@@ -201,7 +328,60 @@ def _tgi() -> Case:
     )
 
 
-CASES = {"mistral": _mistral, "tgi": _tgi}
+def _gemini_answer(*parts: Any, **candidate: Any) -> dict[str, Any]:
+    good = {"content": {"parts": list(parts) or [{"text": "hi"}], "role": "model"}, "index": 0}
+    return {"candidates": [good | {"finishReason": "STOP"} | candidate]}
+
+
+def _gemini() -> Case:
+    pytest.importorskip("google.genai", reason="the google-genai SDK is not installed")
+    from fake_gemini import API_KEY, FakeGemini
+    from gengate.providers.gemini import GeminiBackend
+
+    def chunk(text: Any) -> dict[str, Any]:
+        return {"candidates": [{"content": {"parts": [{"text": text}], "role": "model"}, "index": 0}]}
+
+    return Case(
+        name="Gemini",
+        backend=lambda: GeminiBackend,
+        fake=FakeGemini,
+        options=lambda f: {"model": "gemini-test", "base_url": f.server.base_url, "api_key": API_KEY},
+        request=cc.prompt,
+        malformed={
+            "no JSON": ('{"candidates": [', "is no JSON"),
+            "a list": ([{"candidates": []}], "is a JSON list, not an object"),
+            "candidates an object": ({"candidates": {"0": {}}}, "`candidates` is a object, not a list"),
+            "content a list": ({"candidates": [{"content": []}]}, "`content` is a list, not an object"),
+            "parts text": ({"candidates": [{"content": {"parts": "hi"}}]}, "`parts` is a string, not a list"),
+            "text a number": (_gemini_answer({"text": 7}), "`text` is a number"),
+            "thought a string": (_gemini_answer({"text": "x", "thought": "yes"}), "`thought` is a string"),
+            "call name a number": (_gemini_answer({"functionCall": {"name": 5}}), "`name` is a number"),
+            "call args a list": (
+                _gemini_answer({"functionCall": {"name": "f", "args": [1]}}),
+                "`args` is a list, not an object",
+            ),
+            "signature no base64": (
+                _gemini_answer({"text": "x", "thoughtSignature": "!!"}),
+                "`thoughtSignature` is no base64",
+            ),
+            "finish reason a number": (_gemini_answer(finishReason=3), "`finishReason` is a number"),
+            "index text": (_gemini_answer(index="0"), "`index` is a string"),
+            "continuation token a number": (
+                _gemini_answer(finishReason="CONTINUATION", continuationToken=5),
+                "`continuationToken` is a number",
+            ),
+            "usage text": (
+                _gemini_answer() | {"usageMetadata": {"promptTokenCount": "3", "candidatesTokenCount": 1}},
+                "`promptTokenCount` is a string",
+            ),
+        },
+        good_event=chunk("Hey"),
+        bad_event=(chunk(["x"]), "`text` is a list"),
+        error_body={"error": {"code": 429, "message": "slow down", "status": "RESOURCE_EXHAUSTED"}},
+    )
+
+
+CASES = {"mistral": _mistral, "tgi": _tgi, "gemini": _gemini}
 
 
 @pytest.fixture(scope="module", params=list(CASES))

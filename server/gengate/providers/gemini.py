@@ -11,6 +11,9 @@ functionResponse parts out. Gemini has no parallel-calls switch: with parallel_t
 the server's validation (at most one call) and its re-ask enforce it. Thinking is set by
 `thinkingConfig` (budget, level, off) and comes back as the generation's reasoning, with the
 thought signatures Gemini requires back beside its calls (the wire forms: providers.gemini_wire).
+
+The SDK builds and sends each request; gengate reads the answer's JSON and event stream itself,
+bounded, and follows continuation hops as google-genai 3.x would (providers.gemini_raw).
 """
 
 from __future__ import annotations
@@ -30,29 +33,23 @@ from gengate.domain import (
     ChoiceConstraint,
     ConstraintKind,
     Enforcement,
-    FinishReason,
-    Generation,
     GenerationRequest,
     JsonObjectConstraint,
     JsonSchemaConstraint,
     ReasoningControl,
     Role,
     StructuredOutput,
-    Usage,
 )
+from gengate.providers import gemini_raw as raw
 from gengate.providers import gemini_wire as wire
 from gengate.providers import structured as so
 from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
     Chunk,
-    ChunkEnd,
-    ChunkText,
-    ChunkUsage,
     Completion,
     ProviderBackend,
     ProviderCall,
     ProviderOptions,
-    map_finish_reason,
 )
 from gengate.providers.errors import from_status, parse_retry_after
 
@@ -140,22 +137,6 @@ def _retry_delay(details: Any) -> float | None:
     return None
 
 
-# Finish reasons of a failed function call: Gemini gives no call, and no answer either.
-_CALL_FAILED = frozenset(
-    {"MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "TOO_MANY_TOOL_CALLS", "MISSING_THOUGHT_SIGNATURE"}
-)
-
-
-def _finish(candidate: Any) -> FinishReason:
-    """The candidate's finish reason; one that says its function call failed is ERROR (a call
-    made stops with STOP, which settling turns into TOOL_CALLS)."""
-    reason = candidate.finish_reason
-    raw = reason.value if reason is not None else None
-    if raw in _CALL_FAILED:
-        return FinishReason.ERROR
-    return map_finish_reason(raw)
-
-
 class GeminiBackend(ProviderBackend):
     """Gemini models over generateContent / streamGenerateContent (Gemini API or Vertex AI)."""
 
@@ -178,6 +159,7 @@ class GeminiBackend(ProviderBackend):
     def __init__(self, name: str, options: ProviderOptions) -> None:
         super().__init__(name, options)
         self._client: genai.Client | None = None
+        self._http: httpx.AsyncClient | None = None
 
     @property
     def opts(self) -> GeminiOptions:
@@ -187,7 +169,12 @@ class GeminiBackend(ProviderBackend):
     async def start(self) -> None:
         if not self.opts.vertexai:  # Vertex AI authenticates with Google credentials, keys optional
             await super().start()
-        self._client = genai.Client(**self._client_kwargs())
+        # One pool for unary and streamed calls (gengate closes each response it reads); no
+        # connection cap, as each stream had its own client before.
+        self._http = raw.BoundedClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=20)
+        )
+        self._client = genai.Client(**self._client_kwargs(self._http))
 
     def _client_kwargs(self, http_client: httpx.AsyncClient | None = None) -> dict[str, Any]:
         http_kwargs: dict[str, Any] = {
@@ -205,9 +192,13 @@ class GeminiBackend(ProviderBackend):
         return kwargs
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aio.aclose()
-            self._client = None
+        try:
+            if self._client is not None:
+                await self._client.aio.aclose()
+        finally:
+            if self._http is not None:
+                await self._http.aclose()
+            self._client = self._http = None
 
     @property
     def client(self) -> genai.Client:
@@ -292,61 +283,8 @@ class GeminiBackend(ProviderBackend):
         generation_config = types.GenerateContentConfig(**{k: v for k, v in config.items() if v is not None})
         return {"model": self.options.model, "contents": contents, "config": generation_config}
 
-    @staticmethod
-    def _usage(response: Any) -> Usage | None:
-        """Prompt and output tokens; thinking counts as output (billed so, as other providers
-        count it), though Gemini reports it apart (`thoughtsTokenCount`)."""
-        meta = response.usage_metadata
-        if meta is None or meta.candidates_token_count is None:
-            return None
-        output = meta.candidates_token_count + (meta.thoughts_token_count or 0)
-        return Usage(meta.prompt_token_count or 0, output)
-
     async def _complete(self, call: ProviderCall) -> Completion:
-        response = await self.client.aio.models.generate_content(**self._request(call))
-        generations = []
-        for c in response.candidates or []:
-            got = wire.CandidateParts()
-            got.add(c.content)
-            generations.append(
-                Generation(
-                    index=c.index or 0,
-                    text="".join(got.text),
-                    finish_reason=_finish(c),
-                    tool_calls=tuple(got.calls),
-                    reasoning=got.reasoning(),
-                )
-            )
-        return Completion(sorted(generations, key=lambda g: g.index), self._usage(response))
+        return await raw.complete(self.client, self._request(call), call.timeout)
 
-    async def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
-        """Text and thought text as they come; a function call whole, as Gemini sends it, as one
-        fragment; the turn's signature entries with its end."""
-        # The SDK's stream nests generators, so closing ours would leave the HTTP response open
-        # until garbage collection: each stream gets its own connection, closed in `finally`.
-        http = httpx.AsyncClient(timeout=call.timeout)
-        client = genai.Client(**self._client_kwargs(http))
-        stream: Any = None
-        turns: dict[int, wire.CandidateParts] = {}
-        try:
-            stream = await client.aio.models.generate_content_stream(**self._request(call))
-            async for response in stream:
-                for candidate in response.candidates or []:
-                    index = candidate.index or 0
-                    got = turns.setdefault(index, wire.CandidateParts())
-                    text, thought, calls = got.add(candidate.content)
-                    if text or thought or calls:
-                        yield ChunkText(index, text, tool_calls=calls, reasoning=thought)
-                    if candidate.finish_reason is not None:
-                        reasoning = got.reasoning()
-                        signatures = reasoning.signatures if reasoning is not None else ()
-                        yield ChunkEnd(index, _finish(candidate), reasoning_signatures=signatures)
-                usage = self._usage(response)
-                if usage is not None:
-                    yield ChunkUsage(usage.input_tokens, usage.output_tokens)
-        finally:
-            try:
-                if stream is not None:
-                    await stream.aclose()
-            finally:
-                await http.aclose()
+    def _stream(self, call: ProviderCall) -> AsyncIterator[Chunk]:
+        return raw.stream(self.client, self._request(call), call.timeout, self.label)

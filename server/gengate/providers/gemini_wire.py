@@ -1,6 +1,7 @@
-"""The Gemini wire format for chat turns, tools and thinking, both directions, as `google-genai`
-types: function declarations, the function-calling config and the thinking config out; the
-parts of a candidate (text, thoughts, function calls, thought signatures) in, unary and streamed.
+"""The Gemini wire format for chat turns, tools and thinking, both directions: out as
+`google-genai` types (the SDK builds the request), function declarations, the function-calling
+config and the thinking config; in as the answer's own JSON (gengate reads it, providers.rawhttp),
+the parts of a candidate (text, thoughts, function calls, thought signatures), unary and streamed.
 
 Thought signatures: Gemini puts an opaque `thoughtSignature` on some parts of a turn (the first
 functionCall part of every turn that calls, a thought part, the last text part) and requires the
@@ -39,7 +40,9 @@ from gengate.domain import (
     ToolChoiceMode,
 )
 from gengate.errors import FieldViolation
+from gengate.providers import rawhttp
 from gengate.providers.anthropic_wire import arguments_object
+from gengate.providers.errors import UnreadableAnswer
 
 CALL = "call:"
 THOUGHT = "thought:"
@@ -252,10 +255,32 @@ def _encoded(signature: bytes | None) -> str:
     return base64.urlsafe_b64encode(signature).decode("ascii") if signature else ""
 
 
+_URL_SAFE = str.maketrans("-_", "+/")
+
+
+def b64_bytes(obj: Any, name: str) -> bytes | None:
+    """A bytes field of an answer (base64 in JSON, either alphabet, padding optional, as the SDK
+    reads it); None when absent or empty. Not base64: UnreadableAnswer naming the field."""
+    value = rawhttp.text(obj, name)
+    if not value:
+        return None
+    try:
+        return base64.b64decode(value.translate(_URL_SAFE) + "=" * (-len(value) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise UnreadableAnswer(f"`{name}` is no base64") from None
+
+
+def _arguments(call: Any) -> str:
+    """A functionCall's `args` (an object; absent: none) as JSON text, as gengate carries them."""
+    args = rawhttp.member(call, "args")
+    return json.dumps(args or {}, ensure_ascii=False)
+
+
 @dataclass
 class CandidateParts:
-    """The parts of one candidate, fed in order (a unary content at once, or chunk by chunk):
-    text, thought text, function calls numbered across the turn, and the signature entries."""
+    """The parts of one candidate, fed in order (a unary content at once, or chunk by chunk, and
+    across continuation hops): text, thought text, function calls numbered across the turn, and
+    the signature entries. Contents are the answer's JSON (`content` objects, camelCase)."""
 
     text: list[str] = field(default_factory=list)
     thoughts: list[str] = field(default_factory=list)
@@ -264,26 +289,26 @@ class CandidateParts:
 
     def add(self, content: Any) -> tuple[str, str, tuple[ToolCallDelta, ...]]:
         """One content's parts recorded; returns its text, thought text and calls (each whole,
-        as Gemini sends them, as one fragment)."""
+        as Gemini sends them, as one fragment). A field of the wrong kind: UnreadableAnswer."""
         text: list[str] = []
         thought: list[str] = []
         deltas: list[ToolCallDelta] = []
-        for part in (content.parts if content is not None else None) or ():
-            signature = _encoded(part.thought_signature)
-            if part.function_call is not None:
-                fc = part.function_call
+        for part in rawhttp.objects(content, "parts") if content is not None else ():
+            signature = _encoded(b64_bytes(part, "thoughtSignature"))
+            fc = rawhttp.member(part, "functionCall")
+            if fc is not None:
                 index = len(self.calls)
-                call = ToolCall(fc.id or "", fc.name or "", json.dumps(fc.args or {}, ensure_ascii=False))
+                call = ToolCall(rawhttp.text(fc, "id"), rawhttp.text(fc, "name"), _arguments(fc))
                 self.calls.append(call)
                 deltas.append(ToolCallDelta(index, call.id, call.name, call.arguments))
                 if signature:
                     self.entries.append(f"{CALL}{index}:{signature}")
-            elif part.thought:
-                thought.append(part.text or "")
+            elif rawhttp.flag(part, "thought"):
+                thought.append(rawhttp.text(part, "text"))
                 if signature:
                     self.entries.append(THOUGHT + signature)
-            elif part.text is not None:
-                text.append(part.text)
+            elif (said := rawhttp.optional_text(part, "text")) is not None:
+                text.append(said)
                 if signature:
                     self.entries.append(TEXT + signature)
         self.text.extend(text)

@@ -227,6 +227,14 @@ def optional_text(obj: Any, name: str) -> str | None:
     return None if value is None else text(obj, name)
 
 
+def flag(obj: Any, name: str) -> bool | None:
+    """A boolean field (None when absent or null)."""
+    value = field(obj, name)
+    if value is None or isinstance(value, bool):
+        return value
+    raise UnreadableAnswer(f"`{name}` is a {_kind(value)}, not a boolean")
+
+
 def integer(obj: Any, name: str) -> int | None:
     """A whole-number field (None when absent or null)."""
     value = field(obj, name)
