@@ -61,6 +61,10 @@ async def test_stream_usage_in_final_frame(make: cc.Make, fake: FakeGemini) -> N
     assert rec.path.endswith(":streamGenerateContent") and rec.query.get("alt") == "sse"
 
 
+async def test_streams_keep_the_upstream_connection(make: cc.Make, fake: FakeGemini) -> None:
+    await cc.check_streams_keep_the_connection(make, fake)
+
+
 async def test_n2_native_candidate_count(make: cc.Make, fake: FakeGemini) -> None:
     await cc.check_n2(make, fake, native=True)
     assert fake.server.requests[0].body["generationConfig"]["candidateCount"] == 2
@@ -323,6 +327,25 @@ async def test_an_endless_continuation_ends_at_the_hop_limit(
         assert info.value.reason == UPSTREAM_BAD_RESPONSE
         assert "past gengate's limit of 5 requests" in info.value.message
         assert len(fake.server.requests) == 5
+
+
+async def test_a_continued_answer_is_bounded_in_all_its_hops(
+    make: cc.Make, fake: FakeGemini, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merged answer holds every hop's text: the body limit counts them together, so a hostile
+    upstream cannot make gengate hold MAX_HOPS bodies of the limit each."""
+    from gengate.providers import rawhttp
+    from gengate.providers.errors import UPSTREAM_BAD_RESPONSE
+
+    fake.hop_words = 3
+    fake.answers.append(LONG)
+    # A hop's body here is ~300 bytes (three words, usage, a token): one fits, two do not.
+    monkeypatch.setattr(rawhttp, "MAX_BODY_BYTES", 450)
+    with pytest.raises(errors.Unavailable) as info:
+        await (await make(max_retries=0)).generate(cc.prompt())
+    assert info.value.reason == UPSTREAM_BAD_RESPONSE
+    assert f"continued over {len(fake.server.requests)} requests" in info.value.message
+    assert len(fake.server.requests) > 1
 
 
 async def test_a_continuation_left_without_a_token_is_length(make: cc.Make, fake: FakeGemini) -> None:

@@ -279,10 +279,21 @@ async def complete(client: genai.Client, request: Mapping[str, Any], timeout: fl
     enabled = request["config"].automatic_continuation is not False
     merged = _Merged()
     token: bytes | None = None
+    left = rawhttp.MAX_BODY_BYTES  # for all hops together: a merged answer holds them all
     async with asyncio.timeout(timeout):
-        for _ in range(MAX_HOPS):
+        for hop in range(MAX_HOPS):
             response = await open_hop(client, request, stream=False, token=token, timeout_s=clock.left())
-            answer = await rawhttp.read_object(response)
+            try:
+                body = await rawhttp.read_body(response, left)
+            except UnreadableAnswer:
+                if hop == 0:
+                    raise
+                raise UnreadableAnswer(
+                    f"its answer, continued over {hop + 1} requests, is over gengate's limit of "
+                    f"{rawhttp.MAX_BODY_BYTES} bytes in all"
+                ) from None
+            left -= len(body)
+            answer = rawhttp.loads_object(body)
             merged.add(answer)
             token = resume_token(answer) if enabled else None
             if token is None:
