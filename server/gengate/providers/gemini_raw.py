@@ -81,17 +81,8 @@ class BoundedClient(httpx.AsyncClient):
         response = await super().send(request, **kwargs)
         if response.status_code == 200:  # what the SDK's raise_for_async_response lets through
             return response
-        body = await rawhttp.read_body(response)
-        # The body is decoded already: its encoding and length headers no longer describe it.
-        headers = [
-            (k, v)
-            for k, v in response.headers.multi_items()
-            if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")
-        ]
-        extensions = {k: v for k, v in response.extensions.items() if k in ("http_version", "reason_phrase")}
-        return httpx.Response(
-            response.status_code, headers=headers, content=body, request=request, extensions=extensions
-        )
+        read: httpx.Response = await rawhttp.read_error(response)
+        return read
 
 
 def hop_request(

@@ -87,11 +87,15 @@ async def read_error(response: Any) -> Any:
     the same (httpx or httpx2) class, for an SDK's error parsing to read as it reads its own."""
     body = await read_body(response)
     # The body is decoded already: the copy must not say it is compressed, or how long it was.
-    headers = [(k, v) for k, v in response.headers.items() if k.lower() not in _BODY_HEADERS]
-    return type(response)(response.status_code, headers=headers, content=body, request=response.request)
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _BODY_HEADERS]
+    extensions = {k: v for k, v in response.extensions.items() if k in _KEPT_EXTENSIONS}
+    return type(response)(
+        response.status_code, headers=headers, content=body, request=response.request, extensions=extensions
+    )
 
 
 _BODY_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+_KEPT_EXTENSIONS = frozenset({"http_version", "reason_phrase"})
 
 
 def loads(data: bytes | str, what: str = "its body") -> Any:
