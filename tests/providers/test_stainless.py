@@ -179,6 +179,19 @@ async def test_each_call_keeps_its_own_timeout_and_headers(case: Case) -> None:
     assert "x-trace" not in second.headers and _sent(second) == _sent(own)  # the client's own timeout
 
 
+async def test_past_the_template_limit_a_call_goes_the_sdks_way(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stainless, "_MAX_TEMPLATES", 1)
+    posts = case.posts()
+    other = {**case.body, "model": "another-model"}
+    for body in (case.body, other, other):
+        assert await rawhttp.read_object(await posts.post(case.path, body, case.options))
+    assert len(posts._templates) == 1
+    sent = [r.body["model"] for r in case.server.requests[-3:]]
+    assert sent == [case.body["model"], "another-model", "another-model"]
+
+
 # --- the same errors -----------------------------------------------------------------------------
 
 

@@ -39,6 +39,9 @@ PER_REQUEST_AUTH = (
 )
 # The request options a prepared copy can carry; any other goes the SDK's whole way.
 _COPIED_OPTIONS = frozenset({"timeout", "headers", "security"})
+# Templates kept per client (route x model x auth scheme: a handful from the config); past this
+# many, a call goes the SDK's whole way instead of growing the cache.
+_MAX_TEMPLATES = 64
 # Headers the SDK writes from a request's own timeout: its read timeout (openai, anthropic), and
 # the timeout as given (anthropic).
 _READ_TIMEOUT = "x-stainless-read-timeout"
@@ -112,6 +115,8 @@ class PreparedPosts:
         key = (path, body.get("model"), tuple(sorted(security.items())) if security else None)
         template = self._templates.get(key)
         if template is None:
+            if len(self._templates) >= _MAX_TEMPLATES:
+                return await rawhttp.post(self.client, path, body, options)
             template = await self._template(key, path, body, options)
         headers = template.headers.copy()
         extra = options.get("headers")
@@ -160,6 +165,6 @@ class PreparedPosts:
             prepared = await client._prepare_options(self.sdk.final_request_options.construct(**fields))
             template = client._build_request(prepared, retries_taken=0)
             await client._prepare_request(template)
-            del template.headers["content-length"]
+            template.headers.pop("content-length", None)
             self._templates[key] = template
             return template
