@@ -77,7 +77,7 @@ def prepare(
             )
         if request.logprobs > caps.max_top_logprobs:
             violations.append(FieldViolation("logprobs", f"at most {caps.max_top_logprobs} top alternatives"))
-    for key in request.backend_options:
+    for key, value in request.backend_options.items():
         if key not in caps.backend_options:
             known = ", ".join(sorted(caps.backend_options)) or "none"
             violations.append(
@@ -86,6 +86,9 @@ def prepare(
                     f"unknown option {echo(key, 64)} (this model takes: {known})",
                 )
             )
+        elif isinstance(value, float) and not math.isfinite(value):
+            # JSON has no NaN or infinity: a provider's body would carry null, or not be sent.
+            violations.append(FieldViolation(f"backend_options[{key[:64]}]", "must be a finite number"))
     violations += tools.shape_violations(request)
     violations += _reasoning_violations(request)
     if violations:

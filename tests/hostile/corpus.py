@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -665,6 +666,16 @@ CASES: list[Case] = [
     Case(
         "backend option with no value",
         lambda: with_field(req(), lambda m: m.backend_options["min_tokens"].CopyFrom(t.BackendOptionValue())),
+        INVALID,
+        None,
+        "backend_options[min_tokens]",
+    ),
+    Case(
+        "backend option NaN (no JSON for it)",
+        lambda: with_field(
+            req(),
+            lambda m: m.backend_options["min_tokens"].CopyFrom(t.BackendOptionValue(double_value=math.nan)),
+        ),
         INVALID,
         None,
         "backend_options[min_tokens]",

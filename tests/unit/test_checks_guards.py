@@ -202,6 +202,9 @@ def test_an_unknown_backend_option_is_named_and_a_known_one_passes() -> None:
     # The field path carries at most 64 characters of a caller's key.
     assert _invalid(_req(backend_options={long_key: 1})) == [f"backend_options[{'k' * 64}]"]
     assert prepare(_req(backend_options={"mirostat": 2}), CAPS).backend_options == {"mirostat": 2}
+    for bad in (math.nan, math.inf, -math.inf):  # JSON has none of them
+        assert _invalid(_req(backend_options={"mirostat": bad})) == ["backend_options[mirostat]"]
+    assert prepare(_req(backend_options={"mirostat": 0.5}), CAPS).backend_options == {"mirostat": 0.5}
 
 
 def test_every_violation_of_a_request_is_listed_in_one_refusal() -> None:
