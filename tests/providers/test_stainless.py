@@ -179,6 +179,50 @@ async def test_each_call_keeps_its_own_timeout_and_headers(case: Case) -> None:
     assert "x-trace" not in second.headers and _sent(second) == _sent(own)  # the client's own timeout
 
 
+async def test_a_copy_carries_its_own_body_and_the_template_none(case: Case) -> None:
+    """A template is built for a body of the model alone: a later call's body is its own, and no
+    caller's prompt stays behind in the template."""
+    posts = case.posts()
+    other = {**case.body, "messages": [{"role": "user", "content": "a second, different prompt"}]}
+    for body in (case.body, other):
+        assert await rawhttp.read_object(await posts.post(case.path, body, case.options))
+    first, second = case.server.requests[-2:]
+    assert json.loads(first.raw) == case.body and json.loads(second.raw) == other
+    (template,) = posts._templates.values()
+    assert b"prompt" not in template.content and "héllo".encode() not in template.content
+
+
+async def test_a_copy_sends_the_clients_cookies_as_they_are_now(case: Case) -> None:
+    """httpx writes the jar's cookies into each request it builds (a load balancer's sticky
+    session, Cloudflare's __cf_bm): a copy sends the jar as it is when it is sent, as the SDK's
+    own request does, never the template's."""
+    posts = case.posts()
+    sent = []
+    for value in ("one", "two"):
+        case.client._client.cookies.set("sticky", value)
+        for send in (
+            rawhttp.post(case.client, case.path, case.body, case.options),
+            posts.post(case.path, case.body, case.options),
+        ):
+            await (await send).aclose()
+        own, copy = case.server.requests[-2:]
+        sent.append((own.headers.get("cookie"), copy.headers.get("cookie")))
+    assert sent == [("sticky=one", "sticky=one"), ("sticky=two", "sticky=two")]
+
+
+async def test_a_subclass_or_anthropic_while_tracing_goes_the_sdks_way(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client subclass may sign or change each request (Bedrock, Vertex); anthropic traces
+    each call itself while a tracer provider is installed: neither is copied."""
+    subclass = type("Signing", (type(case.client),), {})
+    assert not stainless.preparable(object.__new__(subclass), case.package)
+    monkeypatch.setattr(stainless, "tracing_enabled", lambda: True)
+    posts = case.posts()
+    assert await rawhttp.read_object(await posts.post(case.path, case.body, case.options))
+    assert bool(posts._templates) == (case.package == "openai")  # openai's SDK traces nothing
+
+
 async def test_past_the_template_limit_a_call_goes_the_sdks_way(
     case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -204,7 +248,10 @@ async def _error_of(send: Any) -> BaseException:
     raise AssertionError("no error raised")
 
 
-async def test_a_status_error_is_the_sdks_own(case: Case) -> None:
+@pytest.mark.parametrize(("status", "named"), [(429, "RateLimitError"), (302, "APIStatusError")])
+async def test_a_status_error_is_the_sdks_own(case: Case, status: int, named: str) -> None:
+    """Any answer but 2xx is the SDK's status error: a 429, and a 302 without a Location (not
+    followed, and no answer either)."""
     body = {"error": {"message": "slow down", "type": "rate_limit_error"}}
     posts = case.posts()
     errors = []
@@ -212,10 +259,10 @@ async def test_a_status_error_is_the_sdks_own(case: Case) -> None:
         lambda: rawhttp.post(case.client, case.path, case.body, case.options),
         lambda: posts.post(case.path, case.body, case.options),
     ):
-        case.server.fail_next(Fault(status=429, body=body, headers={"retry-after": "3"}))
+        case.server.fail_next(Fault(status=status, body=body, headers={"retry-after": "3"}))
         errors.append(await _error_of(send()))
     own, copy = errors
-    assert type(copy) is type(own) and type(own).__name__ == "RateLimitError"
+    assert type(copy) is type(own) and type(own).__name__ == named
     assert (copy.status_code, copy.body, copy.message) == (own.status_code, own.body, own.message)  # type: ignore[attr-defined]
     assert copy.response.headers["retry-after"] == "3"  # type: ignore[attr-defined]
 

@@ -11,8 +11,11 @@ error mapping is unchanged. gengate builds its clients with a fixed key and no S
 (providers.retry retries), so what the SDK computes for a request is the same every time. A
 client whose auth is computed per request goes the SDK's whole way on every call: a key or
 token provider, credentials, a workload identity, a provider runtime, an Azure AD token, or
-custom httpx auth. The SDK's own tracing of a call (anthropic's, when switched on) is not run
-for a copy: gengate's spans cover the upstream call.
+custom httpx auth; so does a subclass (Bedrock, Vertex, AWS sign each request), a client with
+middleware, and, while a tracer provider is installed, anthropic's client (it traces each call
+itself: a span, and the trace context sent upstream). A copy is built for a body of the model
+alone, so no caller's prompt stays in it, and carries the client's cookies as they are when it is
+sent.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 import orjson
 
 from gengate.providers import rawhttp
+from gengate.telemetry import tracing_enabled
 
 # Client attributes that, when set, make the SDK compute auth per request.
 PER_REQUEST_AUTH = (
@@ -94,46 +98,48 @@ def per_request_auth(client: Any) -> bool:
     return any(getattr(client, name, None) is not None for name in PER_REQUEST_AUTH)
 
 
+def preparable(client: Any, package: str) -> bool:
+    """Whether copies of `client`'s requests are what the SDK would send: one of the clients
+    gengate builds, exactly (a subclass may sign or change each request: Bedrock, Vertex, AWS),
+    without middleware or auth computed per request."""
+    if type(client).__name__ not in _PREPARABLE[package] or not type(client).__module__.startswith(package):
+        return False
+    return not getattr(client, "_middleware", None) and not per_request_auth(client)
+
+
+_PREPARABLE = {"openai": ("AsyncOpenAI", "AsyncAzureOpenAI"), "anthropic": ("AsyncAnthropic",)}
+
+
 class PreparedPosts:
     """POSTs for one client of a Stainless SDK, each a copy of a request the SDK built once."""
 
     def __init__(self, client: Any, package: str) -> None:
         self.client = client
         self.sdk = Sdk.of(package)
-        self.prepared = not per_request_auth(client)
+        self.prepared = preparable(client, package)
+        # anthropic traces each call itself (a span, the trace context sent on) whenever a tracer
+        # provider is installed: then its own whole way, so traces stay as they were.
+        self._sdk_traces = package == "anthropic"
         self._templates: dict[tuple[str, Any, Any], Any] = {}
         self._lock = asyncio.Lock()
 
     async def post(self, path: str, body: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
         """The answer to POST `body` at `path`, unread (the caller closes it), as rawhttp.post
-        returns it; the SDK's status error for a non-2xx answer."""
-        if not self.prepared or not _COPIED_OPTIONS.issuperset(options):
+        returns it; the SDK's status error for an answer that is not 2xx."""
+        if (
+            not self.prepared
+            or not _COPIED_OPTIONS.issuperset(options)
+            or (self._sdk_traces and tracing_enabled())
+        ):
             return await rawhttp.post(self.client, path, body, options)
-        import httpx2
-
         security = options.get("security")
         key = (path, body.get("model"), tuple(sorted(security.items())) if security else None)
         template = self._templates.get(key)
         if template is None:
-            if len(self._templates) >= _MAX_TEMPLATES:
+            template = await self._template(key, path, body.get("model"), security)
+            if template is None:  # past _MAX_TEMPLATES
                 return await rawhttp.post(self.client, path, body, options)
-            template = await self._template(key, path, body, options)
-        headers = template.headers.copy()
-        extra = options.get("headers")
-        if extra:
-            headers.update(extra)
-        extensions = dict(template.extensions)
-        given = options.get("timeout")
-        if given is not None:
-            timeout = given if isinstance(given, httpx2.Timeout) else httpx2.Timeout(given)
-            extensions["timeout"] = timeout.as_dict()
-            if not (extra and _READ_TIMEOUT in extra):
-                headers[_READ_TIMEOUT] = str(timeout.read)
-            if _TIMEOUT in headers and not (extra and _TIMEOUT in extra):
-                headers[_TIMEOUT] = str(given)
-        request = httpx2.Request(
-            "POST", template.url, headers=headers, content=orjson.dumps(body), extensions=extensions
-        )
+        request = self._copy(template, body, options)
         sdk = self.sdk
         try:
             response = await self.client._client.send(request, stream=True)
@@ -143,28 +149,55 @@ class PreparedPosts:
             raise
         except sdk.transport_errors as exc:
             raise sdk.connection_error(request=request) from exc
-        if response.is_error:
+        if not response.is_success:  # as request() raises for any status but 2xx
             raise self.client._make_status_error_from_response(await rawhttp.read_error(response)) from None
         return response
 
-    async def _template(
-        self, key: tuple[str, Any, Any], path: str, body: Mapping[str, Any], options: Mapping[str, Any]
-    ) -> Any:
-        """The SDK's own request for `key`, built as `request()` builds it (without the body's
-        length, which each copy has its own of, or a call's timeout)."""
+    def _copy(self, template: Any, body: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
+        """The template with this call's body, headers and timeout, and the client's cookies as
+        they are now (httpx adds them when a request is built; the SDK builds one per call)."""
+        import httpx2
+
+        headers = template.headers.copy()
+        extra = options.get("headers")
+        custom = {k.lower() for k in extra} if extra else set()
+        if extra:
+            headers.update(extra)
+        extensions = dict(template.extensions)
+        given = options.get("timeout")
+        if given is not None:
+            timeout = given if isinstance(given, httpx2.Timeout) else httpx2.Timeout(given)
+            extensions["timeout"] = timeout.as_dict()
+            if _READ_TIMEOUT not in custom:
+                headers[_READ_TIMEOUT] = str(timeout.read)
+            if _TIMEOUT in headers and _TIMEOUT not in custom:
+                headers[_TIMEOUT] = str(given)
+        request = httpx2.Request(
+            "POST", template.url, headers=headers, content=orjson.dumps(body), extensions=extensions
+        )
+        cookies = self.client._client.cookies
+        if cookies:
+            cookies.set_cookie_header(request)
+        return request
+
+    async def _template(self, key: tuple[str, Any, Any], path: str, model: Any, security: Any) -> Any:
+        """The SDK's own request for `key`, built as `request()` builds it, for a body of the model
+        alone (no caller's prompt is kept; Azure routes by the model), without the body's length,
+        its cookies or a call's timeout, which each copy has its own of. None past _MAX_TEMPLATES."""
         client = self.client
         async with self._lock:
             template = self._templates.get(key)
-            if template is not None:
+            if template is not None or len(self._templates) >= _MAX_TEMPLATES:
                 return template
             if client._platform is None:  # as request() does: get_platform may block on I/O
                 client._platform = await asyncio.to_thread(self.sdk.get_platform)
-            fields: dict[str, Any] = {"method": "post", "url": path, "json_data": dict(body)}
-            if options.get("security"):
-                fields["security"] = options["security"]
+            fields: dict[str, Any] = {"method": "post", "url": path, "json_data": {"model": model}}
+            if security:
+                fields["security"] = security
             prepared = await client._prepare_options(self.sdk.final_request_options.construct(**fields))
             template = client._build_request(prepared, retries_taken=0)
             await client._prepare_request(template)
-            template.headers.pop("content-length", None)
+            for name in ("content-length", "cookie"):
+                template.headers.pop(name, None)
             self._templates[key] = template
             return template
