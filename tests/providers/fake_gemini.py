@@ -79,6 +79,7 @@ class FakeGemini:
         self.hop_words: int | None = None
         self.checkpoints = False
         self.endless = False
+        self.bad_chunk: int | None = None  # streamed: this chunk's text is a number (malformed)
         self.held: dict[int, list[list[str]]] = {}  # answer id -> each candidate's words
 
     @staticmethod
@@ -266,6 +267,8 @@ class FakeGemini:
                     }
                     if i == 0 and self.checkpoints and not self.endless:
                         candidate["continuationToken"] = self.token(answer, at + k + 1)
+                    if i == 0 and k == self.bad_chunk:
+                        candidate["content"]["parts"][0]["text"] = 7
                     candidates.append(candidate)
             chunk = {"candidates": candidates, "usageMetadata": {"promptTokenCount": prompt_tokens}}
             events.append((None, json.dumps(chunk)))

@@ -329,6 +329,21 @@ async def test_an_endless_continuation_ends_at_the_hop_limit(
         assert len(fake.server.requests) == 5
 
 
+async def test_a_malformed_chunk_is_an_error_even_where_the_stream_could_resume(
+    make: cc.Make, fake: FakeGemini
+) -> None:
+    """A chunk gengate cannot read ends the stream with UPSTREAM_BAD_RESPONSE. Resuming from the
+    checkpoint it carried would skip its content silently: only a failed transport resumes."""
+    from gengate.providers.errors import UPSTREAM_BAD_RESPONSE
+
+    fake.hop_words, fake.checkpoints, fake.bad_chunk = 100, True, 2
+    fake.answers.append(LONG)
+    with pytest.raises(errors.Unavailable) as info:
+        await cc.collect((await make(max_retries=0)).generate_stream(cc.prompt()))
+    assert info.value.reason == UPSTREAM_BAD_RESPONSE and "`text` is a number" in info.value.message
+    assert len(fake.server.requests) == 1  # not resumed
+
+
 async def test_a_continued_answer_is_bounded_in_all_its_hops(
     make: cc.Make, fake: FakeGemini, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -444,7 +444,10 @@ async def stream(
                         yield ChunkUsage(usage.input_tokens, usage.output_tokens)
             finally:
                 await response.aclose()
-        except Exception as exc:  # the SDK resumes after any failure of an accepted stream
+        except (httpx.TransportError, TimeoutError, genai_errors.APIError) as exc:
+            # A failed transport, or an error the stream sent, may resume from a checkpoint (as
+            # the SDK resumes). A chunk gengate cannot read may not: resuming from the token it
+            # carried would skip its content without a word.
             error = exc
         if not hops.end(error):
             return
