@@ -482,9 +482,10 @@ async def test_status_errors_are_the_sdks_mapped_as_before(
 async def test_an_error_body_over_the_limit_is_unreadable_before_the_sdk_reads_it(
     make: cc.Make, case_fake: tuple[Case, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A non-2xx body is read bounded too (rawhttp.read_body), never whole into the SDK's error."""
+    """A non-2xx body is read bounded too (rawhttp.ERROR_BODY_BYTES), never whole into the SDK's
+    error."""
     case, fake = case_fake
-    monkeypatch.setattr(rawhttp, "MAX_BODY_BYTES", 300)
+    monkeypatch.setattr(rawhttp, "ERROR_BODY_BYTES", 300)
     backend = await make()
     fake.server.fail_next(Fault(status=500, body={"error": "x" * 5000}))
     with pytest.raises(errors.Unavailable) as info:

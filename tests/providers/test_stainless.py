@@ -271,7 +271,7 @@ async def test_an_error_body_over_the_limit_is_unreadable(
     case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The SDK read an error body whole, however long; a copy's is read bounded."""
-    monkeypatch.setattr(rawhttp, "MAX_BODY_BYTES", 1000)
+    monkeypatch.setattr(rawhttp, "ERROR_BODY_BYTES", 1000)
     case.server.fail_next(Fault(status=500, body={"error": {"message": "x" * 5000}}))
     error = await _error_of(case.posts().post(case.path, case.body, case.options))
     assert isinstance(error, UnreadableAnswer) and "over gengate's limit of 1000" in str(error)

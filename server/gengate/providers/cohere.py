@@ -220,7 +220,7 @@ class CohereBackend(ProviderBackend):
             request_options=request_options,
         ) as response:
             if not 200 <= response.status_code < 300:
-                raise _api_error(response, await rawhttp.read_body(response))
+                raise _api_error(response, await rawhttp.read_error_body(response))
             yield response
 
     async def _complete(self, call: ProviderCall) -> Completion:

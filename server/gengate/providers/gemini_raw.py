@@ -73,9 +73,9 @@ def finish(raw: str | None) -> FinishReason:
 
 
 class BoundedClient(httpx.AsyncClient):
-    """The httpx client the SDK sends with: a non-200 answer's body is read here, bounded
-    (rawhttp.read_body), and handed on read, so the SDK's APIError never reads a body whole
-    however long (one over the limit is UnreadableAnswer)."""
+    """The httpx client the SDK sends with: a non-200 answer's body is read here, at most
+    ERROR_BODY_BYTES (rawhttp.read_error), and handed on read, so the SDK's APIError never reads
+    a body whole however long (one over the limit is UnreadableAnswer)."""
 
     async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
         response = await super().send(request, **kwargs)

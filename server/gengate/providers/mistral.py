@@ -235,7 +235,7 @@ class MistralBackend(ProviderBackend):
         )
         try:
             if not 200 <= response.status_code < 300:
-                text = (await rawhttp.read_body(response)).decode("utf-8", "replace")
+                text = (await rawhttp.read_error_body(response)).decode("utf-8", "replace")
                 # An empty body as " ": SDKError reads the unread stream's `.text` for "".
                 raise sdk_errors.SDKError("API error occurred", response, text or " ")
             yield response

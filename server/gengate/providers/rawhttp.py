@@ -22,6 +22,9 @@ from gengate.providers.errors import UnreadableAnswer
 # The most a unary answer's body may hold (decoded), and one event (or one line) of a stream.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_EVENT_BYTES = 8 * 1024 * 1024
+# The most an error answer's body may hold: a real one is a few hundred bytes, and the SDK parses
+# it again (text, then JSON), several times its size in memory.
+ERROR_BODY_BYTES = 1024 * 1024
 # The OpenAI family's last event of a stream (its data), and how much of the body after it is
 # read, for at most how long, so that the HTTP/1.1 connection is kept for the next request: a
 # response closed unread drops its connection, and every stream would open (and, over TLS,
@@ -83,15 +86,20 @@ async def read_body(response: RawResponse, limit: int | None = None) -> bytes:
 
 
 async def read_error(response: Any) -> Any:
-    """A non-2xx answer read whole, bounded as every body (`read_body`), as a read response of
-    the same (httpx or httpx2) class, for an SDK's error parsing to read as it reads its own."""
-    body = await read_body(response)
+    """A non-2xx answer read whole, at most ERROR_BODY_BYTES (`read_error_body`), as a read
+    response of the same (httpx or httpx2) class, for an SDK's error parsing to read as its own."""
+    body = await read_error_body(response)
     # The body is decoded already: the copy must not say it is compressed, or how long it was.
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _BODY_HEADERS]
     extensions = {k: v for k, v in response.extensions.items() if k in _KEPT_EXTENSIONS}
     return type(response)(
         response.status_code, headers=headers, content=body, request=response.request, extensions=extensions
     )
+
+
+async def read_error_body(response: RawResponse) -> bytes:
+    """A non-2xx answer's body, at most ERROR_BODY_BYTES; the response is closed after."""
+    return await read_body(response, ERROR_BODY_BYTES)
 
 
 _BODY_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
