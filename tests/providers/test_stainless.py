@@ -75,7 +75,12 @@ def _anthropic(base: str) -> Any:
 
 
 @pytest.fixture(params=["openai", "azure", "anthropic"])
-async def case(request: Any, openai_fake: FakeOpenAI, anthropic_fake: FakeAnthropic) -> AsyncIterator[Case]:
+async def case(
+    request: Any, openai_fake: FakeOpenAI, anthropic_fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Case]:
+    # Another test in this process may have installed a tracer provider, which sends anthropic's
+    # calls its own whole way: these cases are about copies (the tracing case sets it itself).
+    monkeypatch.setattr(stainless, "tracing_enabled", lambda: False)
     if request.param == "anthropic":
         anthropic_fake.reset()
         server, make, path, body = anthropic_fake.server, _anthropic, "/v1/messages", ANTHROPIC_BODY
