@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import time
@@ -80,6 +81,19 @@ async def backends(cls: Any, name: str, fake: Fake | None, **defaults: Any) -> A
     finally:
         for backend in made:
             await backend.aclose()
+
+
+def sdk_hook(owner: Any, name: str, *parameters: str) -> None:
+    """`owner.name` exists and takes `parameters`, or the test fails saying which: the pin on a
+    private SDK hook a raw provider path calls (see the backend's docstring)."""
+    where = f"{getattr(owner, '__module__', '')}.{getattr(owner, '__name__', type(owner).__name__)}.{name}"
+    assert hasattr(owner, name), (
+        f"{where} is gone: a raw provider path calls it (see the backend's docstring)"
+    )
+    if parameters:
+        taken = set(inspect.signature(getattr(owner, name)).parameters)
+        missing = [p for p in parameters if p not in taken]
+        assert not missing, f"{where} no longer takes {missing}: a raw provider path passes them"
 
 
 PERSON = {

@@ -6,7 +6,6 @@ field, the size limits holding, and non-2xx answers still mapped through the SDK
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -24,15 +23,7 @@ from pydantic import SecretStr
 # --- the SDK hooks, by name ----------------------------------------------------------------------
 
 
-def _has(owner: Any, name: str, *parameters: str) -> None:
-    """`owner.name` exists and takes `parameters`, or the test fails saying what went."""
-    where = f"{getattr(owner, '__module__', '')}.{getattr(owner, '__name__', owner)}.{name}"
-    hook = getattr(owner, name, None)
-    assert hook is not None, f"{where} is gone: the raw provider path calls it (see the backend's docstring)"
-    if parameters:
-        taken = set(inspect.signature(hook).parameters)
-        missing = [p for p in parameters if p not in taken]
-        assert not missing, f"{where} no longer takes {missing}: the raw provider path passes them"
+_has = cc.sdk_hook
 
 
 def test_mistralai_hooks_are_there() -> None:
