@@ -29,6 +29,9 @@ COPY clients/python clients/python
 RUN pip install --find-links /wheels ./clients/python ".[${EXTRAS}]" \
     && python -c "import gengate.cli, gengate.api.server, gengate_client, gengate_proto.v1.generation_pb2, grpc_health.v1.health" \
     && if echo ",${EXTRAS}," | grep -q ",llamacpp,"; then python -c "import llama_cpp"; fi
+# The per-call hot paths compiled to C with mypyc (README "Performance"); mypy is needed only here.
+RUN pip install "mypy==2.4.1" && gengate compile && pip uninstall -y mypy \
+    && python -c "import gengate.compiled as c, gengate.metrics.families, gengate.callers.limits; s = c.status(); print(s); assert s.startswith('compiled')"
 
 # ---- runtime: no compilers, non-root, the tiny model prebuilt ----------------------------------
 FROM ${PYTHON_IMAGE}

@@ -417,6 +417,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return asyncio.run(_demo())
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    from gengate.compiled import main as compile_main
+
+    return compile_main()
+
+
 def version_line() -> str:
     """`gengate --version`: the server package's version and the contract it serves."""
     from importlib.metadata import version
@@ -483,6 +489,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="start the server on the tiny model in-process and show each feature")
     demo.set_defaults(func=cmd_demo)
+
+    compile_ = sub.add_parser(
+        "compile", help="compile the per-call hot paths to C with mypyc, in place (needs mypy and gcc)"
+    )
+    compile_.set_defaults(func=cmd_compile)
 
     config = sub.add_parser("config", help="the config file: its JSON Schema, or check one without serving")
     config_sub = config.add_subparsers(dest="config_command", required=True)

@@ -71,7 +71,7 @@ class SlidingWindow:
             buckets.append([step, amount])
         self.total += amount
         self._newest = buckets[-1]
-        self._until = (step + 1) * STEP_S
+        self._until = float((step + 1) * STEP_S)
 
     def wait_s(self, now: float, limit: int, cost: int) -> float:
         """Seconds until `cost` more fits under `limit` (0 when it fits now)."""

@@ -333,7 +333,12 @@ class Metrics:
             "unreachable, bad_response when there was none.",
             ["model", "status"],
         )
-        self.families = [f for f in vars(self).values() if isinstance(f, Family)]
+        self.families = [
+            self.request_duration, self.time_to_first_token, self.time_per_output_token, self.token_usage,
+            self.requests, self.tokens, self.cost, self.structured, self.validation_failures,
+            self.validation_retries, self.compile_cache, self.compile_time, self.provider_retries,
+            self.upstream,
+        ]  # fmt: skip
         self._requests: dict[tuple[str, str, str], _RequestSeries] = {}
         self._durations: dict[tuple[str, str, str, str], HistogramSeries] = {}
         self._callers: dict[tuple[str, str], _CallerSeries] = {}
