@@ -15,7 +15,7 @@ per-call cost (~1 ms); on a real model it is a fraction of that. Redis is the De
 `redis-server` (started in a temp dir, as the tests do).
 
     .venv/bin/python bench/operations_overhead.py [--quick] [--requests 1000] [--rounds 3]
-        [--cpu-rounds 21] [--processes 3]
+        [--cpu-rounds 21] [--processes 8]
 """
 
 from __future__ import annotations
@@ -226,14 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         "--processes",
         type=int,
         default=None,
-        help="server processes of each for the last figure (3; 0: skip it)",
+        help="server processes of each for the last figure (8; 0: skip it)",
     )
     args = parser.parse_args(argv)
     requests = args.requests or (200 if args.quick else 1000)
     rounds = args.rounds or (1 if args.quick else 3)
     cpu_rounds = args.cpu_rounds or (5 if args.quick else 21)
     asyncio.run(run(requests, rounds, cpu_rounds, 300 if args.quick else 1000))
-    processes = args.processes if args.processes is not None else (1 if args.quick else 3)
+    processes = args.processes if args.processes is not None else (1 if args.quick else 8)
     if processes > 0:
         spread_rounds = 4 if args.quick else 12
         spread_requests = 300 if args.quick else 500

@@ -52,7 +52,8 @@ def compiled_path(module: str, root: Path = ROOT) -> Path | None:
 
 
 def fresh_modules(root: Path = ROOT, stamp: Path = STAMP) -> frozenset[str]:
-    """The modules whose compiled form may be imported: built, and built from the source that is
+    """The modules whose compiled form may be imported: built, with their shared runtime library
+    (a copy of the package without it cannot import them), and built from the source that is
     beside it now (by the stamp). Empty when compiling is switched off or nothing was built."""
     if os.environ.get(OFF_VARIABLE, "1") == "0":
         return frozenset()
@@ -63,6 +64,11 @@ def fresh_modules(root: Path = ROOT, stamp: Path = STAMP) -> frozenset[str]:
     if not isinstance(built, dict) or built.get("python") != sys.implementation.cache_tag:
         return frozenset()
     sources = built.get("sources", {})
+    runtime = built.get("runtime")  # the modules' shared mypyc library, beside the gengate package
+    if not isinstance(runtime, str) or not any(
+        (root / f"{runtime}{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES
+    ):
+        return frozenset()
     fresh = set()
     for module in MODULES:
         source = source_of(module, root)
@@ -102,13 +108,14 @@ def install(root: Path = ROOT) -> frozenset[str]:
 
 def status() -> str:
     """What runs, for the server's start-up line: which hot paths are compiled, or why none."""
-    loaded = [name for name in MODULES if name in sys.modules]
-    compiled = [name for name in loaded if not str(sys.modules[name].__file__).endswith(".py")]
-    if compiled:
-        return f"compiled with mypyc: {', '.join(compiled)}"
     if os.environ.get(OFF_VARIABLE, "1") == "0":
         return f"plain Python ({OFF_VARIABLE}=0)"
-    return "plain Python (not compiled, or compiled from other sources: gengate compile)"
+    fresh = install()
+    if not fresh:
+        return "plain Python (not compiled, or compiled from other sources: gengate compile)"
+    stale = [name for name in MODULES if name not in fresh]
+    line = f"compiled with mypyc: {', '.join(sorted(fresh))}"
+    return f"{line}; plain Python (sources changed since): {', '.join(stale)}" if stale else line
 
 
 def build(root: Path = ROOT) -> None:
@@ -133,15 +140,18 @@ def build(root: Path = ROOT) -> None:
         if done.returncode != 0:
             print(done.stdout[-4000:], done.stderr[-4000:], sep="\n", file=sys.stderr)
             done.check_returncode()
+        runtime = None
         for built in Path(work).rglob("*.so"):
             relative = built.relative_to(work)
             if relative.parts[0] == "build":
                 continue
+            if len(relative.parts) == 1:
+                runtime = relative.name.split(".", 1)[0]
             target = root / relative
             target.unlink(missing_ok=True)  # a new inode: a running process keeps its mapping
             shutil.copy2(built, target)
     digests = {module: _digest(source) for module, source in zip(MODULES, sources, strict=True)}
-    record = {"python": sys.implementation.cache_tag, "sources": digests}
+    record = {"python": sys.implementation.cache_tag, "runtime": runtime, "sources": digests}
     stamp.write_text(json.dumps(record, indent=2) + "\n")
 
 

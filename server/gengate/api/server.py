@@ -14,6 +14,7 @@ from gengate_proto.v1 import generation_pb2, jobs_pb2, jobs_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from gengate import compiled
 from gengate.api.auth import CallerInterceptor
 from gengate.api.drain import Drain
 from gengate.api.health import GuardedHealthServicer
@@ -357,7 +358,9 @@ def serve(config: ServerConfig, host: str | None = None, port: int | None = None
             loop.add_signal_handler(sig, signalled)
         running = await start_server(config, host=host, port=port)
         names = ", ".join(r.name for r in running.router.routes)
-        log.info("gengate serving on %s (models: %s)", running.address, names)
+        log.info(
+            "gengate serving on %s (models: %s); hot paths %s", running.address, names, compiled.status()
+        )
         print(f"gengate serving on {running.address} (models: {names})", flush=True)
         if running.metrics_address is not None:  # after the line scripts wait for
             print(f"gengate metrics on http://{running.metrics_address}/metrics", flush=True)
