@@ -16,7 +16,7 @@ import pytest
 from gengate.metrics.families import Family, Metrics
 
 SERVER = Path(compiled.__file__).resolve().parent.parent
-BUILT = all(compiled.compiled_path(module) is not None for module in compiled.MODULES)
+BUILT = compiled.up_to_date()
 
 
 def _which_files(root: Path, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -25,15 +25,20 @@ def _which_files(root: Path, env: dict[str, str] | None = None) -> dict[str, str
         "import json, importlib, gengate.compiled as c;"
         "print(json.dumps({m: importlib.import_module(m).__file__ for m in c.MODULES}))"
     )
+    inherited = {k: v for k, v in os.environ.items() if k != compiled.OFF_VARIABLE}
     done = subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, **(env or {}), "PYTHONPATH": str(root)},
+        env={**inherited, **(env or {}), "PYTHONPATH": str(root)},
         capture_output=True,
         text=True,
         check=True,
         cwd=root,
     )
     return json.loads(done.stdout)
+
+
+def _from_source(files: dict[str, str]) -> bool:
+    return all(f.endswith(".py") for f in files.values())
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +48,13 @@ def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("not compiled here (no C compiler at set-up): nothing to guard")
     root = tmp_path_factory.mktemp("server")
     shutil.copytree(SERVER / "gengate", root / "gengate", ignore=shutil.ignore_patterns("__pycache__"))
-    for shared in SERVER.glob("*__mypyc*"):
-        shutil.copy2(shared, root / shared.name)
     return root
 
 
 def test_a_fresh_build_is_imported(copy: Path) -> None:
     files = _which_files(copy)
-    assert all(not files[m].endswith(".py") for m in compiled.MODULES), files
+    build = copy / "gengate" / compiled.BUILD_DIR
+    assert all(Path(files[m]).parent == build for m in compiled.MODULES), files
 
 
 def test_an_edited_source_is_imported_from_python(copy: Path) -> None:
@@ -65,32 +69,50 @@ def test_an_edited_source_is_imported_from_python(copy: Path) -> None:
         source.write_text(original)
 
 
+def test_a_checkout_without_the_finder_imports_python(copy: Path) -> None:
+    """A checkout from before gengate.compiled (bisecting, say) keeps the ignored build folder,
+    but Python's own import never looks there: no build shadows its sources."""
+    init = copy / "gengate" / "__init__.py"
+    original = init.read_text()
+    init.write_text("")
+    try:
+        code = (
+            "import gengate.metrics.families as f, gengate.callers.limits as l; print(f.__file__, l.__file__)"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(copy)},
+            capture_output=True, text=True, check=True, cwd=copy,
+        )  # fmt: skip
+        assert all(name.endswith(".py") for name in done.stdout.split()), done.stdout
+    finally:
+        init.write_text(original)
+
+
 def test_no_stamp_or_another_interpreter_means_python(copy: Path) -> None:
-    stamp = copy / "gengate" / compiled.STAMP.name
+    stamp = copy / "gengate" / compiled.BUILD_DIR / compiled.STAMP_NAME
     saved = stamp.read_text()
     try:
         stamp.unlink()
-        assert all(f.endswith(".py") for f in _which_files(copy).values())
+        assert _from_source(_which_files(copy))
         stamp.write_text(json.dumps({**json.loads(saved), "python": "cpython-99"}))
-        assert all(f.endswith(".py") for f in _which_files(copy).values())
+        assert _from_source(_which_files(copy))
     finally:
         stamp.write_text(saved)
 
 
-def test_a_copy_without_the_runtime_library_means_python(copy: Path) -> None:
-    """A copy of the package alone (mutation testing's, a wheel's) lacks the shared library the
-    extensions import: they are not used, rather than failing to import."""
-    (runtime,) = copy.glob("*__mypyc*")
-    moved = runtime.rename(copy / "gengate" / runtime.name)
+def test_a_build_without_its_runtime_library_means_python(copy: Path) -> None:
+    """The extensions import the runtime library they share: without it they are not used,
+    rather than failing to import."""
+    (runtime,) = (copy / "gengate" / compiled.BUILD_DIR).glob("*__mypyc*")
+    moved = runtime.rename(copy / runtime.name)
     try:
-        assert all(f.endswith(".py") for f in _which_files(copy).values())
+        assert _from_source(_which_files(copy))
     finally:
         moved.rename(runtime)
 
 
 def test_switched_off(copy: Path) -> None:
-    files = _which_files(copy, {compiled.OFF_VARIABLE: "0"})
-    assert all(f.endswith(".py") for f in files.values())
+    assert _from_source(_which_files(copy, {compiled.OFF_VARIABLE: "0"}))
 
 
 def test_this_run_uses_the_build() -> None:
@@ -98,6 +120,8 @@ def test_this_run_uses_the_build() -> None:
     and this run must import them: else the suite would test code the server does not run."""
     if os.environ.get("GENGATE_REQUIRE_EXTRAS") != "1" and not BUILT:
         pytest.skip("not compiled here")
+    if compiled.switched_off():
+        pytest.skip(f"{compiled.OFF_VARIABLE}=0")
     import gengate.callers.limits
     import gengate.metrics.families
 
