@@ -165,12 +165,13 @@ async def paired_cpu_ratios(
 
 async def across_processes(
     processes: int, rounds: int, requests: int
-) -> tuple[float, float, list[float], list[float]]:
+) -> tuple[float, float, list[float], list[float], float]:
     """Server CPU per call of `processes` bare servers and as many with callers, every quota and
     metrics (scraped every second), all interleaved (each round runs every server once, every
     other round in reverse order): one server process of either may run a few % faster or slower
     than another of the same code for its whole life (memory layout, hash seeds), which no
-    number of rounds on one process averages out. The means over all calls, and each process's."""
+    number of rounds on one process averages out. The means over all calls, each process's, and
+    req/s with operations ÷ bare over all of them (each side's calls ÷ its rounds' wall time)."""
     from gengate_client import AsyncClient
 
     os.environ[TOKEN_VARIABLE] = TOKEN
@@ -198,6 +199,7 @@ async def across_processes(
                     await run_concurrent("warm-up", call, requests, 8)
                     variants.append((call, SERVER_PIDS[address]))
                 used = [0.0] * len(variants)
+                wall = [0.0] * len(variants)
                 for round_ in range(rounds):
                     order = list(range(len(variants)))
                     if round_ % 2:
@@ -205,15 +207,17 @@ async def across_processes(
                     for i in order:
                         call, pid = variants[i]
                         before = thread_cpu_seconds(pid)
-                        await run_concurrent("cpu", call, requests, 8)
+                        stats = await run_concurrent("cpu", call, requests, 8)
                         used[i] += thread_cpu_seconds(pid) - before
+                        wall[i] += stats.wall_s
         finally:
             stop.set()
             for thread in threads:
                 thread.join()
     per_call = [1e6 * u / (rounds * requests) for u in used]
     bare, operated = per_call[0::2], per_call[1::2]
-    return sum(bare) / processes, sum(operated) / processes, bare, operated
+    throughput = sum(wall[0::2]) / sum(wall[1::2])  # the same calls each side: wall time's inverse
+    return sum(bare) / processes, sum(operated) / processes, bare, operated, throughput
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if processes > 0:
         spread_rounds = 4 if args.quick else 12
         spread_requests = 300 if args.quick else 500
-        bare, operated, each_bare, each_operated = asyncio.run(
+        bare, operated, each_bare, each_operated, throughput = asyncio.run(
             across_processes(processes, spread_rounds, spread_requests)
         )
         print(
@@ -250,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             f"(each: {', '.join(f'{v:.0f}' for v in each_operated)})"
         )
         print(f"SUMMARY CPU per call ÷ bare over {processes} processes each: {operated / bare:.3f}")
+        print(f"SUMMARY req/s ÷ bare over {processes} processes each (c=8): {throughput:.3f}")
     return 0
 
 
