@@ -91,16 +91,19 @@ def built_fresh(root: Path = ROOT) -> dict[str, Path]:
     return fresh
 
 
+def _modules(extensions: dict[str, Path]) -> frozenset[str]:
+    """The modules of MODULES among `extensions` (without the runtime library)."""
+    return frozenset(name for name in extensions if name in MODULES)
+
+
 def up_to_date(root: Path = ROOT) -> bool:
     """Whether every module has a fresh build (scripts/setup compiles when not), switched off or not."""
-    return all(module in built_fresh(root) for module in MODULES)
+    return _modules(built_fresh(root)) == frozenset(MODULES)
 
 
 def fresh_modules(root: Path = ROOT) -> frozenset[str]:
     """The modules of MODULES that import compiled in a process started now."""
-    if switched_off():
-        return frozenset()
-    return frozenset(name for name in built_fresh(root) if name in MODULES)
+    return frozenset() if switched_off() else _modules(built_fresh(root))
 
 
 class _FreshBuilds:
@@ -125,11 +128,11 @@ def install(root: Path = ROOT) -> frozenset[str]:
     """Puts the finder first on sys.meta_path (once a process); the modules that import compiled."""
     for finder in sys.meta_path:
         if isinstance(finder, _FreshBuilds):
-            return frozenset(name for name in finder.extensions if name in MODULES)
+            return _modules(finder.extensions)
     extensions = {} if switched_off() else built_fresh(root)
     if extensions:
         sys.meta_path.insert(0, _FreshBuilds(extensions))
-    return frozenset(name for name in extensions if name in MODULES)
+    return _modules(extensions)
 
 
 def status() -> str:
@@ -208,10 +211,6 @@ def _collect(work: Path, directory: Path) -> str:
 
     for old in directory.glob("*.so"):
         old.unlink()  # a running process keeps its mapping of the old file
-    for module in MODULES:  # builds of an earlier layout, beside the sources, would shadow them
-        source = source_of(module, directory.parent.parent)
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            source.with_suffix(suffix).unlink(missing_ok=True)
     runtime = None
     for module in MODULES:
         extension = _extension(work / Path(*module.split(".")).parent, module.rsplit(".", 1)[1])
