@@ -1,8 +1,11 @@
 """Seeded constrained generations, token for token, on the llama.cpp and transformers tiny models.
 
-The ids in constrained_pins.json were recorded from the decoder on 2026-12-02 (82e0235): a change
-to how the mask is computed or how the sampler reads it must never change which token a seed
-picks. Run these around any change to engines/decoding.py or the engines' mask handling.
+The ids in constrained_pins.json were recorded from the decoder on 2026-12-02 (82e0235); the
+temperature draws without a cut (temperature 1, penalties) were re-recorded on 2026-12-03, when
+the decoder began drawing before it masks (same distribution, other random numbers; greedy and
+the cut samplings kept their ids). A change to how the mask is computed or how the sampler reads
+it must never change which token a seed picks. Run these around any change to
+engines/decoding.py or the engines' mask handling.
 Re-record only for a deliberate change of sampling semantics:
 
     GENGATE_RECORD_PINS=1 .venv/bin/python -m pytest -m slow tests/engines/test_constrained_pins.py

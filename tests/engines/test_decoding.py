@@ -444,22 +444,24 @@ def test_sampled_constrained_choice_respects_top_k(tiny: Any) -> None:
 
 
 def test_seeded_constrained_sampling_is_pinned(tiny: Any) -> None:
-    """Seeded sampling among the tokens a constraint allows; recorded like PINNED above."""
+    """Seeded sampling among the tokens a constraint allows; recorded like PINNED above (again on
+    2026-12-03, when the decoder began drawing before it masks)."""
     regex = StructuredOutput(RegexConstraint(r"[0-9]{3}-(red|blue)"))
     runs = [
         constrained_run(tiny, regex, "Hello world, the weather", seed=s, temperature=1.0) for s in range(3)
     ]
     assert [d.output_token_ids for d in runs] == [
-        [442, 24, 16, 69, 610],
-        [442, 27, 16, 401],
-        [26, 26, 27, 16, 280, 71],
+        [336, 16, 401],
+        [668, 27, 16, 280, 71],
+        [309, 19, 16, 85, 328],
     ]
-    assert [d.text for d in runs] == ["305-blue", "308-red", "778-red"]
+    assert [d.text for d in runs] == ["100-red", "108-red", "120-red"]
     from gengate.domain import ChoiceConstraint
 
     choice = StructuredOutput(ChoiceConstraint(("red", "green", "blue")))
     runs = [constrained_run(tiny, choice, "yellow", seed=s, temperature=2.0) for s in range(3)]
-    assert [d.output_token_ids for d in runs] == [[280, 71], [85, 328], [74, 280, 329]]
+    assert [d.output_token_ids for d in runs] == [[74, 280, 329], [401], [74, 280, 329]]
+    assert [d.text for d in runs] == ["green", "red", "green"]
 
 
 def test_dead_end_raises_internal() -> None:
@@ -479,6 +481,12 @@ def test_dead_end_raises_internal() -> None:
 
         def is_stopped(self) -> bool:
             return False
+
+        def is_forced(self) -> bool:
+            return False
+
+        def try_advance(self, token: int) -> int:
+            return -1  # the draw made first is refused, then the mask allows nothing
 
     for sampling in (SamplingParams(temperature=0, seed=1), SamplingParams(temperature=1.0, seed=1)):
         with pytest.raises(errors.Internal) as info:

@@ -22,27 +22,37 @@ from gengate.engines.options import EngineOptions
 
 
 class ScriptedMatcher:
-    """A matcher that replays (allowed bits, accepting) per step; consumes anything."""
+    """A matcher that replays (allowed bits, accepting) per step (`at`, set before each step);
+    consumes anything. `forced` says every state is forced, which keeps the decoder from drawing
+    first: then each step goes through the mask."""
 
-    def __init__(self, vocab_size: int, script: list[tuple[np.ndarray, bool]]) -> None:
+    def __init__(self, vocab_size: int, script: list[tuple[np.ndarray, bool]], *, forced: bool) -> None:
         self.vocab_size = vocab_size
         self._script = script
-        self._step = -1
+        self._forced = forced
+        self.at = 0
+        self.tried = 0  # draws offered to try_advance
 
     def bind_mask(self, row: np.ndarray) -> Any:
         def fill() -> None:
-            self._step += 1
             bits = np.zeros(row.size * 32, dtype=np.bool_)
-            bits[: self.vocab_size] = self._script[self._step][0]
+            bits[: self.vocab_size] = self._script[self.at][0]
             row[:] = np.packbits(bits, bitorder="little").view(np.int32)
 
         return fill
 
     def is_accepting(self) -> bool:
-        return self._script[self._step][1]
+        return self._script[self.at][1]
 
     def is_stopped(self) -> bool:
         return False
+
+    def is_forced(self) -> bool:
+        return self._forced
+
+    def try_advance(self, token: int) -> int:
+        self.tried += 1
+        return 0 if self._script[self.at][0][token] else -1
 
     def advance(self, token: int) -> bool:
         return False
@@ -73,7 +83,7 @@ class PlainMasking(SequenceDecoder):
             work[self._eos] = -np.inf
         return work
 
-    def _choose(self, work: FloatArray) -> int:
+    def _choose(self, work: FloatArray, *, constrained: bool = True, normalize: bool = True) -> int:
         if self._greedy:
             token = int(work.argmax())
             if not np.isfinite(work[token]):
@@ -163,7 +173,8 @@ def _run(
 ) -> list[Any]:
     decoder = cls(matcher=matcher, **kw)
     out: list[Any] = []
-    for row in logits:
+    for at, row in enumerate(logits):
+        matcher.at = at
         try:
             result = decoder.step(row)
         except errors.Internal as exc:  # raised before anything changed: the next step goes on
@@ -184,10 +195,17 @@ def _run(
 @pytest.mark.parametrize(
     "options", [EngineOptions(), EngineOptions(min_tokens=5), EngineOptions(ignore_eos=True)], ids=str
 )
+@pytest.mark.parametrize("forced", [True, False], ids=["masked", "drawn first"])
 def test_fast_masking_chooses_what_plain_masking_chooses(
-    sampling: str, grammar_vocab: int, vocab: int, eos: set[int], options: EngineOptions
+    sampling: str, grammar_vocab: int, vocab: int, eos: set[int], options: EngineOptions, forced: bool
 ) -> None:
-    compared = 0
+    """Through the mask, every sampling picks as plain masking does; drawn first (unforced
+    states), greedy and the cut samplings (which never draw first) do too. Temperature draws
+    drawn first spend other random numbers: tests/engines/test_draw_first.py checks their
+    distribution instead."""
+    if not forced and sampling in ("temperature 1", "penalties"):
+        pytest.skip("a temperature draw made first picks by other random numbers (test_draw_first.py)")
+    compared = tried = 0
     for seed in range(4):
         rng = np.random.default_rng([seed, grammar_vocab, vocab])
         masks, logits = _script(rng, grammar_vocab, vocab)
@@ -202,8 +220,12 @@ def test_fast_masking_chooses_what_plain_masking_chooses(
             "vocab_size": vocab,
             "options": options,
         }
-        fast = _run(SequenceDecoder, ScriptedMatcher(grammar_vocab, masks), logits, **kw)
-        plain = _run(PlainMasking, ScriptedMatcher(grammar_vocab, masks), logits, **kw)
+        matcher = ScriptedMatcher(grammar_vocab, masks, forced=forced)
+        fast = _run(SequenceDecoder, matcher, logits, **kw)
+        plain = _run(PlainMasking, ScriptedMatcher(grammar_vocab, masks, forced=True), logits, **kw)
         assert fast == plain, (seed, fast, plain)
         compared += len(fast)
+        tried += matcher.tried
     assert compared >= 40  # the runs went some way before their ends
+    # greedy draws first when unforced; the cut samplings never do
+    assert (tried > 0) == (not forced and sampling == "greedy")

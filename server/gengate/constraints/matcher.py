@@ -71,6 +71,22 @@ class ConstraintMatcher:
             raise matcher_error(matcher.get_error(), f"constraint rejected token {token_id}")
         return bool(matcher.is_stopped()) and not matcher.is_error()
 
+    def is_forced(self) -> bool:
+        """True when the grammar forces the next bytes: there the mask keeps only the canonical
+        token (`{"`, not `{` then `"`), though a consume would take either."""
+        return bool(self._matcher.compute_ff_bytes())
+
+    def try_advance(self, token_id: int) -> int:
+        """For a token drawn without the mask, in a state that is not forced: 1 (consumed, now
+        stopped) or 0 (consumed) when the mask allows it, -1 (nothing changed) when not.
+
+        Outside forced states llguidance's mask is exactly the set of tokens a consume takes
+        (tests/constraints/test_try_advance.py holds the two equal over many constraints)."""
+        matcher = self._matcher
+        if matcher.try_consume_tokens([token_id]) != 1:
+            return -1
+        return 1 if matcher.is_stopped() and not matcher.is_error() else 0
+
     def is_accepting(self) -> bool:
         """True when the output so far is complete (EOS may end the generation here)."""
         return bool(self._matcher.is_accepting())

@@ -125,6 +125,12 @@ class SequenceDecoder:
             self._eos_ids = tuple(int(t) for t in self._eos)
             self._allowed = np.empty(vocab_size, dtype=np.bool_)
             self._stop_checked = False  # is_stopped() was False after the last consumed token
+        # Draw first and mask only when the draw is refused (_draw_first): exact for temperature
+        # and greedy sampling, not under a cut of the distribution (top-k / top-p / min-p).
+        self._draws_first = (
+            matcher is not None and self._top_k is None and self._top_p is None and self._min_p is None
+        )
+        self._drawn = -1
         # Without penalties or a mask the logits are only read, so step() skips its copy.
         self._edits_logits = matcher is not None or self._penalized or options.holds_eos
         # Scratch buffers reused every step: allocating vocab-sized arrays per token (page
@@ -174,14 +180,19 @@ class SequenceDecoder:
         if matcher is not None and not self._stop_checked and matcher.is_stopped():
             return self._finish(None, FinishReason.STOP, None)
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self._vocab_size]
+        drawn = -1  # a token drawn before the mask and taken by the constraint: 1 stopped, 0 not
         if matcher is not None:
-            work = self._masked(raw, matcher)
-            try:
-                token = self._choose(work)
-            except errors.Internal:
-                if not np.isnan(work).any():
-                    raise
-                token = self._choose(self._masked_exactly(raw))
+            token = self._draw_first(raw, matcher) if self._draws_first else -1
+            if token >= 0:
+                drawn = self._drawn
+            else:
+                work = self._masked(raw, matcher)
+                try:
+                    token = self._choose(work, constrained=True)
+                except errors.Internal:
+                    if not np.isnan(work).any():
+                        raise
+                    token = self._choose(self._masked_exactly(raw), constrained=True)
         else:
             if self._edits_logits:
                 work = self._scratch()[0][: raw.shape[0]]
@@ -191,7 +202,7 @@ class SequenceDecoder:
                     work[self._eos] = -np.inf
             else:
                 work = raw  # read only from here on
-            token = self._choose(work)
+            token = self._choose(work, constrained=False)
         logprob = self._logprob(raw, token) if self._logprobs is not None else None
 
         self._tokens.append(token)
@@ -199,7 +210,7 @@ class SequenceDecoder:
             return self._finish(token, FinishReason.STOP, logprob)
         stopped = False
         if matcher is not None:
-            stopped = matcher.advance(token)
+            stopped = matcher.advance(token) if drawn < 0 else drawn == 1
             self._stop_checked = True  # (when stopped, this step ends the generation)
         if self._penalized:
             self._record(token)
@@ -256,6 +267,36 @@ class SequenceDecoder:
             counts = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
             work[ids] -= counts * np.float32(self._frequency) + np.float32(self._presence)
 
+    def _draw_first(self, raw: FloatArray, matcher: ConstraintMatcher) -> int:
+        """A token drawn from all the logits, kept when the constraint allows it (then consumed,
+        `_drawn` saying whether it stopped); -1 when not, and step() draws again, masked.
+
+        The kept tokens follow the masked distribution exactly: a token t the constraint allows
+        comes out with p(t) + (1 - p(allowed)) * p(t) / p(allowed) = p(t) / p(allowed). Most
+        steps of a model that follows its schema skip the mask this way (llama.cpp's grammar
+        sampler does the same). Only without top-k / top-p / min-p, which would cut the
+        distribution before the mask instead of after it."""
+        if matcher.is_forced():  # the mask keeps only the canonical token there: mask at once
+            return -1
+        work = raw
+        if self._penalized:
+            work = self._scratch()[0][: raw.shape[0]]
+            np.copyto(work, raw)
+            self._apply_penalties(work)
+        try:
+            token = self._choose(work, constrained=False, normalize=False)
+        except errors.Internal:  # NaN or infinite logits: the masked path sorts them out
+            return -1
+        if token in self._eos_set:
+            if self._holds_eos() or not matcher.is_accepting():
+                return -1
+            self._drawn = 0  # (EOS ends the generation unconsumed, as after the mask)
+            return token
+        if token >= matcher.vocab_size:
+            return -1
+        self._drawn = matcher.try_advance(token)
+        return token if self._drawn >= 0 else -1
+
     def _masked(self, raw: FloatArray, matcher: ConstraintMatcher) -> FloatArray:
         """The logits the constraint allows, -inf elsewhere; EOS is allowed exactly when the output
         is complete (and EOS is not held back), whatever the mask says, then the penalties.
@@ -293,7 +334,7 @@ class SequenceDecoder:
             self._buffers = (np.empty(n, np.float32), np.empty(n, np.float32), np.empty(n, np.float64))
         return self._buffers
 
-    def _choose(self, work: FloatArray) -> int:
+    def _choose(self, work: FloatArray, *, constrained: bool, normalize: bool = True) -> int:
         if self._greedy:
             token = int(work.argmax())
             if not np.isfinite(work[token]):
@@ -309,7 +350,7 @@ class SequenceDecoder:
             scaled = work
         ids: npt.NDArray[np.int64] | None = None
         cand = scaled
-        if self._matcher is not None:
+        if constrained:
             # constrained states usually allow few tokens: sample among those only
             allowed = self._allowed[: scaled.shape[0]]
             np.greater(scaled, _DENY, out=allowed)
@@ -336,7 +377,8 @@ class SequenceDecoder:
         probs = probs_buf[: cand.shape[0]]  # may alias cand (scaled): computed elementwise
         np.subtract(cand, top, out=probs)
         np.exp(probs, out=probs)
-        probs /= probs.sum()
+        if normalize:  # (the draw below scales by cdf[-1]; top-p / min-p and old seeds need it)
+            probs /= probs.sum()
         if self._top_p is not None:
             keep = _top_p_keep(probs, self._top_p, work_buf, cdf_buf)  # work is dead by now
             ids = keep if ids is None else ids[keep]
