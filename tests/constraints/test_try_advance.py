@@ -65,6 +65,9 @@ CONSTRAINTS: dict[str, Constraint] = {
         'start: item ("," item)*\nitem: WORD | NUMBER\nWORD: /[a-z]+/\nNUMBER: /[0-9]+/',
     ),
     "gbnf": GrammarConstraint(GrammarSyntax.GBNF, 'root ::= "say " ("hi" | "hello") " " [a-z]+'),
+    "lark, forcing off": GrammarConstraint(
+        GrammarSyntax.LARK, '%llguidance {"no_forcing": true}\nstart: "ab" NUMBER\nNUMBER: /[0-9]{1,3}/'
+    ),
 }
 
 
@@ -89,9 +92,14 @@ def _walk(matcher: ConstraintMatcher, rng: np.random.Generator, steps: int) -> t
             inner = matcher._matcher
             for token in range(matcher.vocab_size):
                 probe = ConstraintMatcher(inner.deep_copy(), matcher.vocab_size)
-                taken = probe.try_advance(token) >= 0
+                answer = probe.try_advance(token)
+                taken = answer >= 0
                 assert taken == bool(mask[token]), (token, taken, bool(mask[token]))
-                if not taken:  # a refused try leaves the matcher as it was
+                if taken:  # "stopped" as advance() tells it
+                    assert (answer == 1) == ConstraintMatcher(inner.deep_copy(), matcher.vocab_size).advance(
+                        token
+                    )
+                else:  # a refused try leaves the matcher as it was
                     assert not probe.is_error()
                     assert np.array_equal(probe.allowed_token_mask(), mask)
             checked += 1

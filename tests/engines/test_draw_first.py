@@ -1,4 +1,5 @@
-"""A constrained step that draws before it masks gives the masked distribution, exactly.
+"""A constrained step that draws before it masks gives the masked distribution (exactly, up to
+float32 rounding of the probabilities).
 
 SequenceDecoder draws from all the logits first and keeps the draw when the constraint allows it,
 masking (and drawing again) only when not. A token t of the allowed set A then comes out with
@@ -128,11 +129,20 @@ def test_a_drawn_eos_is_kept_only_when_the_output_is_complete() -> None:
     logits[EOS] = 10.0  # nearly every draw is EOS
     for accepting in (True, False):
         matcher = OneState(forced=False, accepting=accepting)
+        masked = {
+            _decoder(OneState(forced=True, accepting=accepting), seed, {"temperature": 1.0}, EngineOptions())
+            .step(logits)
+            .token_id
+            for seed in range(50)
+        }
         tokens = {
             _decoder(matcher, seed, {"temperature": 1.0}, EngineOptions()).step(logits).token_id
             for seed in range(50)
         }
         assert (EOS in tokens) == accepting
+        assert (EOS in masked) == accepting
+        # a drawn EOS is kept without the mask when complete (no try), refused when not
+        assert matcher.tried < 50 if accepting else matcher.tried == 0
         assert tokens <= set(np.flatnonzero(ALLOWED if accepting else ALLOWED & (np.arange(VOCAB) != EOS)))
 
 

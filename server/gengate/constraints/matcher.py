@@ -73,7 +73,9 @@ class ConstraintMatcher:
 
     def is_forced(self) -> bool:
         """True when the grammar forces the next bytes: there the mask keeps only the canonical
-        token (`{"`, not `{` then `"`), though a consume would take either."""
+        token (`{"`, not `{` then `"`), though a consume would take either. (llguidance moves
+        the forced bytes into its parser as it answers, even for a grammar with `no_forcing`;
+        the mask stays the same, test_try_advance.py holds it.)"""
         return bool(self._matcher.compute_ff_bytes())
 
     def try_advance(self, token_id: int) -> int:

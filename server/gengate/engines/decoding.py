@@ -271,8 +271,9 @@ class SequenceDecoder:
         """A token drawn from all the logits, kept when the constraint allows it (then consumed,
         `_drawn` saying whether it stopped); -1 when not, and step() draws again, masked.
 
-        The kept tokens follow the masked distribution exactly: a token t the constraint allows
-        comes out with p(t) + (1 - p(allowed)) * p(t) / p(allowed) = p(t) / p(allowed). Most
+        The kept tokens follow the masked distribution (exactly, up to float32 rounding of the
+        probabilities): a token t the constraint allows comes out with
+        p(t) + (1 - p(allowed)) * p(t) / p(allowed) = p(t) / p(allowed). Most
         steps of a model that follows its schema skip the mask this way (llama.cpp's grammar
         sampler does the same). Only without top-k / top-p / min-p, which would cut the
         distribution before the mask instead of after it."""
