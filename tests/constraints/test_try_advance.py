@@ -107,9 +107,12 @@ def _walk(matcher: ConstraintMatcher, rng: np.random.Generator, steps: int) -> t
     return checked, forced
 
 
-@pytest.mark.parametrize("name", [*CONSTRAINTS, *_corpus(8)])
+CASES = {**CONSTRAINTS, **_corpus(8)}
+
+
+@pytest.mark.parametrize("name", CASES)
 def test_outside_forced_states_a_consume_takes_exactly_the_mask(ll_tokenizer: LLTokenizer, name: str) -> None:
-    constraint = CONSTRAINTS[name] if name in CONSTRAINTS else _corpus(8)[name]
+    constraint = CASES[name]
     compiler = ConstraintCompiler(ll_tokenizer, "tiny")
     try:
         compiled = compiler.compile_sync(StructuredOutput(constraint))

@@ -18,6 +18,7 @@ import pytest
 from gengate.domain import SamplingParams, StoppingCriteria
 from gengate.engines.decoding import SequenceDecoder
 from gengate.engines.options import EngineOptions
+from packed_masks import packed_mask_filler
 
 VOCAB = 12
 EOS = 0
@@ -36,12 +37,7 @@ class OneState:
         self.tried = self.taken = 0
 
     def bind_mask(self, row: np.ndarray) -> Any:
-        def fill() -> None:
-            bits = np.zeros(row.size * 32, dtype=np.bool_)
-            bits[:VOCAB] = ALLOWED
-            row[:] = np.packbits(bits, bitorder="little").view(np.int32)
-
-        return fill
+        return packed_mask_filler(row, VOCAB, lambda: ALLOWED)
 
     def is_accepting(self) -> bool:
         return self._accepting

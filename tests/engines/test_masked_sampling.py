@@ -19,6 +19,7 @@ from gengate import errors
 from gengate.domain import SamplingParams, StoppingCriteria
 from gengate.engines.decoding import FloatArray, SequenceDecoder, _cumsum64, _top_p_keep
 from gengate.engines.options import EngineOptions
+from packed_masks import packed_mask_filler
 
 
 class ScriptedMatcher:
@@ -34,12 +35,7 @@ class ScriptedMatcher:
         self.tried = 0  # draws offered to try_advance
 
     def bind_mask(self, row: np.ndarray) -> Any:
-        def fill() -> None:
-            bits = np.zeros(row.size * 32, dtype=np.bool_)
-            bits[: self.vocab_size] = self._script[self.at][0]
-            row[:] = np.packbits(bits, bitorder="little").view(np.int32)
-
-        return fill
+        return packed_mask_filler(row, self.vocab_size, lambda: self._script[self.at][0])
 
     def is_accepting(self) -> bool:
         return self._script[self.at][1]

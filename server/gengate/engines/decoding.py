@@ -130,7 +130,6 @@ class SequenceDecoder:
         self._draws_first = (
             matcher is not None and self._top_k is None and self._top_p is None and self._min_p is None
         )
-        self._drawn = -1
         # Without penalties or a mask the logits are only read, so step() skips its copy.
         self._edits_logits = matcher is not None or self._penalized or options.holds_eos
         # Scratch buffers reused every step: allocating vocab-sized arrays per token (page
@@ -182,10 +181,8 @@ class SequenceDecoder:
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self._vocab_size]
         drawn = -1  # a token drawn before the mask and taken by the constraint: 1 stopped, 0 not
         if matcher is not None:
-            token = self._draw_first(raw, matcher) if self._draws_first else -1
-            if token >= 0:
-                drawn = self._drawn
-            else:
+            token, drawn = self._draw_first(raw, matcher) if self._draws_first else (-1, -1)
+            if token < 0:
                 work = self._masked(raw, matcher)
                 try:
                     token = self._choose(work, constrained=True)
@@ -267,9 +264,9 @@ class SequenceDecoder:
             counts = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
             work[ids] -= counts * np.float32(self._frequency) + np.float32(self._presence)
 
-    def _draw_first(self, raw: FloatArray, matcher: ConstraintMatcher) -> int:
-        """A token drawn from all the logits, kept when the constraint allows it (then consumed,
-        `_drawn` saying whether it stopped); -1 when not, and step() draws again, masked.
+    def _draw_first(self, raw: FloatArray, matcher: ConstraintMatcher) -> tuple[int, int]:
+        """(token, 1 if the constraint stopped after it else 0) for a token drawn from all the
+        logits that the constraint takes (consumed); (-1, -1) when not: step() then masks.
 
         The kept tokens follow the masked distribution (exactly, up to float32 rounding of the
         probabilities): a token t the constraint allows comes out with
@@ -278,7 +275,7 @@ class SequenceDecoder:
         sampler does the same). Only without top-k / top-p / min-p, which would cut the
         distribution before the mask instead of after it."""
         if matcher.is_forced():  # the mask keeps only the canonical token there: mask at once
-            return -1
+            return -1, -1
         work = raw
         if self._penalized:
             work = self._scratch()[0][: raw.shape[0]]
@@ -287,16 +284,13 @@ class SequenceDecoder:
         try:
             token = self._choose(work, constrained=False, normalize=False)
         except errors.Internal:  # NaN or infinite logits: the masked path sorts them out
-            return -1
-        if token in self._eos_set:
-            if self._holds_eos() or not matcher.is_accepting():
-                return -1
-            self._drawn = 0  # (EOS ends the generation unconsumed, as after the mask)
-            return token
+            return -1, -1
+        if token in self._eos_set:  # (it ends the generation unconsumed, as after the mask)
+            return (token, 0) if not self._holds_eos() and matcher.is_accepting() else (-1, -1)
         if token >= matcher.vocab_size:
-            return -1
-        self._drawn = matcher.try_advance(token)
-        return token if self._drawn >= 0 else -1
+            return -1, -1
+        stopped = matcher.try_advance(token)
+        return (token, stopped) if stopped >= 0 else (-1, -1)
 
     def _masked(self, raw: FloatArray, matcher: ConstraintMatcher) -> FloatArray:
         """The logits the constraint allows, -inf elsewhere; EOS is allowed exactly when the output
