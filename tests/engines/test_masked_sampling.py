@@ -1,7 +1,8 @@
 """The constrained step's fast paths choose exactly what plain masking and sampling choose.
 
 SequenceDecoder applies the mask as bounds (np.minimum with +inf / -inf), counts the allowed
-ids instead of listing them, and skips the draw's arithmetic for a single allowed id.
+ids instead of listing them, skips the draw's arithmetic for a single allowed id, and reads a
+mask of one id (a forced state's) from its bits without building the bounds at all.
 PlainMasking below is the decoder's code before those fast paths (penalize a copy, -inf where
 the mask disallows, EOS restored when the output is complete, flatnonzero over what is left):
 over random masks and logits, NaN and infinities included, both must pick the same tokens, or
@@ -57,13 +58,12 @@ class ScriptedMatcher:
 class PlainMasking(SequenceDecoder):
     """The masking and sampling of gengate 8d9dee1, before the constrained fast paths."""
 
-    def _masked(self, raw: FloatArray, matcher: Any) -> FloatArray:
+    def _draw_masked(self, raw: FloatArray, matcher: Any) -> int:
         self._fill_mask()
         self._plain_matcher = matcher
-        return self._masked_exactly(raw)
+        return self._choose(self._masked_exactly(raw))
 
     def _masked_exactly(self, raw: FloatArray) -> FloatArray:
-        """(step() asks for this again after a failed choice: the same again, for the same error)"""
         matcher = self._plain_matcher
         work = self._scratch()[0][: raw.shape[0]]
         np.copyto(work, raw)

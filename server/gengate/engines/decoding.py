@@ -183,13 +183,7 @@ class SequenceDecoder:
         if matcher is not None:
             token, drawn = self._draw_first(raw, matcher) if self._draws_first else (-1, -1)
             if token < 0:
-                work = self._masked(raw, matcher)
-                try:
-                    token = self._choose(work, constrained=True)
-                except errors.Internal:
-                    if not np.isnan(work).any():
-                        raise
-                    token = self._choose(self._masked_exactly(raw), constrained=True)
+                token = self._draw_masked(raw, matcher)
         else:
             if self._edits_logits:
                 work = self._scratch()[0][: raw.shape[0]]
@@ -292,13 +286,65 @@ class SequenceDecoder:
         stopped = matcher.try_advance(token)
         return (token, stopped) if stopped >= 0 else (-1, -1)
 
+    def _draw_masked(self, raw: FloatArray, matcher: ConstraintMatcher) -> int:
+        """A token drawn among those the constraint allows (its mask computed now)."""
+        self._fill_mask()
+        only = self._only_allowed(matcher, raw.shape[0])
+        if only >= 0:
+            return self._choose_only(raw, only)
+        work = self._masked(raw, matcher)
+        try:
+            return self._choose(work, constrained=True)
+        except errors.Internal:
+            if not np.isnan(work).any():
+                raise
+            return self._choose(self._masked_exactly(raw), constrained=True)
+
+    def _only_allowed(self, matcher: ConstraintMatcher, n: int) -> int:
+        """The id when the mask just filled allows exactly one (and EOS is not allowed besides, by
+        the rule of _masked), else -1. A forced state's mask is one token (the canonical one), so
+        these steps skip the vocabulary-sized arithmetic of _masked and _choose."""
+        words = self._bitmask
+        set_words = words.nonzero()[0]
+        if set_words.shape[0] != 1 or n < 4 or (self._min_p is not None and self._min_p > 1.0):
+            return -1  # (_choose's own shortcut for one id holds for these only)
+        word = int(set_words[0])
+        bits = int(words[word]) & 0xFFFFFFFF
+        if bits & (bits - 1):
+            return -1
+        token = 32 * word + bits.bit_length() - 1
+        if token >= matcher.vocab_size or token >= n:
+            return -1
+        if self._eos_ids and (token in self._eos_set or (not self._holds_eos() and matcher.is_accepting())):
+            return -1
+        return token
+
+    def _choose_only(self, raw: FloatArray, token: int) -> int:
+        """What _choose(constrained=True) gives when `token` is the only id allowed: `token`, one
+        random number spent unless greedy; the same error when its (penalized, scaled) logit is
+        not finite."""
+        value = raw[token]
+        if self._penalized:
+            work = self._scratch()[0][: raw.shape[0]]
+            np.copyto(work, raw)
+            self._apply_penalties(work)
+            value = work[token]
+        if not self._greedy and self._temperature != 1.0:
+            value = value / np.float32(self._temperature)
+        if not math.isfinite(float(value)):
+            raise self._nothing_allowed()
+        if not self._greedy:
+            self._rng.random()
+        return token
+
     def _masked(self, raw: FloatArray, matcher: ConstraintMatcher) -> FloatArray:
-        """The logits the constraint allows, -inf elsewhere; EOS is allowed exactly when the output
-        is complete (and EOS is not held back), whatever the mask says, then the penalties.
+        """The logits the constraint allows (the mask already filled), -inf elsewhere; EOS is
+        allowed exactly when the output is complete (and EOS is not held back), whatever the mask
+        says, then the penalties.
 
         The mask is one np.minimum with bounds (+inf / -inf); that equals masking the penalized
-        logits except where a disallowed logit is NaN (it stays NaN): step() then redoes it exactly."""
-        self._fill_mask()
+        logits except where a disallowed logit is NaN (it stays NaN): _draw_masked then redoes it
+        exactly."""
         mask = self._mask
         _BYTE_MASKS.take(self._mask_bytes, axis=0, out=self._mask_rows)
         if self._mask_tail is not None:
