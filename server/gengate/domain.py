@@ -7,6 +7,7 @@ the constraint engine only ever see these types.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeAlias, TypeVar
 
@@ -434,6 +435,22 @@ class GenerationDelta:
     logprobs: tuple[TokenLogprob, ...] | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
     reasoning: str = ""
+
+
+def merge_deltas(deltas: Sequence[GenerationDelta]) -> GenerationDelta:
+    """One delta carrying what several consecutive deltas of one generation carry: their text,
+    token counts, logprobs, tool-call fragments and reasoning, in order."""
+    if len(deltas) == 1:
+        return deltas[0]
+    with_logprobs = any(d.logprobs is not None for d in deltas)
+    return GenerationDelta(
+        index=deltas[0].index,
+        text="".join(d.text for d in deltas),
+        token_count=sum(d.token_count for d in deltas),
+        logprobs=tuple(lp for d in deltas for lp in (d.logprobs or ())) if with_logprobs else None,
+        tool_calls=tuple(call for d in deltas for call in d.tool_calls),
+        reasoning="".join(d.reasoning for d in deltas),
+    )
 
 
 @dataclass(frozen=True)

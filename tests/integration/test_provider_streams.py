@@ -107,3 +107,34 @@ async def test_stream_without_a_whole_event_stream_is_unavailable(
             assert error.code() == grpc.StatusCode.UNAVAILABLE, (what, error.details())
             assert reason(error) == "UPSTREAM_PROTOCOL", (what, error.details())
             assert "server-sent-event stream" in (error.details() or ""), what
+
+
+async def test_deltas_ready_together_are_one_frame_and_spaced_deltas_go_alone(
+    make_server: Any, provider: tuple[str, Any]
+) -> None:
+    """What the upstream sends in one write reaches the client as one delta frame; spaced
+    deltas, each as its own frame, as they come. Either way the text and the token count are
+    the unary answer's (gengate/api/coalesce.py)."""
+    name, fake = provider
+    fake.reset()
+    entry = {"name": "remote", "max_retries": 0, **PROVIDERS[name][2](fake.server.base_url)}
+    server = await make_server({"models": [entry]})
+    words = "one two three four five six"
+    request = g.GenerateRequest(model="remote", prompt="hi")
+    streamed = g.GenerateStreamRequest(request=request)
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        fake.answers.append(words)
+        unary = await stub.Generate(request, timeout=10)
+        streams = {}
+        for way in ("one write", "spaced"):
+            fake.server.events_in_one_write = way == "one write"
+            fake.server.event_delay_s = 0.02 if way == "spaced" else 0.0
+            fake.answers.append(words)
+            frames = [f async for f in stub.GenerateStream(streamed, timeout=10)]
+            deltas = [f.delta for f in frames if f.WhichOneof("frame") == "delta"]
+            assert "".join(d.text for d in deltas) == unary.generations[0].text == words, way
+            assert sum(d.token_count for d in deltas) == frames[-1].end.usage.output_tokens, way
+            streams[way] = deltas
+    assert len(streams["one write"]) == 1
+    assert len(streams["spaced"]) > 1

@@ -93,6 +93,7 @@ class FakeServer:
         self.max_in_flight = 0  # the most requests the fake was answering at once
         self.completed_streams = 0
         self.event_delay_s = 0.0
+        self.events_in_one_write = False  # a whole event stream in one write (one chunk), then EOF
         self.base_url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -115,6 +116,7 @@ class FakeServer:
             self.in_flight = self.max_in_flight = 0
             self.completed_streams = 0
             self.event_delay_s = 0.0
+            self.events_in_one_write = False
 
     def start(self) -> str:
         ready = threading.Event()
@@ -235,13 +237,16 @@ class FakeServer:
         )
         await response.prepare(request)
         try:
-            for i, (name, data) in enumerate(reply.events):
+            frames = [(f"event: {name}\n" if name else "") + f"data: {data}\n\n"
+                      for name, data in reply.events]  # fmt: skip
+            if self.events_in_one_write and break_after is None:
+                frames = ["".join(frames)]
+            for i, frame in enumerate(frames):
                 if break_after is not None and i >= break_after:
                     # Drop the TCP connection mid-stream, as a crashed upstream would.
                     assert request.transport is not None
                     request.transport.close()
                     return response
-                frame = (f"event: {name}\n" if name else "") + f"data: {data}\n\n"
                 await response.write(frame.encode())
                 if self.event_delay_s:
                     await asyncio.sleep(self.event_delay_s)

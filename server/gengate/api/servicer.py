@@ -14,6 +14,7 @@ from gengate_proto.v1 import generation_pb2 as gpb
 from gengate_proto.v1 import generation_pb2_grpc
 
 from gengate.api import convert
+from gengate.api.coalesce import coalesced
 from gengate.api.status import abort, to_rpc_status
 from gengate.domain import GenerationRequest
 from gengate.errors import GengateError, Internal, brief
@@ -98,7 +99,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
                 "generate_stream", request.request, _deadline(context, self.default_timeout_s), "request."
             )
             try:
-                async for event in self.core.generate_stream(domain_request):
+                async for event in coalesced(self.core.generate_stream(domain_request)):
                     yield convert.event_to_pb(event)
             except GengateError as exc:
                 raise exc.under("request.") from None

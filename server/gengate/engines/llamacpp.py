@@ -43,6 +43,7 @@ from gengate.domain import (
     Timings,
     TokenLogprob,
     Usage,
+    merge_deltas,
 )
 from gengate.engines.base import engine_capabilities, output_room, refuse_images, seeded, stream_start
 from gengate.engines.chat_vars import (
@@ -70,7 +71,7 @@ from gengate.engines.reasoning import (
     reasoning_events,
     reasoning_plan,
 )
-from gengate.engines.resampling import all_generations, merge_deltas, retry_seed
+from gengate.engines.resampling import all_generations, retry_seed
 from gengate.engines.toolcalls import chat_prompt, template_speaks_tools, tool_events, tool_plan
 from gengate.magpie import PRESET_TOKENS
 

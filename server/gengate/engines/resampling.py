@@ -23,6 +23,7 @@ from gengate.domain import (
     GenerationRequest,
     StreamEvent,
     StructuredOutput,
+    merge_deltas,
 )
 
 _SEED_STEP = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: attempts' seeds far apart
@@ -36,19 +37,6 @@ GenerationRunner = Callable[[Sequence[int], int], AsyncGenerator[StreamEvent, No
 def retry_seed(seed: int, attempt: int) -> int:
     """The seed of validation attempt `attempt`: reproducible from the request's seed."""
     return (seed + attempt * _SEED_STEP) & _SEED_MASK
-
-
-def merge_deltas(deltas: Sequence[GenerationDelta]) -> GenerationDelta:
-    """One delta carrying the text, token count and logprobs of several (of one generation)."""
-    if len(deltas) == 1:
-        return deltas[0]
-    with_logprobs = any(d.logprobs is not None for d in deltas)
-    return GenerationDelta(
-        index=deltas[0].index,
-        text="".join(d.text for d in deltas),
-        token_count=sum(d.token_count for d in deltas),
-        logprobs=tuple(lp for d in deltas for lp in (d.logprobs or ())) if with_logprobs else None,
-    )
 
 
 def all_generations(
