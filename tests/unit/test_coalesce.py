@@ -162,3 +162,31 @@ def test_merge_deltas_of_one_is_itself() -> None:
     one = delta(0, "a")
     assert merge_deltas([one]) is one
     assert merge_deltas([delta(0, "a"), delta(0, "b")]).logprobs is None
+
+
+def test_a_merged_delta_stops_growing_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(coalesce, "MERGE_CHARS", 10)
+    events: list[StreamEvent] = [delta(0, "abcd") for _ in range(6)]
+    out = merged(events)
+    assert [d.text for d in out if isinstance(d, GenerationDelta)] == ["abcdabcd", "abcdabcd", "abcdabcd"]
+
+
+async def test_closing_stops_a_reader_waiting_for_room_and_closes_its_source(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(coalesce, "READ_AHEAD", 4)
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncIterator[StreamEvent]:
+        try:
+            yield START
+            while True:
+                yield delta(0, "x")
+        finally:
+            closed.set()
+
+    stream = coalesced(endless())
+    assert await anext(stream) is START
+    await asyncio.sleep(0.01)  # the reader fills the read-ahead and waits for room
+    await asyncio.wait_for(stream.aclose(), 2)  # type: ignore[attr-defined]
+    assert closed.is_set()

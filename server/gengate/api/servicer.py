@@ -7,6 +7,7 @@ import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -99,8 +100,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
                 "generate_stream", request.request, _deadline(context, self.default_timeout_s), "request."
             )
             try:
-                async for event in coalesced(self.core.generate_stream(domain_request)):
-                    yield convert.event_to_pb(event)
+                # aclosing: a call cancelled mid-write stops the reader and its source now, here
+                async with aclosing(coalesced(self.core.generate_stream(domain_request))) as events:
+                    async for event in events:
+                        yield convert.event_to_pb(event)
             except GengateError as exc:
                 raise exc.under("request.") from None
         except GengateError as exc:
@@ -237,8 +240,10 @@ def _guarded(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[
         if isinstance(request, MalformedRequest):
             await abort(context, _malformed(request))
         _received(request)
-        async for item in stream(request, context):  # type: ignore[arg-type,attr-defined]
-            yield item
+        produced: Any = stream(request, context)  # type: ignore[arg-type]
+        async with aclosing(produced) as items:
+            async for item in items:
+                yield item
 
     return handler._replace(request_deserializer=deserializer, unary_stream=call_stream)  # type: ignore[attr-defined,no-any-return]
 
