@@ -19,3 +19,14 @@ def packed_mask_filler(
         row[:] = np.packbits(bits, bitorder="little").view(np.int32)
 
     return fill
+
+
+class WithoutPlans:
+    """The forced-run plans of ConstraintMatcher, never made: for test matchers whose masks
+    are scripted (the decoder asks for a planned token each step and offers a plan at one-id masks)."""
+
+    def planned(self) -> int:
+        return -1
+
+    def plan_forced_run(self, first: int) -> None:
+        pass

@@ -24,6 +24,7 @@ from gengate.domain import (
 from gengate.engines.decoding import LoopHandoff, SequenceDecoder, StepResult
 from gengate.models.tiny import EOS_TOKEN, TinyModelPaths
 from llguidance import LLTokenizer
+from packed_masks import WithoutPlans
 from tokenizers import Tokenizer
 
 # A synthetic vocabulary: token i is PIECES[i]; 0 is EOS.
@@ -467,7 +468,7 @@ def test_seeded_constrained_sampling_is_pinned(tiny: Any) -> None:
 def test_dead_end_raises_internal() -> None:
     from gengate import errors
 
-    class NothingAllowed:
+    class NothingAllowed(WithoutPlans):
         vocab_size = len(PIECES)
 
         def fill_mask(self, row: np.ndarray) -> None:

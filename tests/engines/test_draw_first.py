@@ -18,7 +18,7 @@ import pytest
 from gengate.domain import SamplingParams, StoppingCriteria
 from gengate.engines.decoding import SequenceDecoder
 from gengate.engines.options import EngineOptions
-from packed_masks import packed_mask_filler
+from packed_masks import WithoutPlans, packed_mask_filler
 
 VOCAB = 12
 EOS = 0
@@ -27,7 +27,7 @@ ALLOWED[[EOS, 2, 3, 5, 8, 9]] = True
 DRAWS = 6_000
 
 
-class OneState:
+class OneState(WithoutPlans):
     """A constraint stuck in one state: `allowed` ids, complete (EOS allowed) when `accepting`."""
 
     def __init__(self, *, forced: bool, accepting: bool = True) -> None:

@@ -20,10 +20,10 @@ from gengate import errors
 from gengate.domain import SamplingParams, StoppingCriteria
 from gengate.engines.decoding import FloatArray, SequenceDecoder, _cumsum64, _top_p_keep
 from gengate.engines.options import EngineOptions
-from packed_masks import packed_mask_filler
+from packed_masks import WithoutPlans, packed_mask_filler
 
 
-class ScriptedMatcher:
+class ScriptedMatcher(WithoutPlans):
     """A matcher that replays (allowed bits, accepting) per step (`at`, set before each step);
     consumes anything. `forced` says every state is forced, which keeps the decoder from drawing
     first: then each step goes through the mask."""

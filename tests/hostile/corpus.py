@@ -26,6 +26,7 @@ from gengate_proto.v1 import types_pb2 as t
 from google.protobuf import struct_pb2
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
+OK = grpc.StatusCode.OK
 LIMIT = "LIMIT_EXCEEDED"
 # The text `validated` answers: 27 a's then "!" (the backtracking probe's worst case).
 VALIDATED_TEXT = "a" * 27 + "!"
@@ -72,6 +73,11 @@ class Case:
     rpc: str = "generate"
     # For batch cases: per-item codes expected in the stream (index -> code); the RPC itself is OK.
     items: dict[int, grpc.StatusCode] = dataclasses.field(default_factory=dict)
+
+
+def _tokens(request: g.GenerateRequest, max_tokens: int) -> g.GenerateRequest:
+    request.stopping.max_tokens = max_tokens
+    return request
 
 
 def req(model: str = "tiny", prompt: str = "Answer:", **kw: Any) -> g.GenerateRequest:
@@ -227,6 +233,10 @@ CASES: list[Case] = [
     Case("lark whitespace only", lambda: lark("   \n\t"), INVALID, None, GRAMMAR_FIELD),
     Case("lark binary junk", lambda: lark("\x00\x01\x02 start ::: ::"), INVALID, None, GRAMMAR_FIELD),
     Case("lark 600 KB", lambda: lark('start: "' + "x" * 600_000 + '"'), INVALID, LIMIT, GRAMMAR_FIELD),
+    # A forced literal near the size limit: every mask in a forced state tokenized what remained of
+    # it (~80 ms a token at 400 KB); the run is now tokenized once (ConstraintMatcher.plan_forced_run).
+    Case("lark 400 KB literal, 300 tokens", lambda: _tokens(lark(f'start: "{"ab " * 133_000}"'), 300), OK),
+    Case("json const 400 KB, 300 tokens", lambda: _tokens(schema({"const": "xyz " * 100_000}), 300), OK),
     Case("lark regex terminal bomb", lambda: lark("start: /((a{1000}){1000}){1000}/"), INVALID),
     Case(
         "lark 1,000 alternatives x 1,000 rules",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import json
 import time
@@ -52,7 +53,13 @@ class CompiledConstraint:
 
     def new_matcher(self) -> ConstraintMatcher:
         """A fresh matcher at the start of the output (a copy of the compiled template)."""
-        return ConstraintMatcher(self._template.deep_copy(), self._vocab_size)
+        return ConstraintMatcher(self._template.deep_copy(), self._vocab_size, plans=self._plans)
+
+    @functools.cached_property
+    def _plans(self) -> bool:
+        """Whether forced runs may be planned: not under `no_forcing` (looked for anywhere in
+        the grammar's text, so a false alarm only turns plans off)."""
+        return "no_forcing" not in self.lowered.grammar
 
 
 @dataclass

@@ -10,19 +10,29 @@ from llguidance import LLMatcher
 
 from gengate import errors
 
+# Forced runs at least this long are tokenized once, where they start (plan_forced_run): in a
+# forced state llguidance's mask tokenizes all the forced bytes that remain, so a long literal
+# would cost its length at every one of its tokens (~24 ms a token at 100 KB on tiny).
+PLAN_BYTES = 256
+
 
 class ConstraintMatcher:
     """Per-generation token mask and state; never shared between generations.
 
     The mask covers the grammar tokenizer's vocabulary (`vocab_size`); logits beyond it
     (padded model vocabularies) must be treated as disallowed by the caller.
+    `plans` allows plan_forced_run (off for a grammar with `no_forcing`, whose masks in forced
+    states are not the forced tokens).
     """
 
-    def __init__(self, matcher: LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: LLMatcher, vocab_size: int, *, plans: bool = True) -> None:
         self._matcher = matcher
         self.vocab_size = vocab_size
         self._words = (vocab_size + 31) // 32
         self._bitmask = np.zeros(self._words, dtype=np.int32)
+        self._plans = plans
+        self._plan: list[int] = []  # the rest of a long forced run, its next token last
+        self._forced: int | None = None  # forced bytes at this state, when is_forced has looked
         if matcher.is_error():
             raise matcher_error(matcher.get_error(), "constraint matcher failed to start")
 
@@ -63,12 +73,18 @@ class ConstraintMatcher:
         """Advances past `token_id`; raises Internal if the grammar does not allow it."""
         if not self._matcher.consume_token(token_id):
             raise matcher_error(self._matcher.get_error(), f"constraint rejected token {token_id}")
+        self._forced = None
+        if self._plan:
+            self._follow_plan(token_id)
 
     def advance(self, token_id: int) -> bool:
         """consume(token_id), then is_stopped(): one call per token for a decoder."""
         matcher = self._matcher
         if not matcher.consume_token(token_id):
             raise matcher_error(matcher.get_error(), f"constraint rejected token {token_id}")
+        self._forced = None
+        if self._plan:
+            self._follow_plan(token_id)
         return bool(matcher.is_stopped()) and not matcher.is_error()
 
     def is_forced(self) -> bool:
@@ -76,7 +92,8 @@ class ConstraintMatcher:
         token (`{"`, not `{` then `"`), though a consume would take either. (llguidance moves
         the forced bytes into its parser as it answers, even for a grammar with `no_forcing`;
         the mask stays the same, test_try_advance.py holds it.)"""
-        return bool(self._matcher.compute_ff_bytes())
+        self._forced = len(self._matcher.compute_ff_bytes())
+        return self._forced > 0
 
     def try_advance(self, token_id: int) -> int:
         """For a token drawn without the mask, in a state that is not forced: 1 (consumed, now
@@ -87,7 +104,39 @@ class ConstraintMatcher:
         matcher = self._matcher
         if matcher.try_consume_tokens([token_id]) != 1:
             return -1
+        self._forced = None
+        if self._plan:
+            self._follow_plan(token_id)
         return 1 if matcher.is_stopped() and not matcher.is_error() else 0
+
+    def plan_forced_run(self, first: int) -> None:
+        """At a forced state whose mask allows only `first`: when PLAN_BYTES or more are forced,
+        tokenizes them once (llguidance's own forced tokens, `first` theirs too); planned() then
+        gives the run's next tokens, where a mask each would tokenize all that remains again.
+        The run's tokens are the canonical tokenization of the whole run, where masks would give
+        that of what remains at each token: the same tokens in every run tried
+        (tests/constraints/test_forced_runs.py), valid in any case."""
+        if not self._plans or self._plan:
+            return
+        forced = self._forced
+        if forced is None:
+            forced = self._forced = len(self._matcher.compute_ff_bytes())
+        if forced < PLAN_BYTES:
+            return
+        tokens = self._matcher.compute_ff_tokens()
+        if len(tokens) > 1 and tokens[0] == first:
+            self._plan = tokens[::-1]
+
+    def planned(self) -> int:
+        """The next token of the forced run planned here, -1 when none (a decoder then masks)."""
+        return self._plan[-1] if self._plan else -1
+
+    def _follow_plan(self, token_id: int) -> None:
+        """After a consume: the plan goes on when it was its token, and ends when not."""
+        if self._plan[-1] == token_id:
+            self._plan.pop()
+        else:
+            self._plan.clear()
 
     def is_accepting(self) -> bool:
         """True when the output so far is complete (EOS may end the generation here)."""

@@ -181,7 +181,11 @@ class SequenceDecoder:
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self._vocab_size]
         drawn = -1  # a token drawn before the mask and taken by the constraint: 1 stopped, 0 not
         if matcher is not None:
-            token, drawn = self._draw_first(raw, matcher) if self._draws_first else (-1, -1)
+            planned = matcher.planned()
+            if planned >= 0:
+                token, drawn = self._take_planned(raw, matcher, planned)
+            else:
+                token, drawn = self._draw_first(raw, matcher) if self._draws_first else (-1, -1)
             if token < 0:
                 token = self._draw_masked(raw, matcher)
         else:
@@ -286,12 +290,29 @@ class SequenceDecoder:
         stopped = matcher.try_advance(token)
         return (token, stopped) if stopped >= 0 else (-1, -1)
 
+    def _take_planned(self, raw: FloatArray, matcher: ConstraintMatcher, token: int) -> tuple[int, int]:
+        """(token, 1 if the constraint stopped after it else 0) for the next token of a long
+        forced run planned at its start (ConstraintMatcher.plan_forced_run), taken as a mask of
+        that one id would be; (-1, -1) when it cannot be (step() then masks, which ends the plan)."""
+        if token >= raw.shape[0] or not self._only_logit_finite(raw, token):
+            return -1, -1
+        if self._eos_ids and not self._holds_eos() and matcher.is_accepting():
+            return -1, -1  # (EOS would be allowed besides)
+        stopped = matcher.try_advance(token)
+        if stopped < 0:
+            return -1, -1
+        if not self._greedy:
+            self._rng.random()  # what _choose_only spends
+        return token, stopped
+
     def _draw_masked(self, raw: FloatArray, matcher: ConstraintMatcher) -> int:
         """A token drawn among those the constraint allows (its mask computed now)."""
         self._fill_mask()
         only = self._only_allowed(matcher, raw.shape[0])
         if only >= 0:
-            return self._choose_only(raw, only)
+            token = self._choose_only(raw, only)
+            matcher.plan_forced_run(token)
+            return token
         work = self._masked(raw, matcher)
         try:
             return self._choose(work, constrained=True)
@@ -305,10 +326,9 @@ class SequenceDecoder:
         the rule of _masked), else -1. A forced state's mask is one token (the canonical one), so
         these steps skip the vocabulary-sized arithmetic of _masked and _choose."""
         words = self._bitmask
-        set_words = words.nonzero()[0]
-        if set_words.shape[0] != 1 or n < 4 or (self._min_p is not None and self._min_p > 1.0):
+        if np.count_nonzero(words) != 1 or n < 4 or (self._min_p is not None and self._min_p > 1.0):
             return -1  # (_choose's own shortcut for one id holds for these only)
-        word = int(set_words[0])
+        word = int(words.nonzero()[0][0])
         bits = int(words[word]) & 0xFFFFFFFF
         if bits & (bits - 1):
             return -1
@@ -323,6 +343,14 @@ class SequenceDecoder:
         """What _choose(constrained=True) gives when `token` is the only id allowed: `token`, one
         random number spent unless greedy; the same error when its (penalized, scaled) logit is
         not finite."""
+        if not self._only_logit_finite(raw, token):
+            raise self._nothing_allowed()
+        if not self._greedy:
+            self._rng.random()
+        return token
+
+    def _only_logit_finite(self, raw: FloatArray, token: int) -> bool:
+        """Whether `token`'s logit, penalized and scaled as _choose would, is finite."""
         value = raw[token]
         if self._penalized:
             work = self._scratch()[0][: raw.shape[0]]
@@ -331,11 +359,7 @@ class SequenceDecoder:
             value = work[token]
         if not self._greedy and self._temperature != 1.0:
             value = value / np.float32(self._temperature)
-        if not math.isfinite(float(value)):
-            raise self._nothing_allowed()
-        if not self._greedy:
-            self._rng.random()
-        return token
+        return math.isfinite(float(value))
 
     def _masked(self, raw: FloatArray, matcher: ConstraintMatcher) -> FloatArray:
         """The logits the constraint allows (the mask already filled), -inf elsewhere; EOS is
