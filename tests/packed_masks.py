@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 
@@ -23,10 +24,9 @@ def packed_mask_filler(
 
 class WithoutPlans:
     """The forced-run plans of ConstraintMatcher, never made: for test matchers whose masks
-    are scripted (the decoder asks for a planned token each step and offers a plan at one-id masks)."""
+    are scripted (the decoder reads `plan` each step and offers a plan at one-id masks)."""
 
-    def planned(self) -> int:
-        return -1
+    plan: ClassVar[list[int]] = []  # never filled: plan_forced_run makes none
 
     def plan_forced_run(self, first: int) -> None:
         pass

@@ -163,16 +163,16 @@ def test_a_token_other_than_the_planned_one_ends_the_plan(tokenizer: Any) -> Non
     only = int(np.flatnonzero(matcher.allowed_token_mask())[0])
     assert matcher.is_forced()
     matcher.plan_forced_run(only)
-    assert matcher.planned() == only
+    assert matcher.plan[-1] == only
     matcher.advance(only)
-    following = matcher.planned()
-    assert following >= 0  # the plan goes on with its own tokens
+    assert matcher.plan  # the plan goes on with its own tokens
+    following = matcher.plan[-1]
     # another token the forced bytes also spell (not the canonical one), taken by a consume
     rest = matcher.forced_bytes()
     spelling = [(t, ll.decode_bytes([t])) for t in range(ll.vocab_size) if t != following]
     other = next(t for t, piece in spelling if piece and rest.startswith(piece))
     assert matcher.try_advance(other) >= 0
-    assert matcher.planned() == -1
+    assert not matcher.plan
     compiler.close()
 
 
@@ -186,5 +186,5 @@ def test_a_short_run_and_a_no_forcing_grammar_make_no_plan(tokenizer: Any) -> No
         allowed = np.flatnonzero(matcher.allowed_token_mask())
         matcher.is_forced()
         matcher.plan_forced_run(int(allowed[0]))
-        assert matcher.planned() == -1, constraint
+        assert not matcher.plan, constraint
     compiler.close()

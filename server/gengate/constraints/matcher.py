@@ -30,8 +30,10 @@ class ConstraintMatcher:
         self.vocab_size = vocab_size
         self._words = (vocab_size + 31) // 32
         self._bitmask = np.zeros(self._words, dtype=np.int32)
-        self._plans = plans
-        self._plan: list[int] = []  # the rest of a long forced run, its next token last
+        self.plans = plans
+        # The rest of a long forced run planned here (plan_forced_run), its next token last; a
+        # decoder reads it every step (an attribute: cheaper than a call), masking when empty.
+        self.plan: list[int] = []
         self._forced: int | None = None  # forced bytes at this state, when is_forced has looked
         if matcher.is_error():
             raise matcher_error(matcher.get_error(), "constraint matcher failed to start")
@@ -74,7 +76,7 @@ class ConstraintMatcher:
         if not self._matcher.consume_token(token_id):
             raise matcher_error(self._matcher.get_error(), f"constraint rejected token {token_id}")
         self._forced = None
-        if self._plan:
+        if self.plan:
             self._follow_plan(token_id)
 
     def advance(self, token_id: int) -> bool:
@@ -83,7 +85,7 @@ class ConstraintMatcher:
         if not matcher.consume_token(token_id):
             raise matcher_error(matcher.get_error(), f"constraint rejected token {token_id}")
         self._forced = None
-        if self._plan:
+        if self.plan:
             self._follow_plan(token_id)
         return bool(matcher.is_stopped()) and not matcher.is_error()
 
@@ -105,18 +107,18 @@ class ConstraintMatcher:
         if matcher.try_consume_tokens([token_id]) != 1:
             return -1
         self._forced = None
-        if self._plan:
+        if self.plan:
             self._follow_plan(token_id)
         return 1 if matcher.is_stopped() and not matcher.is_error() else 0
 
     def plan_forced_run(self, first: int) -> None:
         """At a forced state whose mask allows only `first`: when PLAN_BYTES or more are forced,
-        tokenizes them once (llguidance's own forced tokens, `first` theirs too); planned() then
-        gives the run's next tokens, where a mask each would tokenize all that remains again.
+        tokenizes them once (llguidance's own forced tokens, `first` theirs too); `plan` then
+        holds the run's next tokens, where a mask each would tokenize all that remains again.
         The run's tokens are the canonical tokenization of the whole run, where masks would give
         that of what remains at each token: the same tokens in every run tried
         (tests/constraints/test_forced_runs.py), valid in any case."""
-        if not self._plans or self._plan:
+        if not self.plans or self.plan:
             return
         forced = self._forced
         if forced is None:
@@ -125,18 +127,14 @@ class ConstraintMatcher:
             return
         tokens = self._matcher.compute_ff_tokens()
         if len(tokens) > 1 and tokens[0] == first:
-            self._plan = tokens[::-1]
-
-    def planned(self) -> int:
-        """The next token of the forced run planned here, -1 when none (a decoder then masks)."""
-        return self._plan[-1] if self._plan else -1
+            self.plan = tokens[::-1]
 
     def _follow_plan(self, token_id: int) -> None:
         """After a consume: the plan goes on when it was its token, and ends when not."""
-        if self._plan[-1] == token_id:
-            self._plan.pop()
+        if self.plan[-1] == token_id:
+            self.plan.pop()
         else:
-            self._plan.clear()
+            self.plan.clear()
 
     def is_accepting(self) -> bool:
         """True when the output so far is complete (EOS may end the generation here)."""

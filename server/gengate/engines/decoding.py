@@ -181,9 +181,8 @@ class SequenceDecoder:
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self._vocab_size]
         drawn = -1  # a token drawn before the mask and taken by the constraint: 1 stopped, 0 not
         if matcher is not None:
-            planned = matcher.planned()
-            if planned >= 0:
-                token, drawn = self._take_planned(raw, matcher, planned)
+            if matcher.plan:
+                token, drawn = self._take_planned(raw, matcher, matcher.plan[-1])
             else:
                 token, drawn = self._draw_first(raw, matcher) if self._draws_first else (-1, -1)
             if token < 0:
