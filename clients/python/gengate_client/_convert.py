@@ -366,16 +366,31 @@ def _enum_name(value: int, enum_type: Any, prefix: str) -> str:
         return "UNSPECIFIED"
 
 
+def _typed(enum_type: Any, prefix: str, typed: Any) -> dict[int, Any]:
+    """Wire value -> typed value, made once instead of looked up by name each response; a value
+    the typed enum lacks is left out (read as UNSPECIFIED, as an unknown wire value is)."""
+    names = {v: _enum_name(v, enum_type, prefix) for v in enum_type.values()}
+    return {int(v): typed(name) for v, name in names.items() if name in typed.__members__}
+
+
+_FINISH_REASONS: dict[int, FinishReason] = _typed(types_pb2.FinishReason, "FINISH_REASON_", FinishReason)
+_ENFORCEMENTS: dict[int, Enforcement] = _typed(types_pb2.Enforcement, "ENFORCEMENT_", Enforcement)
+
+
 def finish_reason(value: int) -> FinishReason:
-    return FinishReason(_enum_name(value, types_pb2.FinishReason, "FINISH_REASON_"))
+    return _FINISH_REASONS.get(value, FinishReason.UNSPECIFIED)
 
 
 def enforcement(value: int) -> Enforcement:
-    return Enforcement(_enum_name(value, types_pb2.Enforcement, "ENFORCEMENT_"))
+    return _ENFORCEMENTS.get(value, Enforcement.UNSPECIFIED)
 
 
 def _seconds(duration: duration_pb2.Duration, present: bool) -> float | None:
-    return duration.ToTimedelta().total_seconds() if present else None
+    """Duration.ToTimedelta().total_seconds(), whole microseconds, without building a timedelta."""
+    if not present:
+        return None
+    micros = duration.seconds * 1_000_000 + int(duration.nanos / 1000)
+    return micros / 1_000_000
 
 
 def timings(pb: types_pb2.Timings) -> Timings:
@@ -451,22 +466,24 @@ def _result_spec(spec: ResultSpec | OutputSpec | None) -> ResultSpec:
 def response(pb: generation_pb2.GenerateResponse, spec: ResultSpec | OutputSpec | None) -> Response:
     """A typed Response; with an output type every generation is parsed, or an OutputError raised."""
     result = _result_spec(spec)
-    base = Response(
-        request_id=pb.request_id,
-        model=pb.model,
-        generations=(),
-        usage=usage(pb.usage),
-        enforcement=enforcement(pb.enforcement),
-        timings=timings(pb.timings),
-        raw=pb,
-    )
+
+    def made(generations: tuple[Generation, ...]) -> Response:
+        return Response(
+            request_id=pb.request_id,
+            model=pb.model,
+            generations=generations,
+            usage=usage(pb.usage),
+            enforcement=enforcement(pb.enforcement),
+            timings=timings(pb.timings),
+            raw=pb,
+        )
+
     try:
         generations = tuple(_generation(g, result.output, result.tools) for g in pb.generations)
     except OutputError as exc:
-        plain = tuple(_generation(g, None, result.tools) for g in pb.generations)
-        exc.response = dataclasses.replace(base, generations=plain)
+        exc.response = made(tuple(_generation(g, None, result.tools) for g in pb.generations))
         raise
-    return dataclasses.replace(base, generations=generations)
+    return made(generations)
 
 
 def stream_frame(
