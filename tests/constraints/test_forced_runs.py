@@ -5,8 +5,9 @@ canonical next token, so a long literal cost its length at each of its tokens (~
 at 100 KB on tiny: a literal of `max_constraint_bytes` made one request hold its engine for
 minutes). ConstraintMatcher.plan_forced_run takes the run's tokens once; the decoder then takes
 them one by one (engines/decoding.py, `_take_planned`). These tests hold the planned tokens to
-the tokens of masking every step, on both tokenizers the engines use, and show the masks stop
-growing with the run's length.
+the tokens of masking every step where the two tokenize alike, their bytes to its bytes where
+they do not, on both tokenizers the engines use; the model keeps its choice where what follows
+may join the run's end; and the masks stop growing with the run's length.
 """
 
 from __future__ import annotations
@@ -116,6 +117,17 @@ def _generate(
     return tokens, masks
 
 
+def _planned_and_masked(
+    compiled: CompiledConstraint, vocab: int, eos: int, seed: int, sampling: str, patch: pytest.MonkeyPatch
+) -> tuple[tuple[list[int], int], tuple[list[int], int]]:
+    """The same generation with plans, and with a mask every step."""
+    planned = _generate(compiled, vocab, eos, seed, sampling)
+    with patch.context() as never:
+        never.setattr(matcher_module, "PLAN_BYTES", 1 << 40)
+        masked = _generate(compiled, vocab, eos, seed, sampling)
+    return planned, masked
+
+
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize(("text", "kind"), CASES)
 def test_a_planned_run_gives_the_tokens_of_masking_every_step(
@@ -125,10 +137,9 @@ def test_a_planned_run_gives_the_tokens_of_masking_every_step(
     compiler = ConstraintCompiler(ll, "tiny")
     compiled = compiler.compile_sync(StructuredOutput(_constraints(TEXTS[text])[kind]))
     for seed in range(2):
-        planned, planned_masks = _generate(compiled, vocab, eos, seed, sampling)
-        with monkeypatch.context() as patch:
-            patch.setattr(matcher_module, "PLAN_BYTES", 1 << 40)  # never plan: a mask every step
-            masked, every_step = _generate(compiled, vocab, eos, seed, sampling)
+        (planned, planned_masks), (masked, every_step) = _planned_and_masked(
+            compiled, vocab, eos, seed, sampling, monkeypatch
+        )
         assert planned == masked, (seed, kind)
         out = ll.decode_bytes(planned)
         if kind == "json const":
@@ -180,11 +191,49 @@ def test_a_short_run_and_a_no_forcing_grammar_make_no_plan(tokenizer: Any) -> No
     ll, _, _ = tokenizer
     compiler = ConstraintCompiler(ll, "tiny")
     short = "abcdefghij" * (PLAN_BYTES // 20)
-    no_forcing = '%llguidance {"no_forcing": true}\nstart: ' + json.dumps("abcdefghij" * 60)
-    for constraint in (ChoiceConstraint((short,)), GrammarConstraint(GrammarSyntax.LARK, no_forcing)):
+    literal = json.dumps("abcdefghij" * 60)
+    no_forcing = '%llguidance {"no_forcing": true}\nstart: ' + literal
+    escaped = '%llguidance {"no\\u005fforcing": true}\nstart: ' + literal  # the same option, escaped
+    grammars = [GrammarConstraint(GrammarSyntax.LARK, g) for g in (no_forcing, escaped)]
+    for constraint in (ChoiceConstraint((short,)), *grammars):
         matcher: ConstraintMatcher = compiler.compile_sync(StructuredOutput(constraint)).new_matcher()
         allowed = np.flatnonzero(matcher.allowed_token_mask())
         matcher.is_forced()
         matcher.plan_forced_run(int(allowed[0]))
         assert not matcher.plan, constraint
+    compiler.close()
+
+
+def test_where_what_follows_may_join_the_run_masks_take_over(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Letters after a run that ends in letters: near its end a mask allows more than one token
+    (`l` or `ld` before `lld` + a letter), so the plan stops short of the end and the model
+    chooses there as it would with a mask every step."""
+    ll, vocab, eos = tokenizer
+    compiler = ConstraintCompiler(ll, "tiny")
+    run = "<" + "abcdefghij" * 30 + " vee'lld"
+    compiled = compiler.compile_sync(
+        StructuredOutput(GrammarConstraint(GrammarSyntax.LARK, f'start: {json.dumps(run)} /[a-z]+/ "."'))
+    )
+    for seed in range(12):
+        (planned, planned_masks), (masked, every_step) = _planned_and_masked(
+            compiled, vocab, eos, seed, "temperature 1", monkeypatch
+        )
+        assert planned == masked, seed
+        assert every_step - planned_masks >= 200  # most of the run's ~300 tokens took no mask
+    compiler.close()
+
+
+def test_a_run_split_otherwise_by_masks_spells_the_same_bytes(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Masks re-tokenize from the last token on, which splits `'sir` after `}{` otherwise than the
+    whole run's tokenization the plan holds: other tokens, the same bytes."""
+    ll, vocab, eos = tokenizer
+    compiler = ConstraintCompiler(ll, "tiny")
+    run = "}{'sir " * 50
+    compiled = compiler.compile_sync(StructuredOutput(ChoiceConstraint((run,))))
+    (planned, _), (masked, _) = _planned_and_masked(compiled, vocab, eos, 0, "greedy", monkeypatch)
+    assert ll.decode_bytes(planned) == ll.decode_bytes(masked) == run.encode()
     compiler.close()

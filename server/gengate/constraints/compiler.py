@@ -38,6 +38,7 @@ class CompiledConstraint:
     _template: LLMatcher = field(repr=False)
     _vocab_size: int = field(repr=False)
     compile_s: float = field(default=0.0, compare=False)  # how long lowering and compiling took
+    _tokenizer: LLTokenizer | None = field(default=None, repr=False, compare=False)  # plans forced runs
 
     @property
     def grammar(self) -> str:
@@ -53,13 +54,16 @@ class CompiledConstraint:
 
     def new_matcher(self) -> ConstraintMatcher:
         """A fresh matcher at the start of the output (a copy of the compiled template)."""
-        return ConstraintMatcher(self._template.deep_copy(), self._vocab_size, plans=self._plans)
+        planner = self._tokenizer if self._plans else None
+        return ConstraintMatcher(self._template.deep_copy(), self._vocab_size, planner=planner)
 
     @functools.cached_property
     def _plans(self) -> bool:
-        """Whether forced runs may be planned: not under `no_forcing` (looked for anywhere in
-        the grammar's text, so a false alarm only turns plans off)."""
-        return "no_forcing" not in self.lowered.grammar
+        """Whether forced runs may be planned: not when the grammar sets llguidance options
+        (`%llguidance {...}` in Lark, the only place they are read: `no_forcing` there makes a
+        forced state's mask more than its forced token). Looked for anywhere in the grammar's
+        text, so a false alarm only turns plans off."""
+        return "%llguidance" not in self.lowered.grammar
 
 
 @dataclass
@@ -257,7 +261,9 @@ class ConstraintCompiler:
                 f"not supported by the grammar engine: {errors.brief(template.get_error())}",
                 reason=reason,
             )
-        return CompiledConstraint(structured, lowered, template, self.ll_tokenizer.vocab_size)
+        return CompiledConstraint(
+            structured, lowered, template, self.ll_tokenizer.vocab_size, _tokenizer=self.ll_tokenizer
+        )
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

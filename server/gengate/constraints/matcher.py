@@ -6,9 +6,10 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-from llguidance import LLMatcher
+from llguidance import LLMatcher, LLTokenizer
 
 from gengate import errors
+from gengate.constraints.tokenizers import longest_token_bytes
 
 # Forced runs at least this long are tokenized once, where they start (plan_forced_run): in a
 # forced state llguidance's mask tokenizes all the forced bytes that remain, so a long literal
@@ -21,16 +22,16 @@ class ConstraintMatcher:
 
     The mask covers the grammar tokenizer's vocabulary (`vocab_size`); logits beyond it
     (padded model vocabularies) must be treated as disallowed by the caller.
-    `plans` allows plan_forced_run (off for a grammar with `no_forcing`, whose masks in forced
-    states are not the forced tokens).
+    `planner`, the grammar's tokenizer, allows plan_forced_run (None: no plans, e.g. under
+    `no_forcing`, where a forced state's mask is more than its forced token).
     """
 
-    def __init__(self, matcher: LLMatcher, vocab_size: int, *, plans: bool = True) -> None:
+    def __init__(self, matcher: LLMatcher, vocab_size: int, *, planner: LLTokenizer | None = None) -> None:
         self._matcher = matcher
         self.vocab_size = vocab_size
         self._words = (vocab_size + 31) // 32
         self._bitmask = np.zeros(self._words, dtype=np.int32)
-        self.plans = plans
+        self._planner = planner
         # The rest of a long forced run planned here (plan_forced_run), its next token last; a
         # decoder reads it every step (an attribute: cheaper than a call), masking when empty.
         self.plan: list[int] = []
@@ -115,10 +116,13 @@ class ConstraintMatcher:
         """At a forced state whose mask allows only `first`: when PLAN_BYTES or more are forced,
         tokenizes them once (llguidance's own forced tokens, `first` theirs too); `plan` then
         holds the run's next tokens, where a mask each would tokenize all that remains again.
-        The run's tokens are the canonical tokenization of the whole run, where masks would give
-        that of what remains at each token: the same tokens in every run tried
-        (tests/constraints/test_forced_runs.py), valid in any case."""
-        if not self.plans or self.plan:
+
+        The plan stops twice the longest token's bytes short of the run's end: there a mask may
+        allow more than one token (what follows the run may join its last bytes), and masks take
+        over. Before that every mask is one token too, but masks re-tokenize from the last token
+        on, which can split differently from the whole run's tokenization the plan holds (`'s`
+        after `{'`); both spell the run's bytes (tests/constraints/test_forced_runs.py)."""
+        if self._planner is None or self.plan:
             return
         forced = self._forced
         if forced is None:
@@ -126,8 +130,17 @@ class ConstraintMatcher:
         if forced < PLAN_BYTES:
             return
         tokens = self._matcher.compute_ff_tokens()
-        if len(tokens) > 1 and tokens[0] == first:
-            self.plan = tokens[::-1]
+        if len(tokens) < 2 or tokens[0] != first:
+            return
+        until = forced - 2 * longest_token_bytes(self._planner)
+        spelled, kept = 0, 0
+        for token in tokens:
+            spelled += len(self._planner.decode_bytes([token]))
+            if spelled > until:
+                break
+            kept += 1
+        if kept > 1:
+            self.plan = tokens[kept - 1 :: -1]
 
     def _follow_plan(self, token_id: int) -> None:
         """After a consume: the plan goes on when it was its token, and ends when not."""

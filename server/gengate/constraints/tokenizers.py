@@ -53,3 +53,19 @@ def make_ll_tokenizer_from_llama(llama: Any) -> LLTokenizer:
             return lltokenizer_from_vocab(vocab)
 
     return _cached(llama, build)
+
+
+_longest: dict[int, tuple[LLTokenizer, int]] = {}
+
+
+def longest_token_bytes(tokenizer: LLTokenizer) -> int:
+    """The most bytes one token of `tokenizer` spells (cached per tokenizer object: one pass over
+    the vocabulary, ~50 ms at 128k)."""
+    with _lock:
+        hit = _longest.get(id(tokenizer))
+        if hit is not None and hit[0] is tokenizer:
+            return hit[1]
+    longest = max((len(tokenizer.decode_bytes([t])) for t in range(tokenizer.vocab_size)), default=0)
+    with _lock:
+        _longest[id(tokenizer)] = (tokenizer, longest)
+    return longest
