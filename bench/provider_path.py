@@ -4,8 +4,8 @@ c=32: added p50/p99 ms over direct, req/s, and the server's CPU time per request
 user+system time during its own runs ÷ their requests; warm-ups and other variants' turns out).
 
 `--provider anthropic|cohere|mistral|gemini|tgi` runs that backend on its fake instead
-(tests/providers/fake_*.py, in its own process; TGI on its chat route); there is no direct peer
-then, only gengate and the `--base` server.
+(tests/providers/fake_*.py, in its own process; TGI on its chat route), against that provider's
+own SDK calling the fake directly (bench/direct_peers.py).
 
 With `--base DIR` an older checkout's server runs beside this one as "before" (same Python, same
 upstream, rounds interleaved: direct, gengate, before, direct, ...), and fast ÷ before ratios of
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from common import SERVER_PIDS, Call, RunStats, cpu_seconds, gengate_server, run_interleaved
+from direct_peers import direct_calls
 from peers import UPSTREAM_KEY, UPSTREAM_MODEL, fake_process, fake_upstream, upstream_model
 from sections import _added_over_direct, gengate_calls, openai_calls, ratio
 from sections import row as stats_row
@@ -92,6 +93,8 @@ async def measure(
                 direct = openai.AsyncOpenAI(base_url=model["base_url"], api_key=UPSTREAM_KEY, max_retries=0)
                 clients.push_async_callback(direct.close)
                 variants.append(("direct", openai_calls(direct, UPSTREAM_MODEL)))
+            else:
+                variants.append(("direct", await clients.enter_async_context(direct_calls(provider, model))))
             for name, address in servers.items():
                 client = await clients.enter_async_context(AsyncClient(address))
                 variants.append((name, gengate_calls(client, "gpt")))
@@ -130,7 +133,7 @@ def _rows(stats: list[RunStats], mode: str, served: set[str]) -> list[dict[str, 
 def report(result: dict[str, Any]) -> None:
     head = f"  {'variant':<9} {'mode':<7} {'c':>3} {'req/s':>8} {'p50 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8}"
     provider = result.get("provider", "openai")
-    print(f"\nremote-provider path, one fake {provider} upstream (added = over the openai SDK direct)")
+    print(f"\nremote-provider path, one fake {provider} upstream (added = over the {provider} SDK direct)")
     print(head + f" {'CPU ms/req':>10}")
     for r in result["rows"]:
         cpu = r.get("server_cpu_ms_per_request")

@@ -62,3 +62,26 @@ def test_a_base_that_is_no_checkout_is_refused(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 2 and "no server/gengate there" in done.stderr
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "mistral", "cohere", "gemini", "tgi"])
+def test_every_provider_is_measured_against_its_own_sdk_direct(tmp_path: Path, provider: str) -> None:
+    """bench/direct_peers.py: each provider's SDK calls its fake directly, unary and streamed;
+    gengate's rows carry an added p50 over it."""
+    out = tmp_path / "provider_path.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "provider_path.py"), "--quick", "--provider", provider,
+         "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["variant"], r["mode"]) for r in rows} == {
+        (v, m) for v in ("direct", "gengate") for m in ("unary", "stream")
+    }
+    for row in rows:
+        assert row["requests"] > 0 and row["req_s"] > 0
+        assert math.isfinite(row["added_p50_ms"])
