@@ -9,115 +9,82 @@ an application would: the SDK's own objects.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from common import Call
 from sections import MAX_TOKENS, MESSAGES
 
 
+def _calls(send: Callable[[], Awaitable[Any]], open_stream: Callable[[], Any]) -> tuple[Call, Call]:
+    """(unary, stream) from an SDK's answer call and its stream call (awaited or not), read whole."""
+
+    async def unary(i: int) -> int:
+        await send()
+        return 0
+
+    async def stream(i: int) -> int:
+        events = open_stream()
+        if inspect.isawaitable(events):
+            events = await events
+        async for _ in events:
+            pass
+        return 0
+
+    return unary, stream
+
+
 @contextlib.asynccontextmanager
 async def direct_calls(provider: str, entry: dict[str, Any]) -> AsyncIterator[tuple[Call, Call]]:
     """(unary, stream) calls of `provider`'s SDK on the fake that gengate's model `entry` uses."""
     url, key, model = entry["base_url"], entry["api_key"], entry["model"]
+    ask: dict[str, Any] = {"model": model, "messages": MESSAGES, "max_tokens": MAX_TOKENS}
     if provider == "anthropic":
         import anthropic
 
-        client = anthropic.AsyncAnthropic(base_url=url, api_key=key, max_retries=0)
-
-        async def unary(i: int) -> int:
-            await client.messages.create(model=model, max_tokens=MAX_TOKENS, messages=MESSAGES)  # type: ignore[arg-type]
-            return 0
-
-        async def stream(i: int) -> int:
-            events = await client.messages.create(
-                model=model,
-                max_tokens=MAX_TOKENS,
-                messages=MESSAGES,
-                stream=True,  # type: ignore[arg-type]
-            )
-            async for _ in events:
-                pass
-            return 0
-
+        claude = anthropic.AsyncAnthropic(base_url=url, api_key=key, max_retries=0)
         try:
-            yield unary, stream
+            create = claude.messages.create
+            yield _calls(lambda: create(**ask), lambda: create(**ask, stream=True))
         finally:
-            await client.close()
+            await claude.close()
     elif provider == "mistral":
         from mistralai.client import Mistral
 
         mistral = Mistral(api_key=key, server_url=url)
-
-        async def unary(i: int) -> int:
-            await mistral.chat.complete_async(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS)  # type: ignore[arg-type]
-            return 0
-
-        async def stream(i: int) -> int:
-            events = await mistral.chat.stream_async(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS)  # type: ignore[arg-type]
-            async for _ in events:
-                pass
-            return 0
-
-        yield unary, stream
+        yield _calls(lambda: mistral.chat.complete_async(**ask), lambda: mistral.chat.stream_async(**ask))
     elif provider == "cohere":
         import cohere
 
         co = cohere.AsyncClientV2(api_key=key, base_url=url)
-
-        async def unary(i: int) -> int:
-            await co.chat(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS)  # type: ignore[arg-type]
-            return 0
-
-        async def stream(i: int) -> int:
-            async for _ in co.chat_stream(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS):  # type: ignore[arg-type]
-                pass
-            return 0
-
-        yield unary, stream
+        yield _calls(lambda: co.chat(**ask), lambda: co.chat_stream(**ask))
     elif provider == "gemini":
         from google import genai
         from google.genai import types
 
         gemini = genai.Client(api_key=key, http_options=types.HttpOptions(base_url=url))
-        contents = [{"role": "user", "parts": [{"text": m["content"]}]} for m in MESSAGES]
-        config = types.GenerateContentConfig(max_output_tokens=MAX_TOKENS)
-
-        async def unary(i: int) -> int:
-            await gemini.aio.models.generate_content(model=model, contents=contents, config=config)  # type: ignore[arg-type]
-            return 0
-
-        async def stream(i: int) -> int:
-            chunks = await gemini.aio.models.generate_content_stream(
-                model=model,
-                contents=contents,
-                config=config,  # type: ignore[arg-type]
-            )
-            async for _ in chunks:
-                pass
-            return 0
-
+        content: dict[str, Any] = {
+            "model": model,
+            "contents": [{"role": "user", "parts": [{"text": m["content"]}]} for m in MESSAGES],
+            "config": types.GenerateContentConfig(max_output_tokens=MAX_TOKENS),
+        }
         try:
-            yield unary, stream
+            yield _calls(
+                lambda: gemini.aio.models.generate_content(**content),
+                lambda: gemini.aio.models.generate_content_stream(**content),
+            )
         finally:
             await gemini.aio.aclose()
     elif provider == "tgi":
         from huggingface_hub import AsyncInferenceClient
 
         tgi = AsyncInferenceClient(model=url, token=key)
-
-        async def unary(i: int) -> int:
-            await tgi.chat_completion(messages=MESSAGES, max_tokens=MAX_TOKENS)
-            return 0
-
-        async def stream(i: int) -> int:
-            async for _ in await tgi.chat_completion(messages=MESSAGES, max_tokens=MAX_TOKENS, stream=True):
-                pass
-            return 0
-
+        chat = {"messages": MESSAGES, "max_tokens": MAX_TOKENS}
         try:
-            yield unary, stream
+            complete = tgi.chat_completion
+            yield _calls(lambda: complete(**chat), lambda: complete(**chat, stream=True))
         finally:
-            await tgi.close()  # type: ignore[no-untyped-call]
+            await tgi.close()
     else:
         raise ValueError(f"no direct peer for {provider!r}")
