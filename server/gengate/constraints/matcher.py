@@ -121,7 +121,7 @@ class ConstraintMatcher:
         allow more than one token (what follows the run may join its last bytes), and masks take
         over. Before that every mask is one token too, but masks re-tokenize from the last token
         on, which can split differently from the whole run's tokenization the plan holds (`'s`
-        after `{'`); both spell the run's bytes (tests/constraints/test_forced_runs.py)."""
+        after `}{`); both spell the run's bytes (tests/constraints/test_forced_runs.py)."""
         if self._planner is None or self.plan:
             return
         forced = self._forced
