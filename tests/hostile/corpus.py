@@ -75,6 +75,11 @@ class Case:
     items: dict[int, grpc.StatusCode] = dataclasses.field(default_factory=dict)
 
 
+def _literals(count: int) -> str:
+    """A Lark grammar of `count` literals in a row: one forced run of as many lexemes."""
+    return "start: " + '"a " ' * count
+
+
 def _tokens(request: g.GenerateRequest, max_tokens: int) -> g.GenerateRequest:
     request.stopping.max_tokens = max_tokens
     return request
@@ -237,6 +242,11 @@ CASES: list[Case] = [
     # it (~80 ms a token at 400 KB); the run is now tokenized once (ConstraintMatcher.plan_forced_run).
     Case("lark 400 KB literal, 300 tokens", lambda: _tokens(lark(f'start: "{"ab " * 133_000}"'), 300), OK),
     Case("json const 400 KB, 300 tokens", lambda: _tokens(schema({"const": "xyz " * 100_000}), 300), OK),
+    # Many lexemes in one forced run: llguidance's consume walks what is still ahead (~0.2 ms a
+    # token at 30,000). More than max_regex_expansion counts are refused before llguidance, whose
+    # compile asserts past ~65,000 symbols (u16 ids).
+    Case("lark 30,000 literals in a row, 300 tokens", lambda: _tokens(lark(_literals(30_000)), 300), OK),
+    Case("lark 80,000 literals in a row", lambda: lark(_literals(80_000)), INVALID, LIMIT, GRAMMAR_FIELD),
     Case("lark regex terminal bomb", lambda: lark("start: /((a{1000}){1000}){1000}/"), INVALID),
     Case(
         "lark 1,000 alternatives x 1,000 rules",
