@@ -21,8 +21,9 @@ from fake_anthropic import FakeAnthropic
 from fake_openai import API_KEY as OPENAI_KEY
 from fake_openai import FakeOpenAI
 from fakehttp import FakeServer, Fault, Recorded
+from gengate import errors as gengate_errors
 from gengate.providers import rawhttp, stainless
-from gengate.providers.errors import UnreadableAnswer
+from gengate.providers.errors import UnreadableAnswer, normalize_exception
 
 
 @dataclass
@@ -55,38 +56,60 @@ def anthropic_fake() -> Iterator[FakeAnthropic]:
     yield from cc.serving(FakeAnthropic())
 
 
-def _openai(base: str) -> Any:
-    return openai.AsyncOpenAI(api_key=OPENAI_KEY, base_url=f"{base}/v1", max_retries=0, timeout=30)
+def _openai(base: str, http: Any = None) -> Any:
+    return openai.AsyncOpenAI(
+        api_key=OPENAI_KEY, base_url=f"{base}/v1", max_retries=0, timeout=30, http_client=http
+    )
 
 
-def _azure(base: str) -> Any:
+def _azure(base: str, http: Any = None) -> Any:
     return openai.AsyncAzureOpenAI(
         api_key=OPENAI_KEY,
         azure_endpoint=base,
         azure_deployment="gpt-test",
         api_version="2024-10-21",
         max_retries=0,
+        http_client=http,
     )
 
 
-def _anthropic(base: str) -> Any:
-    return anthropic.AsyncAnthropic(api_key=ANTHROPIC_KEY, base_url=base, max_retries=0, timeout=30)
+def _anthropic(base: str, http: Any = None) -> Any:
+    return anthropic.AsyncAnthropic(
+        api_key=ANTHROPIC_KEY, base_url=base, max_retries=0, timeout=30, http_client=http
+    )
+
+
+def _on(make: Callable[[str, Any], Any], sdk: Any, transport: str) -> Callable[[str], Any]:
+    """`make` on the SDK's default httpx2 client, or on its aiohttp client (what backends use)."""
+    if transport == "httpx2":
+        return lambda base: make(base, None)
+    return lambda base: make(base, stainless.aiohttp_client(sdk, 30, environ={}))
+
+
+@pytest.fixture(params=["httpx2", "aiohttp"])
+def transport(request: Any) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(params=["openai", "azure", "anthropic"])
 async def case(
-    request: Any, openai_fake: FakeOpenAI, anthropic_fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+    request: Any,
+    transport: str,
+    openai_fake: FakeOpenAI,
+    anthropic_fake: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[Case]:
     # Another test in this process may have installed a tracer provider, which sends anthropic's
     # calls its own whole way: these cases are about copies (the tracing case sets it itself).
     monkeypatch.setattr(stainless, "tracing_enabled", lambda: False)
     if request.param == "anthropic":
         anthropic_fake.reset()
-        server, make, path, body = anthropic_fake.server, _anthropic, "/v1/messages", ANTHROPIC_BODY
+        server, path, body = anthropic_fake.server, "/v1/messages", ANTHROPIC_BODY
+        make = _on(_anthropic, anthropic, transport)
         options: dict[str, Any] = {"timeout": 7.5, "headers": {"x-trace": "abc"}}
     else:
         openai_fake.reset()
-        make = _openai if request.param == "openai" else _azure
+        make = _on(_openai if request.param == "openai" else _azure, openai, transport)
         server, path, body = openai_fake.server, "/chat/completions", OPENAI_BODY
         options = {"security": {"bearer_auth": True}, "timeout": 7.5, "headers": {"x-trace": "abc"}}
     client = make(server.base_url)
@@ -293,7 +316,11 @@ async def test_timeouts_and_refused_connections_are_the_sdks_errors(case: Case) 
         ]
     finally:
         await closed.close()
-    assert [type(e) for e in errors] == [sdk.connection_error] * 2
+    # A copy raises what the SDK raises (aiohttp's transport calls a refusal a ConnectTimeout, so
+    # there the SDK's word is its timeout error); gengate reads both as unreachable.
+    assert type(errors[1]) is type(errors[0])
+    assert type(errors[0]) in (sdk.connection_error, sdk.timeout_error)
+    assert all(isinstance(normalize_exception(e), gengate_errors.Unavailable) for e in errors)
 
 
 # --- auth computed per request ---------------------------------------------------------------------
@@ -317,3 +344,38 @@ async def test_a_client_whose_auth_is_computed_per_request_goes_the_sdks_way(ope
             await rawhttp.read_object(await posts.post("/chat/completions", OPENAI_BODY, options))
     assert len(asked) == 2  # the key asked for each request, as the SDK does
     assert [json.loads(r.raw) for r in openai_fake.server.requests] == [OPENAI_BODY, OPENAI_BODY]
+
+
+# --- the transport ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sdk", [openai, anthropic], ids=["openai", "anthropic"])
+async def test_backends_use_the_sdks_aiohttp_client_unless_a_proxy_is_set(sdk: Any) -> None:
+    """The SDK's DefaultAioHttpClient (its transport drops HTTP(S)_PROXY: then httpx2 stays)."""
+    client = stainless.aiohttp_client(sdk, 5, environ={})
+    assert client is not None and type(client._transport).__name__ == "AiohttpTransport"
+    await client.aclose()
+    for name in ("HTTPS_PROXY", "http_proxy", "ALL_PROXY"):
+        assert stainless.aiohttp_client(sdk, 5, environ={name: "http://proxy.internal:3128"}) is None
+
+
+async def test_an_openai_backend_sends_on_the_aiohttp_client(
+    openai_fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gengate.providers.openai import OpenAIBackend
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    backend = OpenAIBackend(
+        "o",
+        OpenAIBackend.Options(
+            model="gpt-test", base_url=f"{openai_fake.server.base_url}/v1", api_key=OPENAI_KEY
+        ),
+    )
+    await backend.start()
+    try:
+        assert type(backend._client._client._transport).__name__ == "AiohttpTransport"
+        openai_fake.reset()
+        assert (await backend.generate(cc.prompt())).generations[0].text
+    finally:
+        await backend.aclose()

@@ -52,7 +52,7 @@ from gengate.providers.base import (
 )
 from gengate.providers.errors import UnreadableAnswer, from_status
 from gengate.providers.retry import call_with_retries
-from gengate.providers.stainless import PreparedPosts
+from gengate.providers.stainless import PreparedPosts, aiohttp_client
 from gengate.tools import parameters_of
 
 T = TypeVar("T")
@@ -204,6 +204,7 @@ class AnthropicBackend(ProviderBackend):
             base_url=self.options.base_url,
             timeout=self.options.timeout,
             max_retries=0,
+            http_client=aiohttp_client(anthropic, self.options.timeout),
         )
         self._posts = PreparedPosts(self._client, "anthropic")
 

@@ -181,7 +181,21 @@ def _status_of(exc: BaseException) -> int | None:
 def _is_timeout(exc: BaseException) -> bool:
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return True
+    if _refused(exc):  # (aiohttp's transport for httpx2 raises a refusal as ConnectTimeout)
+        return False
     return any("timeout" in cls.__name__.lower() for cls in type(exc).__mro__)
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether the connection was refused, anywhere down the chain of causes."""
+    seen: BaseException | None = exc
+    for _ in range(16):  # a chain is short; a cycle must not loop
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError) or type(seen).__name__ == "ClientConnectorError":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _is_connection_error(exc: BaseException) -> bool:

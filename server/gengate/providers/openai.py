@@ -66,7 +66,7 @@ from gengate.providers.base import (
     check_event_stream,
 )
 from gengate.providers.errors import UnreadableAnswer
-from gengate.providers.stainless import PreparedPosts
+from gengate.providers.stainless import PreparedPosts, aiohttp_client
 from gengate.redaction import register_secret
 
 log = logging.getLogger("gengate.providers")
@@ -185,6 +185,7 @@ class OpenAIChatBackend(ProviderBackend):
             timeout=self.options.timeout,
             max_retries=0,  # one retry policy: providers.retry
             default_headers=self.options.extra_headers or None,
+            http_client=aiohttp_client(openai, self.options.timeout),
         )
 
     async def aclose(self) -> None:
@@ -498,6 +499,7 @@ class AzureOpenAIBackend(OpenAIBackend):
             timeout=self.options.timeout,
             max_retries=0,
             default_headers=self.options.extra_headers or None,
+            http_client=aiohttp_client(openai, self.options.timeout),
         )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +90,24 @@ class Sdk:
             sdk.APITimeoutError,
             sdk.APIConnectionError,
         )
+
+
+# Environment variables that set an HTTP proxy (httpx reads them, upper or lower case).
+_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def aiohttp_client(sdk: Any, timeout: float, environ: Mapping[str, str] | None = None) -> Any | None:
+    """The SDK's own aiohttp-based HTTP client (`DefaultAioHttpClient`: its httpx2 client over
+    aiohttp's pool and C parser, ~15-20% less server CPU a call, bench/README.md), or None for the
+    SDK's default httpx2 client: when a proxy is set in the environment (the vendored transport
+    drops it) or aiohttp is not installed."""
+    env = os.environ if environ is None else environ
+    if any(env.get(name) or env.get(name.lower()) for name in _PROXY_VARIABLES):
+        return None
+    try:
+        return sdk.DefaultAioHttpClient(timeout=timeout)
+    except RuntimeError:  # the SDK's word for "install the aiohttp extra"
+        return None
 
 
 def per_request_auth(client: Any) -> bool:
