@@ -1,6 +1,6 @@
 """bench/stream_frames.py --quick end to end, with --base pointing at this same checkout: both
-servers come up and every model and concurrency has a row for each, with frames per stream and
-server CPU. No timings are asserted: the numbers are the benchmark's business."""
+servers come up and every model and concurrency has a row for each, with frames per stream.
+No timings are asserted: the numbers are the benchmark's business."""
 
 from __future__ import annotations
 
@@ -28,6 +28,4 @@ def test_quick_run_with_a_base_checkout_prints_a_row_per_variant() -> None:
     seen = {(r[0], r[1], r[2]) for r in rows}
     assert seen == {(v, m, c) for v in ("this", "before") for m in ("echo", "tiny") for c in ("1", "8")}
     for row in rows:
-        frames, cpu = float(row[5]), float(row[6])
-        assert frames >= 3  # a start, at least one delta, an end
-        assert cpu > 0
+        assert float(row[5]) >= 3  # frames a stream: a start, at least one delta, an end

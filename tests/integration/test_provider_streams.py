@@ -109,12 +109,13 @@ async def test_stream_without_a_whole_event_stream_is_unavailable(
             assert "server-sent-event stream" in (error.details() or ""), what
 
 
-async def test_deltas_ready_together_are_one_frame_and_spaced_deltas_go_alone(
+async def test_deltas_ready_together_arrive_merged_and_spaced_ones_arrive_whole(
     make_server: Any, provider: tuple[str, Any]
 ) -> None:
-    """What the upstream sends in one write reaches the client as one delta frame; spaced
-    deltas, each as its own frame, as they come. Either way the text and the token count are
-    the unary answer's (gengate/api/coalesce.py)."""
+    """What the upstream sends in one write reaches the client merged (one delta frame, two if
+    TCP splits it); sent spaced, it arrives as it comes. Either way the text and the token count
+    are the unary answer's (gengate/api/coalesce.py; a delta arriving while the writer is idle
+    going alone is held in tests/unit/test_coalesce.py)."""
     name, fake = provider
     fake.reset()
     entry = {"name": "remote", "max_retries": 0, **PROVIDERS[name][2](fake.server.base_url)}
@@ -136,5 +137,6 @@ async def test_deltas_ready_together_are_one_frame_and_spaced_deltas_go_alone(
             assert "".join(d.text for d in deltas) == unary.generations[0].text == words, way
             assert sum(d.token_count for d in deltas) == frames[-1].end.usage.output_tokens, way
             streams[way] = deltas
-    assert len(streams["one write"]) == 1
-    assert len(streams["spaced"]) > 1
+    # (counts of frames, not times: a body written at once reaches the server in one read, or
+    # two should TCP split it; how spaced chunks fall depends on timing, so they are not counted)
+    assert len(streams["one write"]) <= 2

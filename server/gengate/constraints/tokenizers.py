@@ -8,23 +8,28 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from llguidance import LLTokenizer
 
 _lock = threading.Lock()
-# id(source) -> (source, LLTokenizer); the source is kept alive so its id is never reused.
+# id(source) -> (source, value); the source is kept alive so its id is never reused.
 _cache: dict[int, tuple[object, LLTokenizer]] = {}
+_longest: dict[int, tuple[object, int]] = {}
+T = TypeVar("T")
 
 
-def _cached(source: object, build: Any) -> LLTokenizer:
+def _cached(source: object, build: Callable[[], T], cache: dict[int, tuple[object, T]] | None = None) -> T:
+    """`build()`, made once per `source` object (in `cache`, by default the tokenizers')."""
+    store: dict[int, tuple[object, Any]] = _cache if cache is None else cache
     with _lock:
-        hit = _cache.get(id(source))
+        hit = store.get(id(source))
         if hit is not None and hit[0] is source:
-            return hit[1]
-    built: LLTokenizer = build()
+            return cast(T, hit[1])
+    built = build()
     with _lock:
-        _cache[id(source)] = (source, built)
+        store[id(source)] = (source, built)
     return built
 
 
@@ -55,17 +60,11 @@ def make_ll_tokenizer_from_llama(llama: Any) -> LLTokenizer:
     return _cached(llama, build)
 
 
-_longest: dict[int, tuple[LLTokenizer, int]] = {}
-
-
 def longest_token_bytes(tokenizer: LLTokenizer) -> int:
     """The most bytes one token of `tokenizer` spells (cached per tokenizer object: one pass over
     the vocabulary, ~50 ms at 128k)."""
-    with _lock:
-        hit = _longest.get(id(tokenizer))
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1]
-    longest = max((len(tokenizer.decode_bytes([t])) for t in range(tokenizer.vocab_size)), default=0)
-    with _lock:
-        _longest[id(tokenizer)] = (tokenizer, longest)
-    return longest
+
+    def build() -> int:
+        return max((len(tokenizer.decode_bytes([t])) for t in range(tokenizer.vocab_size)), default=0)
+
+    return _cached(tokenizer, build, _longest)
