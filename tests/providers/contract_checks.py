@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Protocol, TypeVar
@@ -31,6 +32,7 @@ from gengate.domain import (
     StreamStart,
     StructuredOutput,
 )
+from gengate.providers.errors import UPSTREAM_UNAVAILABLE
 from pydantic import SecretStr
 
 
@@ -221,6 +223,45 @@ async def check_500_unavailable(make: Make, fake: Fake, body: Any = None) -> Non
     with pytest.raises(errors.Unavailable):
         await backend.generate(prompt())
     assert len(fake.server.requests) == 2
+
+
+async def check_hang_up(make: Make, fake: Fake) -> None:
+    """An upstream that closes the connection without answering is unreachable for that attempt
+    (UNAVAILABLE, retryable; never a timeout, as aiohttp's transport for httpx calls it): with
+    a retry the next answer comes through, without one the call fails at once."""
+    fake.server.fail_next(Fault(hang_up=True))
+    fake.answers.append("after the hang-up")
+    backend = await make(max_retries=1)
+    sent = len(fake.server.requests)
+    result = await backend.generate(prompt())
+    assert result.generations[0].text == "after the hang-up"
+    assert len(fake.server.requests) == sent + 2
+    fake.server.fail_next(Fault(hang_up=True))
+    backend = await make(max_retries=0)
+    with pytest.raises(errors.Unavailable) as info:
+        await backend.generate(prompt())
+    assert info.value.reason == UPSTREAM_UNAVAILABLE, info.value
+
+
+async def check_unreachable(make: Make, fake: Fake) -> None:
+    """A base URL where nothing listens is UNAVAILABLE (UPSTREAM_UNAVAILABLE) at once, for a
+    unary call and a stream, not DEADLINE_EXCEEDED (aiohttp's transport for httpx raises a
+    refused connection as ConnectTimeout)."""
+    backend = await make(base_url=f"http://127.0.0.1:{closed_port()}", max_retries=0, timeout=20)
+    started = time.monotonic()
+    for call in (backend.generate(prompt()), collect(backend.generate_stream(prompt()))):
+        with pytest.raises(errors.Unavailable) as info:
+            await call
+        assert info.value.reason == UPSTREAM_UNAVAILABLE, info.value
+    assert time.monotonic() - started < 10  # refused, not waited out
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
 
 
 async def check_timeout(make: Make, fake: Fake) -> None:

@@ -59,6 +59,8 @@ class Fault:
     content_type: str = "application/json"
     # An event stream that ends cleanly (EOF, no error) after this many events, finish or not.
     end_after: int | None = None
+    # Close the connection without answering (the request read), as an upstream restarting does.
+    hang_up: bool = False
 
 
 @dataclass
@@ -210,6 +212,10 @@ class FakeServer:
                     with self._lock:
                         self.abandoned += 1
                     raise
+            if fault and fault.hang_up:
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response(status=500)  # never sent: the connection is gone
             if fault and fault.status is not None:
                 text = fault.body if isinstance(fault.body, str) else json.dumps(fault.body or {})
                 return web.Response(

@@ -134,6 +134,14 @@ async def test_timeout_and_deadline(make: cc.Make, fake: FakeMistral) -> None:
     await cc.check_deadline(make, fake)
 
 
+async def test_hang_up_is_retried(make: cc.Make, fake: FakeMistral) -> None:
+    await cc.check_hang_up(make, fake)
+
+
+async def test_unreachable_upstream(make: cc.Make, fake: FakeMistral) -> None:
+    await cc.check_unreachable(make, fake)
+
+
 async def test_bad_key_internal_without_key(
     make: cc.Make, fake: FakeMistral, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -196,6 +196,14 @@ async def test_family_timeout(family_make: cc.Make, fake: FakeOpenAI) -> None:
     await cc.check_timeout(family_make, fake)
 
 
+async def test_hang_up_is_retried(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_hang_up(family_make, fake)
+
+
+async def test_unreachable_upstream(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_unreachable(family_make, fake)
+
+
 async def test_family_bad_key(
     family_make: cc.Make, fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:

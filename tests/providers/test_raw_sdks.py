@@ -105,6 +105,7 @@ def test_google_genai_hooks_are_there() -> None:
     _has(_common, "encode_unserializable_types", "data")
     _has(_api_client.BaseApiClient, "_build_request", "http_method", "path", "request_dict", "http_options")
     _has(_api_client.BaseApiClient, "_async_request", "http_request", "http_options", "stream")
+    _has(_api_client.BaseApiClient, "_async_request_once", "http_request", "stream")
     _has(_api_client.HttpResponse, "__init__", "headers", "response_stream")
     _has(genai_errors.APIError, "raise_error_async", "status_code", "response_json", "response")
     client = genai.Client(api_key="k")

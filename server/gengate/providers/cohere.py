@@ -38,7 +38,7 @@ from gengate.domain import (
     Usage,
 )
 from gengate.providers import cohere_wire as wire
-from gengate.providers import rawhttp
+from gengate.providers import rawhttp, transport
 from gengate.providers import structured as so
 from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
@@ -111,7 +111,7 @@ class CohereBackend(ProviderBackend):
     async def start(self) -> None:
         await super().start()
         # Our own HTTP client, so that aclose() really closes the connections.
-        self._http = httpx.AsyncClient(timeout=self.options.timeout, follow_redirects=True)
+        self._http = transport.httpx_client(timeout=self.options.timeout, follow_redirects=True)
         kwargs: dict[str, Any] = {
             "api_key": self.api_key,
             "timeout": self.options.timeout,

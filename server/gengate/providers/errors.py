@@ -181,18 +181,24 @@ def _status_of(exc: BaseException) -> int | None:
 def _is_timeout(exc: BaseException) -> bool:
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return True
-    if _refused(exc):  # (aiohttp's transport for httpx2 raises a refusal as ConnectTimeout)
+    if _connection_failed(exc):  # (aiohttp's transport for httpx raises these as ConnectTimeout)
         return False
     return any("timeout" in cls.__name__.lower() for cls in type(exc).__mro__)
 
 
-def _refused(exc: BaseException) -> bool:
-    """Whether the connection was refused, anywhere down the chain of causes."""
+def _connection_failed(exc: BaseException) -> bool:
+    """Whether, anywhere down the chain of causes, the connection was refused or failed without
+    timing out: aiohttp's ClientConnectionError (a refusal, a server hanging up) that is no
+    timeout of its own."""
     seen: BaseException | None = exc
     for _ in range(16):  # a chain is short; a cycle must not loop
         if seen is None:
             return False
-        if isinstance(seen, ConnectionRefusedError) or type(seen).__name__ == "ClientConnectorError":
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        if not isinstance(seen, TimeoutError) and any(
+            cls.__name__ == "ClientConnectionError" for cls in type(seen).__mro__
+        ):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

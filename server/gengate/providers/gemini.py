@@ -44,6 +44,7 @@ from gengate.providers import gemini_raw as raw
 from gengate.providers import gemini_wire as wire
 from gengate.providers import structured as so
 from gengate.providers import toolcalls as tc
+from gengate.providers import transport
 from gengate.providers.base import (
     Chunk,
     Completion,
@@ -171,8 +172,8 @@ class GeminiBackend(ProviderBackend):
             await super().start()
         # One pool for unary and streamed calls (gengate closes each response it reads); no
         # connection cap, as each stream had its own client before.
-        self._http = raw.BoundedClient(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=20)
+        self._http = transport.httpx_client(
+            raw.BoundedClient, limits=httpx.Limits(max_connections=None, max_keepalive_connections=20)
         )
         self._client = genai.Client(**self._client_kwargs(self._http))
 

@@ -119,11 +119,19 @@ async def open_hop(
 ) -> httpx.Response:
     """One request of an answer sent by the SDK (hop_request; `_build_request` makes the URL and
     headers, `_async_request` sends it); the 200 response comes back unread (the caller closes
-    it). A non-200 answer raises the SDK's APIError (ClientError, ServerError)."""
+    it). A non-200 answer raises the SDK's APIError (ClientError, ServerError).
+
+    gengate's clients have no SDK retries (providers.retry retries), so `_async_request` would
+    send it once through tenacity (`stop_after_attempt(1)`, reraised); `_async_request_once`
+    sends it the same without that (~4% of a unary call's CPU). A client with retry options
+    still goes through them."""
     api = client.aio.models._api_client
     path, body, http_options = hop_request(api, request, stream=stream, token=token, timeout_s=timeout_s)
     http_request = api._build_request("post", path, body, http_options)
-    answer = await api._async_request(http_request=http_request, http_options=http_options, stream=True)
+    if api._http_options.retry_options is None:
+        answer = await api._async_request_once(http_request, True)
+    else:
+        answer = await api._async_request(http_request=http_request, http_options=http_options, stream=True)
     response = answer.response_stream
     if not isinstance(response, httpx.Response):  # only without gengate's BoundedClient
         raise TypeError(f"google-genai answered with a {type(response).__name__}, not an httpx response")

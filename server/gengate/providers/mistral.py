@@ -40,7 +40,7 @@ from gengate.domain import (
     Usage,
 )
 from gengate.providers import mistral_wire as wire
-from gengate.providers import rawhttp
+from gengate.providers import rawhttp, transport
 from gengate.providers import structured as so
 from gengate.providers import toolcalls as tc
 from gengate.providers.base import (
@@ -93,11 +93,11 @@ class MistralBackend(ProviderBackend):
 
     async def start(self) -> None:
         await super().start()
-        self._http = httpx.AsyncClient(follow_redirects=True)
+        self._http = transport.httpx_client(follow_redirects=True)
         self._client = Mistral(
             api_key=self.api_key,
             server_url=self.options.base_url,
-            async_client=self._http,  # type: ignore[arg-type]  # an httpx.AsyncClient is what it wants
+            async_client=self._http,
             timeout_ms=int(self.options.timeout * 1000),
         )
 

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from gengate.providers import rawhttp
+from gengate.providers import rawhttp, transport
 from gengate.telemetry import tracing_enabled
 
 # Client attributes that, when set, make the SDK compute auth per request.
@@ -93,7 +92,6 @@ class Sdk:
 
 
 # Environment variables that set an HTTP proxy (httpx reads them, upper or lower case).
-_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 
 
 def aiohttp_client(sdk: Any, timeout: float, environ: Mapping[str, str] | None = None) -> Any | None:
@@ -101,8 +99,7 @@ def aiohttp_client(sdk: Any, timeout: float, environ: Mapping[str, str] | None =
     aiohttp's pool and C parser, ~15-20% less server CPU a call, bench/README.md), or None for the
     SDK's default httpx2 client: when a proxy is set in the environment (the vendored transport
     drops it) or aiohttp is not installed."""
-    env = os.environ if environ is None else environ
-    if any(env.get(name) or env.get(name.lower()) for name in _PROXY_VARIABLES):
+    if transport.proxy_in_environment(environ):
         return None
     try:
         return sdk.DefaultAioHttpClient(timeout=timeout)

@@ -21,11 +21,12 @@ is no reasoning control.
 
 The SDK builds each request (its provider helper's `prepare_request`: the endpoint URL and route,
 the payload, the token and Hugging Face headers) and sends it through its own HTTP session
-(`AsyncInferenceClient._get_async_client`, with the session's event hooks) with the call's
-timeout; its `hf_raise_for_status` (and, for /generate, `raise_text_generation_error`) raises its
-errors as before. gengate reads the JSON and the event stream itself, bounded
-(providers.rawhttp). `_get_async_client` and the error parser of stream error events are private
-to the SDK, so its major version is pinned and tests/providers/test_raw_sdks.py names them.
+(`AsyncInferenceClient._get_async_client`, with the session's event hooks; gengate builds that
+session on aiohttp, providers.transport) with the call's timeout; its `hf_raise_for_status`
+(and, for /generate, `raise_text_generation_error`) raises its errors as before. gengate reads
+the JSON and the event stream itself, bounded (providers.rawhttp). `_get_async_client` and the
+error parser of stream error events are private to the SDK, so its major version is pinned and
+tests/providers/test_raw_sdks.py names them.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from gengate.domain import (
     TopLogprob,
 )
 from gengate.providers import openai_wire as wire
-from gengate.providers import rawhttp
+from gengate.providers import rawhttp, transport
 from gengate.providers import structured as so
 from gengate.providers.base import (
     Chunk,
@@ -144,7 +145,7 @@ class TGIBackend(ProviderBackend):
         # machine (`hf auth login`) and send it to whatever endpoint the config names: an explicit
         # empty Authorization header overrides that fallback.
         headers = None if self.api_key else {"authorization": ""}
-        return AsyncInferenceClient(
+        return _InferenceClient(
             model=self.options.base_url, token=self.api_key, timeout=timeout, headers=headers
         )
 
@@ -351,6 +352,26 @@ class TGIBackend(ProviderBackend):
                         yield ChunkEnd(index, map_finish_reason(finish))
             for index in sorted(called - ended):  # TGI ends a tool stream without a finish reason
                 yield ChunkEnd(index, FinishReason.TOOL_CALLS)
+
+
+class _InferenceClient(AsyncInferenceClient):
+    """The SDK's client with its HTTP session (`_get_async_client`'s: the SDK's event hooks, its
+    redirects, no default timeout) on aiohttp (providers.transport), closed with the client."""
+
+    async def _get_async_client(self) -> Any:
+        from huggingface_hub.utils import _http
+
+        if self._async_client is None:
+            session = transport.httpx2_client(
+                event_hooks={
+                    "request": [_http.async_hf_request_event_hook],
+                    "response": [_http.async_hf_response_event_hook],
+                },
+                follow_redirects=True,
+                timeout=None,
+            )
+            self._async_client = await self.exit_stack.enter_async_context(session)
+        return self._async_client
 
 
 async def _payloads(response: rawhttp.RawResponse) -> AsyncIterator[Mapping[str, Any]]:
