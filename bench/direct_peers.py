@@ -52,13 +52,18 @@ async def direct_calls(provider: str, entry: dict[str, Any]) -> AsyncIterator[tu
     elif provider == "mistral":
         from mistralai.client import Mistral
 
-        mistral = Mistral(api_key=key, server_url=url)
-        yield _calls(lambda: mistral.chat.complete_async(**ask), lambda: mistral.chat.stream_async(**ask))
+        async with Mistral(api_key=key, server_url=url) as mistral:
+            yield _calls(lambda: mistral.chat.complete_async(**ask), lambda: mistral.chat.stream_async(**ask))
     elif provider == "cohere":
         import cohere
 
+        # The SDK's default HTTP client: with httpx-aiohttp installed (gengate's cohere extra) it
+        # sends on aiohttp, as gengate's backend does.
         co = cohere.AsyncClientV2(api_key=key, base_url=url)
-        yield _calls(lambda: co.chat(**ask), lambda: co.chat_stream(**ask))
+        try:
+            yield _calls(lambda: co.chat(**ask), lambda: co.chat_stream(**ask))
+        finally:
+            await co._client_wrapper.httpx_client.httpx_client.aclose()
     elif provider == "gemini":
         from google import genai
         from google.genai import types

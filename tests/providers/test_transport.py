@@ -25,7 +25,7 @@ from fake_mistral import FakeMistral
 from fake_tgi import API_KEY as TGI_KEY
 from fake_tgi import FakeTGI
 from gengate import errors
-from gengate.providers import transport
+from gengate.providers import stainless, transport
 from gengate.providers.cohere import CohereBackend
 from gengate.providers.gemini import GeminiBackend
 from gengate.providers.mistral import MistralBackend
@@ -93,11 +93,21 @@ async def cookie_server() -> AsyncIterator[tuple[str, list[str]]]:
         await runner.cleanup()
 
 
+def _clients() -> list[Any]:
+    """Every client gengate builds for an SDK: httpx, httpx2, and the openai and anthropic SDKs'
+    own aiohttp clients."""
+    import anthropic
+    import openai
+
+    sdks = [stainless.aiohttp_client(sdk, 5, environ={}) for sdk in (openai, anthropic)]
+    return [transport.httpx_client(), transport.httpx2_client(), *sdks]
+
+
 async def test_cookies_are_httpxs_alone(cookie_server: tuple[str, list[str]]) -> None:
     """httpx keeps a cookie and sends it once; aiohttp keeps none of its own, so a client told to
     forget its cookies sends none."""
     url, seen = cookie_server
-    for client in (transport.httpx_client(), transport.httpx2_client()):
+    for client in _clients():
         seen.clear()
         async with client:
             await client.get(f"{url}/set")
@@ -106,6 +116,31 @@ async def test_cookies_are_httpxs_alone(cookie_server: tuple[str, list[str]]) ->
             client.cookies.clear()
             await client.get(f"{url}/after")
         assert seen == ["", "session=s1", ""]
+
+
+def _recording(jar: Any) -> list[str]:
+    """The URLs of the requests whose responses `jar` (urllib's CookieJar) is handed from now."""
+    read: list[str] = []
+    extract = jar.extract_cookies
+
+    def recorded(response: Any, request: Any) -> None:
+        read.append(request.full_url)
+        extract(response, request)
+
+    jar.extract_cookies = recorded
+    return read
+
+
+async def test_the_jar_reads_only_responses_that_set_cookies(cookie_server: tuple[str, list[str]]) -> None:
+    url, _ = cookie_server
+    for client in _clients():
+        read = _recording(client.cookies.jar)
+        async with client:
+            await client.get(f"{url}/none")
+            assert read == []
+            await client.get(f"{url}/set")
+            assert read == [f"{url}/set"] and client.cookies.get("session") == "s1"
+        assert type(client.cookies).__name__ == "CookiesReadWhenSet"
 
 
 async def test_no_connection_cap_unless_the_limits_give_one(cookie_server: tuple[str, list[str]]) -> None:

@@ -102,7 +102,7 @@ def aiohttp_client(sdk: Any, timeout: float, environ: Mapping[str, str] | None =
     if transport.proxy_in_environment(environ):
         return None
     try:
-        return sdk.DefaultAioHttpClient(timeout=timeout)
+        return transport.cookies_read_when_set(sdk.DefaultAioHttpClient(timeout=timeout))
     except RuntimeError:  # the SDK's word for "install the aiohttp extra"
         return None
 
