@@ -256,6 +256,21 @@ async def check_unreachable(make: Make, fake: Fake) -> None:
     assert time.monotonic() - started < 10  # refused, not waited out
 
 
+async def check_long_headers(make: Make, fake: Fake, *, reads_20k: bool = True) -> None:
+    """An answer with a 20 KB header (a proxy's, a CDN's) is read (where gengate builds the HTTP
+    client: `reads_20k`); one with a 200 KB header is UNAVAILABLE (retryable, the upstream's
+    fault), never the caller's INVALID_ARGUMENT."""
+    backend = await make(max_retries=0)
+    if reads_20k:
+        fake.server.fail_next(Fault(header_bytes=20_000))
+        fake.answers.append("under a long header")
+        assert (await backend.generate(prompt())).generations[0].text == "under a long header"
+    fake.server.fail_next(Fault(header_bytes=200_000))
+    fake.answers.append("never read")
+    with pytest.raises(errors.Unavailable):
+        await backend.generate(prompt())
+
+
 def closed_port() -> int:
     """A loopback port nothing listens on (bound, then closed)."""
     with socket.socket() as probe:

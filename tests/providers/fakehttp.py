@@ -61,6 +61,8 @@ class Fault:
     end_after: int | None = None
     # Close the connection without answering (the request read), as an upstream restarting does.
     hang_up: bool = False
+    # A header of this many bytes on the answer (a proxy's or CDN's long header).
+    header_bytes: int = 0
 
 
 @dataclass
@@ -227,19 +229,24 @@ class FakeServer:
                 )
             result = handler(rec)
             reply = await result if asyncio.iscoroutine(result) else result
+            padding = {"X-Padding": "a" * fault.header_bytes} if fault and fault.header_bytes else {}
             if isinstance(reply, Json):
-                return web.json_response(reply.body, status=reply.status)
+                return web.json_response(reply.body, status=reply.status, headers=padding)
             if isinstance(reply, Raw):
-                return web.Response(body=reply.body, status=reply.status, content_type=reply.content_type)
+                return web.Response(
+                    body=reply.body, status=reply.status, content_type=reply.content_type, headers=padding
+                )
             if fault and fault.end_after is not None:
                 reply = Sse(reply.events[: fault.end_after])
-            return await self._stream(request, reply, fault.break_after if fault else None)
+            return await self._stream(request, reply, fault.break_after if fault else None, padding)
 
         return serve
 
-    async def _stream(self, request: web.Request, reply: Sse, break_after: int | None) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, reply: Sse, break_after: int | None, headers: dict[str, str] | None = None
+    ) -> web.StreamResponse:
         response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **(headers or {})}
         )
         await response.prepare(request)
         try:

@@ -133,6 +133,10 @@ async def test_unreachable_upstream(make: cc.Make, fake: FakeCohere) -> None:
     await cc.check_unreachable(make, fake)
 
 
+async def test_long_headers(make: cc.Make, fake: FakeCohere) -> None:
+    await cc.check_long_headers(make, fake)
+
+
 async def test_bad_key_internal_without_key(
     make: cc.Make, fake: FakeCohere, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -183,6 +183,10 @@ async def test_unreachable_upstream(make: cc.Make, fake: FakeGemini) -> None:
     await cc.check_unreachable(make, fake)
 
 
+async def test_long_headers(make: cc.Make, fake: FakeGemini) -> None:
+    await cc.check_long_headers(make, fake)
+
+
 async def test_bad_key_internal_without_key(
     make: cc.Make, fake: FakeGemini, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -155,6 +155,11 @@ async def test_unreachable_upstream(make: cc.Make, fake: FakeOpenAI) -> None:
     await cc.check_unreachable(make, fake)
 
 
+async def test_long_headers(make: cc.Make, fake: FakeOpenAI) -> None:
+    # LiteLLM builds its own aiohttp session, which reads header lines up to aiohttp's 8190 bytes.
+    await cc.check_long_headers(make, fake, reads_20k=False)
+
+
 async def test_bad_key_internal_without_key(
     make: cc.Make, fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:

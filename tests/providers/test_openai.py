@@ -204,6 +204,10 @@ async def test_unreachable_upstream(family_make: cc.Make, fake: FakeOpenAI) -> N
     await cc.check_unreachable(family_make, fake)
 
 
+async def test_long_headers(family_make: cc.Make, fake: FakeOpenAI) -> None:
+    await cc.check_long_headers(family_make, fake)
+
+
 async def test_family_bad_key(
     family_make: cc.Make, fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:

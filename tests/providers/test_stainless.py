@@ -351,9 +351,16 @@ async def test_a_client_whose_auth_is_computed_per_request_goes_the_sdks_way(ope
 
 @pytest.mark.parametrize("sdk", [openai, anthropic], ids=["openai", "anthropic"])
 async def test_backends_use_the_sdks_aiohttp_client_unless_a_proxy_is_set(sdk: Any) -> None:
-    """The SDK's DefaultAioHttpClient (its transport drops HTTP(S)_PROXY: then httpx2 stays)."""
+    """The SDK's DefaultAioHttpClient as the SDK builds it, on the httpx-aiohttp transport it
+    vendors (which drops HTTP(S)_PROXY: then httpx2 stays) and gengate's session."""
+    import importlib
+
+    vendored = importlib.import_module(f"{sdk.__name__}._vendor.httpx_aiohttp").AiohttpTransport
+    limits = importlib.import_module(f"{sdk.__name__}._constants").DEFAULT_CONNECTION_LIMITS
     client = stainless.aiohttp_client(sdk, 5, environ={})
-    assert client is not None and type(client._transport).__name__ == "AiohttpTransport"
+    assert client is not None and isinstance(client._transport, vendored)
+    assert client._transport.limits == limits and client.follow_redirects
+    assert client.timeout == type(client.timeout)(5)
     await client.aclose()
     for name in ("HTTPS_PROXY", "http_proxy", "ALL_PROXY"):
         assert stainless.aiohttp_client(sdk, 5, environ={name: "http://proxy.internal:3128"}) is None

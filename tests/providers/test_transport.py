@@ -5,11 +5,14 @@ verified against httpx's CA bundle (SSL_CERT_FILE), and no connection cap unless
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import contract_checks as cc
 import httpx
 import httpx2
@@ -143,17 +146,62 @@ async def test_the_jar_reads_only_responses_that_set_cookies(cookie_server: tupl
         assert type(client.cookies).__name__ == "CookiesReadWhenSet"
 
 
-async def test_no_connection_cap_unless_the_limits_give_one(cookie_server: tuple[str, list[str]]) -> None:
+async def test_connection_caps_are_httpxs_unless_the_limits_give_one(
+    cookie_server: tuple[str, list[str]],
+) -> None:
+    """httpx's default cap (100) unless the limits give one; no cap where they give None."""
     url, _ = cookie_server
-    for limits, cap in ((httpx.Limits(max_connections=None), 0), (httpx.Limits(max_connections=7), 7)):
+    for limits, cap in (
+        (None, 100),
+        (httpx.Limits(max_connections=None), 0),
+        (httpx.Limits(max_connections=7), 7),
+    ):
         async with transport.httpx_client(limits=limits) as client:
             await client.get(url)
             session = client._transport.client  # type: ignore[attr-defined]
             assert session.connector.limit == cap
-            assert session.connector._keepalive_timeout == limits.keepalive_expiry
+            assert session.connector._keepalive_timeout == (limits or httpx.Limits()).keepalive_expiry
     async with transport.httpx2_client(limits=httpx2.Limits(max_connections=None)) as client:
         await client.get(url)
         assert client._transport.client.connector.limit == 0
+    proxied = transport.httpx_client(environ={"HTTPS_PROXY": "http://p:1"})
+    assert proxied._transport._pool._max_connections == 100  # type: ignore[attr-defined]
+    await proxied.aclose()
+
+
+async def test_settings_only_httpxs_transport_takes_keep_it() -> None:
+    """A client given a setting httpx hands to the transport it builds keeps that transport,
+    so that the setting holds (aiohttp's would drop it)."""
+    for settings in ({"verify": False}, {"trust_env": False}, {"http1": True}):
+        for client in (transport.httpx_client(**settings), transport.httpx2_client(**settings)):
+            assert not transport.on_aiohttp(client), settings
+            await client.aclose()
+
+
+async def test_an_upstream_that_stops_reading_the_body_is_a_write_timeout() -> None:
+    """aiohttp has no write timeout: the wait for the answer is bounded by the request's four
+    timeouts together, as httpx's WriteTimeout (DEADLINE_EXCEEDED)."""
+    stalled: list[asyncio.StreamWriter] = []
+
+    async def read_nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        stalled.append(writer)  # holds the connection open, reads nothing
+
+    server = await asyncio.start_server(read_nothing, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    body = b"x" * (64 * 1024 * 1024)  # more than the socket buffers hold
+    try:
+        for client, flavour in ((transport.httpx_client(), httpx), (transport.httpx2_client(), httpx2)):
+            async with client:
+                started = time.monotonic()
+                with pytest.raises(flavour.WriteTimeout) as info:
+                    await client.post(f"http://127.0.0.1:{port}/", content=body, timeout=0.25)
+                assert time.monotonic() - started < 5  # 4 x 0.25 s, not the test's own timeout
+                assert isinstance(errors_of(info.value), errors.DeadlineExceeded)
+    finally:
+        for writer in stalled:
+            writer.close()
+        server.close()
+        await server.wait_closed()
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +267,10 @@ async def _hub_session(fake: Any, build: cc.Make) -> Any:
     return await backend.client._get_async_client()
 
 
+async def _started(backend: Any) -> Any:
+    return backend
+
+
 BACKENDS = {
     "cohere": (CohereBackend, FakeCohere, COHERE_KEY, _own_client),
     "mistral": (MistralBackend, FakeMistral, MISTRAL_KEY, _own_client),
@@ -243,6 +295,8 @@ async def test_each_backend_sends_on_aiohttp_unless_a_proxy_is_set(
             fake.answers.append("over aiohttp")
             backend = await build()
             assert (await backend.generate(cc.prompt())).generations[0].text == "over aiohttp"
+            used = await client_of(fake, lambda: _started(backend))
+            assert isinstance(used._transport.client, aiohttp.ClientSession)  # made by the call
             monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
             assert not transport.on_aiohttp(await client_of(fake, build))
     finally:

@@ -297,3 +297,52 @@ def test_only_rate_limits_and_unavailability_are_retried() -> None:
         errors.Unimplemented("x"),
     ):
         assert not is_retryable(final)
+
+
+def _raised_from(top: BaseException, cause: BaseException) -> BaseException:
+    """`top` as raised `from cause` (the chain a transport's exception map builds)."""
+    try:
+        raise top from cause
+    except BaseException as exc:
+        return exc
+
+
+def test_aiohttp_failures_under_httpx_names_map_by_what_happened() -> None:
+    """httpx-aiohttp raises every aiohttp connection error as httpx's ConnectTimeout: a refusal
+    or a hang-up is unreachable (retried), a timeout of aiohttp's or the kernel's a timeout, and
+    an answer aiohttp could not parse (its ClientResponseError says 400) the upstream's fault."""
+    import errno
+
+    import aiohttp
+    from aiohttp import http_exceptions
+    from aiohttp.client_reqrep import ConnectionKey
+    from httpx import ConnectTimeout
+
+    key = ConnectionKey("upstream", 443, True, True, None, None, None, None)
+    unreachable = (
+        aiohttp.ServerDisconnectedError(),
+        aiohttp.ClientConnectorError(key, ConnectionRefusedError(errno.ECONNREFUSED, "refused")),
+        aiohttp.ClientOSError(errno.ECONNRESET, "reset"),
+    )
+    for cause in unreachable:
+        error = normalize_exception(_raised_from(ConnectTimeout("mapped"), cause), provider="acme")
+        assert type(error) is errors.Unavailable and error.reason == UPSTREAM_UNAVAILABLE, cause
+    timeouts = (
+        aiohttp.ConnectionTimeoutError("pool"),
+        aiohttp.SocketTimeoutError("read"),
+        aiohttp.ClientConnectorError(key, OSError(errno.ETIMEDOUT, "timed out")),
+    )
+    for cause in timeouts:
+        error = normalize_exception(_raised_from(ConnectTimeout("mapped"), cause), provider="acme")
+        assert type(error) is errors.DeadlineExceeded and error.reason == UPSTREAM_TIMEOUT, cause
+    # A timeout raised while an earlier hang-up was handled is a timeout: the chain is read to
+    # the first timeout, not past it.
+    later = _raised_from(TimeoutError("the retry timed out"), aiohttp.ServerDisconnectedError())
+    assert type(normalize_exception(later)) is errors.DeadlineExceeded
+    unparsable = _raised_from(
+        aiohttp.ClientResponseError(None, (), status=400, message="Got more than 65536 bytes"),
+        http_exceptions.LineTooLong("header", "65536"),
+    )
+    error = normalize_exception(unparsable, provider="acme")
+    assert type(error) is errors.Unavailable and error.reason == UPSTREAM_BAD_RESPONSE
+    assert "could not be parsed" in error.message

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import errno
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gengate import errors
@@ -187,21 +188,35 @@ def _is_timeout(exc: BaseException) -> bool:
 
 
 def _connection_failed(exc: BaseException) -> bool:
-    """Whether, anywhere down the chain of causes, the connection was refused or failed without
-    timing out: aiohttp's ClientConnectionError (a refusal, a server hanging up) that is no
-    timeout of its own."""
-    seen: BaseException | None = exc
-    for _ in range(16):  # a chain is short; a cycle must not loop
-        if seen is None:
+    """Whether the connection was refused or failed without timing out, read down the chain of
+    causes to the first timeout or aiohttp error: aiohttp's ClientConnectionError (a refusal, a
+    server hanging up) that is no timeout of its own, nor a connect the kernel timed out."""
+    for seen in _chain(exc):
+        if isinstance(seen, TimeoutError):
             return False
         if isinstance(seen, ConnectionRefusedError):
             return True
-        if not isinstance(seen, TimeoutError) and any(
-            cls.__name__ == "ClientConnectionError" for cls in type(seen).__mro__
-        ):
-            return True
-        seen = seen.__cause__ or seen.__context__
+        if any(cls.__name__ == "ClientConnectionError" for cls in type(seen).__mro__):
+            os_error = getattr(seen, "os_error", None)
+            return getattr(os_error, "errno", None) != errno.ETIMEDOUT
     return False
+
+
+def _unparsable(exc: BaseException) -> bool:
+    """Whether aiohttp could not parse the upstream's answer (a header over its limit, a bad
+    status line): its ClientResponseError then carries status 400, which is no answer of the
+    upstream's."""
+    return any(any(cls.__name__ == "HttpProcessingError" for cls in type(e).__mro__) for e in _chain(exc))
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and its causes (or contexts), at most 16: a chain is short, and a cycle must end."""
+    seen: BaseException | None = exc
+    for _ in range(16):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
 
 
 def _is_connection_error(exc: BaseException) -> bool:
@@ -216,6 +231,10 @@ def normalize_exception(exc: BaseException, *, provider: str = "provider") -> er
     if isinstance(exc, errors.GengateError):
         exc.message = scrub(exc.message)
         return exc
+    if _unparsable(exc):
+        # aiohttp's message says what failed; its str() adds the URL (a key may be in a query)
+        detail = getattr(exc, "message", None)
+        return unreadable(provider, f"its answer could not be parsed ({detail or type(exc).__name__})")
     status = _status_of(exc)
     if status is not None and status >= 400:
         body = getattr(exc, "body", None)

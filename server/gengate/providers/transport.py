@@ -20,6 +20,7 @@ providers.errors looks down the chain of causes and maps those as unreachable, n
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
@@ -46,23 +47,43 @@ def httpx_client(
     **kwargs: Any,
 ) -> Client:
     """An httpx `cls` client sending on aiohttp (module docstring), or on httpx's own transport
-    when a proxy is set or httpx-aiohttp is missing; `kwargs` go to the client as they are."""
-    limits = limits or httpx.Limits()
-    transport = None if proxy_in_environment(environ) else _aiohttp_transport("httpx_aiohttp", limits)
+    when a proxy is set, httpx-aiohttp is missing or `kwargs` name a setting only httpx's own
+    transport takes; `kwargs` go to the client as they are. `limits` default to httpx's own."""
+    limits = limits or httpx.Limits(max_connections=100, max_keepalive_connections=20)
+    transport = None
+    if not proxy_in_environment(environ) and not _TRANSPORT_SETTINGS & kwargs.keys():
+        transport = _aiohttp_transport("httpx_aiohttp", httpx, limits)
     if transport is None:
         return cookies_read_when_set(cls(limits=limits, **kwargs))
     return cookies_read_when_set(cls(transport=transport, **kwargs))
 
 
-def httpx2_client(*, limits: Any = None, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
-    """The same as `httpx_client` for httpx2 (huggingface_hub's HTTP library)."""
+def httpx2_client(
+    *,
+    limits: Any = None,
+    environ: Mapping[str, str] | None = None,
+    transport_module: str = "httpx_aiohttp.httpx2",
+    **kwargs: Any,
+) -> Any:
+    """The same as `httpx_client` for httpx2 (huggingface_hub's, openai's and anthropic's HTTP
+    library). `transport_module` holds the AiohttpTransport class: httpx-aiohttp's, or the copy
+    an SDK vendors (`openai._vendor.httpx_aiohttp`)."""
     import httpx2
 
-    limits = limits or httpx2.Limits()
-    transport = None if proxy_in_environment(environ) else _aiohttp_transport("httpx_aiohttp.httpx2", limits)
+    limits = limits or httpx2.Limits(max_connections=100, max_keepalive_connections=20)
+    transport = None
+    if not proxy_in_environment(environ) and not _TRANSPORT_SETTINGS & kwargs.keys():
+        transport = _aiohttp_transport(transport_module, httpx2, limits)
     if transport is None:
         return cookies_read_when_set(httpx2.AsyncClient(limits=limits, **kwargs))
     return cookies_read_when_set(httpx2.AsyncClient(transport=transport, **kwargs))
+
+
+# Client settings httpx hands to the transport it builds: with a transport given they would be
+# dropped, so a client given any of them keeps httpx's own.
+_TRANSPORT_SETTINGS = frozenset(
+    {"verify", "cert", "trust_env", "http1", "http2", "proxy", "mounts", "transport"}
+)
 
 
 AnyClient = TypeVar("AnyClient")
@@ -103,24 +124,66 @@ def on_aiohttp(client: Any) -> bool:
     return type(getattr(client, "_transport", None)).__name__ == "AiohttpTransport"
 
 
-def _aiohttp_transport(module: str, limits: Any) -> Any | None:
+def _aiohttp_transport(module: str, flavour: Any, limits: Any) -> Any | None:
     """httpx-aiohttp's transport (of `module`: its httpx or httpx2 flavour) with gengate's
-    session, or None when the package is not installed."""
+    session and httpx's write timeout, or None when the package is not installed."""
     import importlib
 
     try:
-        transport: Any = importlib.import_module(module).AiohttpTransport(limits=limits)
+        base = importlib.import_module(module).AiohttpTransport
     except ImportError:
         return None
+    transport: Any = _write_bounded(base, flavour)(limits=limits)
     # A callable `client` is how the transport takes a session it did not build; it is called
     # at the first request, inside the event loop the session belongs to.
     transport.client = lambda: _session(transport.ssl_context, limits)
     return transport
 
 
+def _write_bounded(base: type[Any], flavour: Any) -> type[Any]:
+    """`base` (httpx-aiohttp's transport class) bounding the wait for a response's headers by
+    the sum of the request's pool, connect, write and read timeouts, all four set, as httpx
+    WriteTimeout. aiohttp has no write timeout of its own, so an upstream that stops reading a
+    request body would otherwise hold the call until its deadline, or for ever without one."""
+    made = _BOUNDED.get(base)
+    if made is not None:
+        return made
+
+    async def handle_async_request(self: Any, request: Any) -> Any:
+        timeout = request.extensions.get("timeout", {})
+        parts = [timeout.get(name) for name in ("pool", "connect", "write", "read")]
+        if any(part is None for part in parts):
+            return await base.handle_async_request(self, request)
+        try:
+            async with asyncio.timeout(sum(parts)) as scope:
+                return await base.handle_async_request(self, request)
+        except TimeoutError as exc:
+            if scope.expired():
+                raise flavour.WriteTimeout(
+                    f"no answer within the request's timeouts ({sum(parts):g} s in all): the request "
+                    "was not read or not answered",
+                    request=request,
+                ) from exc
+            raise
+
+    made = type(
+        "AiohttpTransport", (base,), {"handle_async_request": handle_async_request, "__module__": __name__}
+    )
+    _BOUNDED[base] = made
+    return made
+
+
+_BOUNDED: dict[type[Any], type[Any]] = {}
+
+# The longest response line, and header field, the session reads (aiohttp's default is 8190
+# bytes, where h11 under httpx takes 16 KiB in all; a proxy's or CDN's header can be long).
+MAX_HEADER_BYTES = 64 * 1024
+
+
 def _session(ssl_context: Any, limits: Any) -> Any:
     """The aiohttp session under one client: httpx's TLS context (its CA bundle, SSL_CERT_FILE),
-    its connection cap (none when None) and keep-alive, and no cookie jar (httpx keeps them)."""
+    its connection cap (none when None; aiohttp has no cap on idle connections) and keep-alive,
+    headers up to MAX_HEADER_BYTES, and no cookie jar (httpx keeps them)."""
     import aiohttp
 
     connector = aiohttp.TCPConnector(
@@ -128,4 +191,9 @@ def _session(ssl_context: Any, limits: Any) -> Any:
         keepalive_timeout=limits.keepalive_expiry,
         ssl=ssl_context,
     )
-    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+    return aiohttp.ClientSession(
+        connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        max_line_size=MAX_HEADER_BYTES,
+        max_field_size=MAX_HEADER_BYTES,
+    )
