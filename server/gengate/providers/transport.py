@@ -143,13 +143,17 @@ def _aiohttp_transport(module: str, flavour: Any, limits: Any) -> Any | None:
 def _write_bounded(base: type[Any], flavour: Any) -> type[Any]:
     """`base` (httpx-aiohttp's transport class) bounding the wait for a response's headers by
     the sum of the request's pool, connect, write and read timeouts, all four set, as httpx
-    WriteTimeout. aiohttp has no write timeout of its own, so an upstream that stops reading a
-    request body would otherwise hold the call until its deadline, or for ever without one."""
+    WriteTimeout, for a body over WRITTEN_AT_ONCE_BYTES or of unknown length. aiohttp has no
+    write timeout of its own, so an upstream that stops reading a request body would otherwise
+    hold the call until its deadline, or for ever without one."""
     made = _BOUNDED.get(base)
     if made is not None:
         return made
 
     async def handle_async_request(self: Any, request: Any) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) <= WRITTEN_AT_ONCE_BYTES:
+            return await base.handle_async_request(self, request)  # no write can stall
         timeout = request.extensions.get("timeout", {})
         parts = [timeout.get(name) for name in ("pool", "connect", "write", "read")]
         if any(part is None for part in parts):
@@ -174,6 +178,9 @@ def _write_bounded(base: type[Any], flavour: Any) -> type[Any]:
 
 
 _BOUNDED: dict[type[Any], type[Any]] = {}
+# A body this long goes into asyncio's write buffer at once (its high-water mark is 64 KiB), so
+# its write cannot stall: the bound is left off it, the usual request, at no cost.
+WRITTEN_AT_ONCE_BYTES = 64 * 1024
 
 # The longest response line, and header field, the session reads (aiohttp's default is 8190
 # bytes, where h11 under httpx takes 16 KiB in all; a proxy's or CDN's header can be long).
