@@ -197,15 +197,22 @@ async def check_reask(make: Make, fake: Fake) -> None:
     assert info.value.reason == "VALIDATION_FAILED"
 
 
-async def check_429_then_success(make: Make, fake: Fake, body: Any = None) -> None:
-    fake.server.fail_next(Fault(status=429, headers={"Retry-After": "0.3"}, body=body))
-    fake.answers.append("after the wait")
-    backend = await make(max_retries=2)
+async def retried_through(make: Make, fake: Fake, fault: Fault, *, max_retries: int = 1) -> list[Any]:
+    """One call whose first attempt meets `fault` and whose retry is answered: the answer comes
+    through, after two requests (returned, the upstream's records of them)."""
+    fake.server.fail_next(fault)
+    fake.answers.append("after the retry")
+    backend = await make(max_retries=max_retries)
     sent = len(fake.server.requests)
     result = await backend.generate(prompt())
-    assert result.generations[0].text == "after the wait"
+    assert result.generations[0].text == "after the retry"
     assert len(fake.server.requests) == sent + 2
-    first, second = fake.server.requests[-2:]
+    return list(fake.server.requests[-2:])
+
+
+async def check_429_then_success(make: Make, fake: Fake, body: Any = None) -> None:
+    retry_after = Fault(status=429, headers={"Retry-After": "0.3"}, body=body)
+    first, second = await retried_through(make, fake, retry_after, max_retries=2)
     assert second.arrived_at - first.arrived_at >= 0.3  # Retry-After honoured, seen by the upstream
 
 
@@ -229,13 +236,7 @@ async def check_hang_up(make: Make, fake: Fake) -> None:
     """An upstream that closes the connection without answering is unreachable for that attempt
     (UNAVAILABLE, retryable; never a timeout, as aiohttp's transport for httpx calls it): with
     a retry the next answer comes through, without one the call fails at once."""
-    fake.server.fail_next(Fault(hang_up=True))
-    fake.answers.append("after the hang-up")
-    backend = await make(max_retries=1)
-    sent = len(fake.server.requests)
-    result = await backend.generate(prompt())
-    assert result.generations[0].text == "after the hang-up"
-    assert len(fake.server.requests) == sent + 2
+    await retried_through(make, fake, Fault(hang_up=True))
     fake.server.fail_next(Fault(hang_up=True))
     backend = await make(max_retries=0)
     with pytest.raises(errors.Unavailable) as info:
