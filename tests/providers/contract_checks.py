@@ -248,13 +248,12 @@ async def check_unreachable(make: Make, fake: Fake) -> None:
     """A base URL where nothing listens is UNAVAILABLE (UPSTREAM_UNAVAILABLE) at once, for a
     unary call and a stream, not DEADLINE_EXCEEDED (aiohttp's transport for httpx raises a
     refused connection as ConnectTimeout)."""
-    backend = await make(base_url=f"http://127.0.0.1:{closed_port()}", max_retries=0, timeout=20)
-    started = time.monotonic()
+    # (A refusal waited out would be DEADLINE_EXCEEDED; the test's own timeout is shorter.)
+    backend = await make(base_url=f"http://127.0.0.1:{closed_port()}", max_retries=0, timeout=600)
     for call in (backend.generate(prompt()), collect(backend.generate_stream(prompt()))):
         with pytest.raises(errors.Unavailable) as info:
             await call
         assert info.value.reason == UPSTREAM_UNAVAILABLE, info.value
-    assert time.monotonic() - started < 10  # refused, not waited out
 
 
 async def check_long_headers(make: Make, fake: Fake, *, reads_20k: bool = True) -> None:

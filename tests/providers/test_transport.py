@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -192,10 +191,10 @@ async def test_an_upstream_that_stops_reading_the_body_is_a_write_timeout() -> N
     try:
         for client, flavour in ((transport.httpx_client(), httpx), (transport.httpx2_client(), httpx2)):
             async with client:
-                started = time.monotonic()
+                # aiohttp itself raises no WriteTimeout: only the bound can (without it, the
+                # call waits for ever and the test's own timeout fails it).
                 with pytest.raises(flavour.WriteTimeout) as info:
                     await client.post(f"http://127.0.0.1:{port}/", content=body, timeout=0.25)
-                assert time.monotonic() - started < 5  # 4 x 0.25 s, not the test's own timeout
                 assert isinstance(errors_of(info.value), errors.DeadlineExceeded)
     finally:
         for writer in stalled:
