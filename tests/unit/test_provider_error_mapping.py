@@ -323,6 +323,7 @@ def test_aiohttp_failures_under_httpx_names_map_by_what_happened() -> None:
         aiohttp.ServerDisconnectedError(),
         aiohttp.ClientConnectorError(key, ConnectionRefusedError(errno.ECONNREFUSED, "refused")),
         aiohttp.ClientOSError(errno.ECONNRESET, "reset"),
+        ConnectionRefusedError(errno.ECONNREFUSED, "refused"),  # a transport's own mapping of it
     )
     for cause in unreachable:
         error = normalize_exception(_raised_from(ConnectTimeout("mapped"), cause), provider="acme")
