@@ -1,20 +1,27 @@
-"""The HTTP clients the httpx-based provider SDKs (cohere, mistralai, google-genai on httpx;
-huggingface_hub on httpx2) send on: httpx's client (its auth, cookies, redirects, timeouts and
-errors, as each SDK expects) over aiohttp's connection pool and C parser, through httpx-aiohttp's
-transport, for ~20-35% less server CPU a call than httpx's own pure-Python transport
-(bench/README.md). The openai and anthropic SDKs ship the same transport
-(`DefaultAioHttpClient`, providers.stainless).
+"""The HTTP clients the provider SDKs send on: httpx's (or httpx2's) client, with its auth,
+cookies, redirects, timeouts and errors as each SDK expects, over aiohttp's connection pool and C
+parser through httpx-aiohttp's transport. That is ~20-35% less server CPU a call than httpx's own
+pure-Python transport (bench/README.md). cohere, mistralai and google-genai get an httpx client,
+huggingface_hub an httpx2 one. openai and anthropic get an httpx2 client on the copy of the
+transport they vendor (providers.stainless).
 
 httpx's own transport is kept where aiohttp's would differ: with a proxy set in the environment
-(HTTP(S)_PROXY, ALL_PROXY; httpx's SOCKS and NO_PROXY handling stay as they are), or without
-httpx-aiohttp installed. The aiohttp session takes no cookies of its own (httpx keeps them) and
-has no connection cap unless the limits give one.
+(HTTP(S)_PROXY, ALL_PROXY; httpx's SOCKS and NO_PROXY handling stay as they are), with a setting
+only httpx's transport takes (`verify`, `http2`, ...), or without httpx-aiohttp installed.
 
-Either way, a response reaches the client's cookie jar only when it sets a cookie
-(`cookies_read_when_set`): httpx wraps every response and its request in urllib's forms for the
-jar to find none, about a sixth of a unary call's server CPU.
+Where the two transports differ, the session is made to match httpx:
+- its connection cap is httpx's (100 unless the limits give one; aiohttp has no cap on idle
+  connections);
+- it keeps no cookies of its own (httpx keeps them);
+- it reads header lines up to 64 KiB;
+- a body over 64 KiB that the upstream stops reading ends, after the request's timeouts added
+  together, as httpx's WriteTimeout (aiohttp has no write timeout).
 
-httpx-aiohttp reads a refused connection, or one the upstream closed, as httpx's ConnectTimeout;
+On either transport, a response reaches the client's cookie jar only when it sets a cookie
+(`cookies_read_when_set`). Otherwise httpx wraps every response and its request in urllib's forms,
+only for the jar to find nothing.
+
+httpx-aiohttp raises a refused connection, or one the upstream closed, as httpx's ConnectTimeout.
 providers.errors looks down the chain of causes and maps those as unreachable, not as timeouts.
 """
 
@@ -49,13 +56,8 @@ def httpx_client(
     """An httpx `cls` client sending on aiohttp (module docstring), or on httpx's own transport
     when a proxy is set, httpx-aiohttp is missing or `kwargs` name a setting only httpx's own
     transport takes; `kwargs` go to the client as they are. `limits` default to httpx's own."""
-    limits = limits or httpx.Limits(max_connections=100, max_keepalive_connections=20)
-    transport = None
-    if not proxy_in_environment(environ) and not _TRANSPORT_SETTINGS & kwargs.keys():
-        transport = _aiohttp_transport("httpx_aiohttp", httpx, limits)
-    if transport is None:
-        return cookies_read_when_set(cls(limits=limits, **kwargs))
-    return cookies_read_when_set(cls(transport=transport, **kwargs))
+    client: Client = _build(httpx, cls, "httpx_aiohttp", limits, environ, kwargs)
+    return client
 
 
 def httpx2_client(
@@ -70,13 +72,26 @@ def httpx2_client(
     an SDK vendors (`openai._vendor.httpx_aiohttp`)."""
     import httpx2
 
-    limits = limits or httpx2.Limits(max_connections=100, max_keepalive_connections=20)
+    return _build(httpx2, httpx2.AsyncClient, transport_module, limits, environ, kwargs)
+
+
+def _build(
+    flavour: Any,
+    cls: Any,
+    module: str,
+    limits: Any,
+    environ: Mapping[str, str] | None,
+    kwargs: dict[str, Any],
+) -> Any:
+    """A `cls` client of `flavour` (the httpx or httpx2 module) on `module`'s AiohttpTransport,
+    or on httpx's own (module docstring); limits default to httpx's own."""
+    limits = limits or flavour.Limits(max_connections=100, max_keepalive_connections=20)
     transport = None
     if not proxy_in_environment(environ) and not _TRANSPORT_SETTINGS & kwargs.keys():
-        transport = _aiohttp_transport(transport_module, httpx2, limits)
+        transport = _aiohttp_transport(module, flavour, limits)
     if transport is None:
-        return cookies_read_when_set(httpx2.AsyncClient(limits=limits, **kwargs))
-    return cookies_read_when_set(httpx2.AsyncClient(transport=transport, **kwargs))
+        return cookies_read_when_set(cls(limits=limits, **kwargs))
+    return cookies_read_when_set(cls(transport=transport, **kwargs))
 
 
 # Client settings httpx hands to the transport it builds: with a transport given they would be
