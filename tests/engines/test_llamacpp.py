@@ -21,6 +21,7 @@ from gengate.constraints.retries import VALIDATION_RETRIES
 from gengate.domain import (
     ChatMessage,
     ChoiceConstraint,
+    Constraint,
     ConstraintKind,
     Enforcement,
     FinishReason,
@@ -290,7 +291,7 @@ _SCHEMA = {
     "additionalProperties": False,
 }
 
-CONSTRAINTS = {
+CONSTRAINTS: dict[str, Constraint] = {
     "json_schema": JsonSchemaConstraint(_SCHEMA),
     "regex": RegexConstraint(r"[A-Z][a-z]{2,6} [0-9]{1,3}(\.[0-9])?"),
     "choice": ChoiceConstraint(("positive", "negative", "neutral")),
@@ -497,3 +498,49 @@ async def test_cached_detokenize_matches_llama(backend: LlamaCppBackend) -> None
         assert [backend._detokenize([t]) for t in tokens] == [llm.detokenize([t]) for t in tokens]
     prompt = llm.tokenize(PROMPT.encode(), add_bos=True, special=True)
     assert backend._detokenize(prompt) == llm.detokenize(prompt)  # several tokens: BOS rules kept
+
+
+class _Passes:
+    """Forward passes and tokens of a backend from now on."""
+
+    def __init__(self, backend: LlamaCppBackend) -> None:
+        self.backend = backend
+        self.start = (backend.forward_passes, backend.tokens_generated)
+
+    def passes(self) -> int:
+        return self.backend.forward_passes - self.start[0]
+
+    def tokens(self) -> int:
+        return self.backend.tokens_generated - self.start[1]
+
+
+FORCING: dict[str, Constraint] = {
+    "json_schema": CONSTRAINTS["json_schema"],
+    "regex": RegexConstraint(r"id-[0-9]{2,4}: (yes|no), value=[a-z]{1,5}!"),
+    "gbnf": CONSTRAINTS["gbnf"],
+}
+
+
+@pytest.mark.parametrize("name", FORCING)
+async def test_forced_tokens_share_a_forward_pass_and_keep_their_seeded_ids(
+    backend: LlamaCppBackend, name: str
+) -> None:
+    """Jump-forward: tokens the constraint forces after a sampled one go into its forward pass.
+    With logprobs every token has its own pass (each needs its logits): the same ids come out."""
+    structured = StructuredOutput(FORCING[name])
+    for sampling in (SamplingParams(seed=3, temperature=0.0), SamplingParams(seed=3, temperature=1.0)):
+        request = _request(n=3, structured_output=structured, sampling=sampling,
+                           stopping=StoppingCriteria(max_tokens=120))  # fmt: skip
+        counted = _Passes(backend)
+        stepped = await backend.generate(replace(request, logprobs=0))
+        assert counted.passes() == counted.tokens() - 3  # a pass per token but each generation's last
+        counted = _Passes(backend)
+        jumped = await backend.generate(request)
+        assert counted.passes() < counted.tokens() - 3, "no forced token jumped"
+        for plain, with_logprobs in zip(jumped.generations, stepped.generations, strict=True):
+            assert with_logprobs.logprobs is not None
+            ids = [lp.token_id for lp in with_logprobs.logprobs]
+            assert (plain.text, plain.finish_reason) == (with_logprobs.text, with_logprobs.finish_reason)
+            assert plain.text == backend._llm.detokenize(ids).decode("utf-8", "replace")
+            if plain.finish_reason is FinishReason.STOP:
+                assert validate_output(structured, plain.text) is None, plain.text

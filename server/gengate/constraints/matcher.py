@@ -94,9 +94,12 @@ class ConstraintMatcher:
         """True when the grammar forces the next bytes: there the mask keeps only the canonical
         token (`{"`, not `{` then `"`), though a consume would take either. (llguidance moves
         the forced bytes into its parser as it answers, even for a grammar with `no_forcing`;
-        the mask stays the same, test_try_advance.py holds it.)"""
-        self._forced = len(self._matcher.compute_ff_bytes())
-        return self._forced > 0
+        the mask stays the same, test_try_advance.py holds it.) Asked once per state: a decoder
+        asks again in the same state after step_forced."""
+        forced = self._forced
+        if forced is None:
+            forced = self._forced = len(self._matcher.compute_ff_bytes())
+        return forced > 0
 
     def try_advance(self, token_id: int) -> int:
         """For a token drawn without the mask, in a state that is not forced: 1 (consumed, now

@@ -125,6 +125,7 @@ class SequenceDecoder:
             self._eos_ids = tuple(int(t) for t in self._eos)
             self._allowed = np.empty(vocab_size, dtype=np.bool_)
             self._stop_checked = False  # is_stopped() was False after the last consumed token
+        self._mask_ready = False  # the mask holds this state's (step_forced filled it)
         # Draw first and mask only when the draw is refused (_draw_first): exact for temperature
         # and greedy sampling, not under a cut of the distribution (top-k / top-p / min-p).
         self._draws_first = (
@@ -163,6 +164,11 @@ class SequenceDecoder:
     @property
     def finished(self) -> FinishReason | None:
         return self._finished
+
+    @property
+    def jumps_forward(self) -> bool:
+        """Whether step_forced may take tokens: under a constraint, without logprobs."""
+        return self._matcher is not None and self._logprobs is None
 
     @property
     def matched_stop(self) -> str | None:
@@ -206,6 +212,50 @@ class SequenceDecoder:
         if matcher is not None:
             stopped = matcher.advance(token) if drawn < 0 else drawn == 1
             self._stop_checked = True  # (when stopped, this step ends the generation)
+        return self._taken(token, stopped, logprob)
+
+    def step_forced(self) -> StepResult | None:
+        """The next step when it needs no logits, else None (the engine runs the model and calls
+        step()): the constraint allows exactly one token there (a forced state's, or the next of
+        a planned forced run), taken as step() would take it, the same random number spent.
+
+        An engine evaluates such tokens in one forward pass with the token before them
+        (jump-forward decoding): the tokens are step()'s, the model runs fewer times. Not with
+        logprobs (each token's needs its logits), and a forced token's own logit is not read,
+        so a non-finite one is no error here."""
+        matcher = self._matcher
+        if matcher is None or self._logprobs is not None or self._finished is not None:
+            return None  # (jumps_forward is False, or the generation ended)
+        if matcher.plan:
+            token = matcher.plan[-1]
+            if token >= self._vocab_size or (
+                self._eos_ids and not self._holds_eos() and matcher.is_accepting()
+            ):
+                return None  # (step() masks there)
+            stopped = matcher.try_advance(token)
+            if stopped < 0:
+                return None
+            taken = stopped == 1
+        else:
+            # step() masks when it cannot draw first or the state is forced: the same mask here
+            if self._draws_first and not matcher.is_forced():
+                return None
+            self._fill_mask()
+            token = self._only_allowed(matcher, self._vocab_size)
+            if token < 0:
+                self._mask_ready = True  # the state is unchanged: step() uses this mask
+                return None
+            matcher.plan_forced_run(token)
+            taken = matcher.advance(token)
+        if not self._greedy:
+            self._rng.random()  # what _choose_only spends
+        self._stop_checked = True
+        self._tokens.append(token)
+        return self._taken(token, taken, None)
+
+    def _taken(self, token: int, stopped: bool, logprob: TokenLogprob | None) -> StepResult:
+        """The rest of a step once `token` (not EOS) is chosen and consumed: its text, stop
+        strings, the constraint's end, max_tokens."""
         if self._penalized:
             self._record(token)
         self._decode(token)
@@ -305,8 +355,12 @@ class SequenceDecoder:
         return token, stopped
 
     def _draw_masked(self, raw: FloatArray, matcher: ConstraintMatcher) -> int:
-        """A token drawn among those the constraint allows (its mask computed now)."""
-        self._fill_mask()
+        """A token drawn among those the constraint allows (its mask computed now, unless
+        step_forced computed it for this state)."""
+        if self._mask_ready:
+            self._mask_ready = False
+        else:
+            self._fill_mask()
         only = self._only_allowed(matcher, raw.shape[0])
         if only >= 0:
             token = self._choose_only(raw, only)

@@ -3,7 +3,9 @@
 One llama context is not thread-safe, so every model call runs on one dedicated worker thread;
 generations of a request (and of concurrent requests) take turns on it. The token loop feeds the
 last position's logits to the shared SequenceDecoder (sampling, constraint mask, stop strings,
-detokenization), so llama.cpp behaves exactly like the other local engines.
+detokenization), so llama.cpp behaves exactly like the other local engines. Tokens the
+constraint forces after a sampled one need no logits (SequenceDecoder.step_forced): they go into
+the same forward pass as that token (jump-forward decoding).
 """
 
 from __future__ import annotations
@@ -181,6 +183,7 @@ class LlamaCppBackend:
         self.capabilities = self._capabilities(chat=True)
         self.model_path: Path | None = Path(options.path).expanduser() if options.path else None
         self.tokens_generated = 0  # every sampled token, for tests and metrics
+        self.forward_passes = 0  # decodes after the prompt: fewer than tokens where a constraint forces
         self._llm: Any = None
         self._compiler: Any = None
         self._chat_template: Any = None
@@ -490,6 +493,9 @@ class LlamaCppBackend:
             return
         self._load_prompt(llm, job.prompt)
         first_token_at: float | None = None
+        # Tokens the constraint forces after a sampled one join its forward pass (jump-forward).
+        forced = decoder.step_forced if decoder.jumps_forward else None
+        n_batch = llm.n_batch
         pending_tokens = 0
         pending_logprobs: list[TokenLogprob] = []
         finish: FinishReason | None = None
@@ -502,25 +508,40 @@ class LlamaCppBackend:
                 break
             logits = self._last_logits(llama_cpp.llama_get_logits_ith(llm.ctx, -1), n_vocab)
             step = decoder.step(logits)
-            if step.token_id is not None:
+            finish = step.finished
+            text = step.text_delta
+            token = step.token_id
+            if token is not None:
                 self.tokens_generated += 1
                 pending_tokens += 1
                 first_token_at = first_token_at or time.monotonic()
             if step.logprob is not None:
                 pending_logprobs.append(step.logprob)
-            finish = step.finished
-            if step.text_delta or (finish is not None and pending_tokens):
+            run: list[int] | None = None  # the token and those forced after it: one forward pass
+            if forced is not None and finish is None and token is not None:
+                run = [token]
+                while len(run) < n_batch and (taken := forced()) is not None:
+                    assert taken.token_id is not None  # (a forced step always takes a token)
+                    run.append(taken.token_id)
+                    text += taken.text_delta
+                    finish = taken.finished
+                    if finish is not None:
+                        break
+                self.tokens_generated += len(run) - 1
+                pending_tokens += len(run) - 1
+            if text or (finish is not None and pending_tokens):
                 delta = GenerationDelta(
                     index=job.index,
-                    text=step.text_delta,
+                    text=text,
                     token_count=pending_tokens,
                     logprobs=tuple(pending_logprobs) if job.logprobs is not None else None,
                 )
                 job.handoff.put(delta, more=finish is not None)  # _Done follows at once
                 pending_tokens, pending_logprobs = 0, []
             if finish is None:
-                assert step.token_id is not None
-                self._eval_next(llm, step.token_id)
+                assert token is not None
+                self._eval_next(llm, token if run is None else run)
+                self.forward_passes += 1
         if not decoder.finished:
             tail = decoder.finalize()
             if tail or pending_tokens:
@@ -557,14 +578,21 @@ class LlamaCppBackend:
         return view
 
     @staticmethod
-    def _eval_next(llm: Any, token: int) -> None:
-        """llm.eval([token]) for a token appended after the prompt: the same batch, decode and
-        bookkeeping, without its KV-cache trim (nothing lies past the end here) and its loop."""
+    def _eval_next(llm: Any, tokens: int | list[int]) -> None:
+        """llm.eval for a token, or up to n_batch tokens (a sampled one and those forced after
+        it), appended after the prompt: the same batch, decode and bookkeeping, without its
+        KV-cache trim (nothing lies past the end here) and its loop."""
         n_past = llm.n_tokens
-        llm._batch.set_batch(batch=[token], n_past=n_past, logits_all=False)
+        if isinstance(tokens, int):
+            llm._batch.set_batch(batch=[tokens], n_past=n_past, logits_all=False)
+            llm._ctx.decode(llm._batch)
+            llm.input_ids[n_past] = tokens
+            llm.n_tokens = n_past + 1
+            return
+        llm._batch.set_batch(batch=tokens, n_past=n_past, logits_all=False)
         llm._ctx.decode(llm._batch)
-        llm.input_ids[n_past] = token
-        llm.n_tokens = n_past + 1
+        llm.input_ids[n_past : n_past + len(tokens)] = tokens
+        llm.n_tokens = n_past + len(tokens)
 
     @staticmethod
     def _load_prompt(llm: Any, prompt: Sequence[int]) -> None:
