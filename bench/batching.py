@@ -8,8 +8,10 @@
     the same unconstrained request.
     Ratio = constrained / unconstrained tokens/s (the grammar engine's per-token cost; the
     schema is compiled once and cached, its first compile is timed on its own).
+(4) transformers engine, the same JSON Schema request vs unconstrained, one at a time and BATCH
+    at once: tokens the schema forces join their row's next pass (jump-forward).
 
-    .venv/bin/python bench/batching.py [--quick] [--skip-server]
+    .venv/bin/python bench/batching.py [--quick] [--skip-server] [--only-constraints]
 """
 
 from __future__ import annotations
@@ -98,6 +100,36 @@ async def run_transformers_engine(rounds: int) -> tuple[list[RunStats], str]:
     return rows, note
 
 
+async def run_transformers_constraints(requests: int, rounds: int) -> tuple[list[RunStats], str]:
+    """JSON Schema vs unconstrained on the transformers tiny engine, at c=1 and c=BATCH."""
+    from gengate.engines.transformers import TransformersBackend
+    from gengate.engines.transformers.backend import TransformersOptions
+
+    backend = TransformersBackend("tiny-hf", TransformersOptions(tiny=True, max_batch_size=BATCH))
+    await backend.start()
+    try:
+        constrained = engine_call(backend, schema=SCHEMA)
+        await constrained(0)  # compiles the schema
+        stats = backend.stats
+        passes, tokens = stats.decode_passes, stats.tokens_generated
+        for i in range(requests):
+            await constrained(i)
+        note = (
+            f"one at a time, {requests} JSON Schema requests took {stats.decode_passes - passes} decode "
+            f"passes for {stats.tokens_generated - tokens} tokens"
+        )
+        rows = []
+        for concurrency in (1, BATCH):
+            variants = [
+                (f"transformers unconstrained c={concurrency}", engine_call(backend)),
+                (f"transformers JSON schema c={concurrency}", constrained),
+            ]
+            rows += await run_interleaved(variants, requests, concurrency, rounds)
+    finally:
+        await backend.aclose()
+    return rows, note
+
+
 async def run_transformers_server(rounds: int) -> list[RunStats]:
     from gengate_client import AsyncClient
 
@@ -142,6 +174,14 @@ async def run_constraints(
 async def run(args: argparse.Namespace) -> None:
     rounds = 1 if args.quick else 3
     summary: list[str] = []
+    requests = 16 if args.quick else 48
+    rows, note = await run_transformers_constraints(requests, rounds)
+    print_table(f"transformers tiny engine: JSON schema vs none, max_tokens {MAX_TOKENS}", rows)
+    print(f"  {note}")
+    summary += print_ratios([(rows[1], rows[0]), (rows[3], rows[2])])
+    if args.only_constraints:
+        print(f"\nSUMMARY throughput ratios: {', '.join(summary)}")
+        return
     engine_rows, note = await run_transformers_engine(rounds)
     print_table(f"transformers tiny engine: {BATCH} requests, max_tokens {MAX_TOKENS}", engine_rows)
     print(f"  {note}")
@@ -150,7 +190,6 @@ async def run(args: argparse.Namespace) -> None:
         server_rows = await run_transformers_server(rounds)
         print_table("transformers tiny through server + client (worker process)", server_rows)
         summary += print_ratios([(server_rows[0], server_rows[1])])
-    requests = 16 if args.quick else 48
     constraint_rows, first_s = await run_constraints(requests, rounds)
     print_table(f"llama.cpp tiny engine: JSON schema vs none, max_tokens {MAX_TOKENS}", constraint_rows)
     print(f"  first JSON-schema request (compiles the grammar): {1000 * first_s:.1f} ms")
@@ -166,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="one round each (a smoke run)")
     parser.add_argument("--skip-server", action="store_true", help="skip the server + client run")
+    parser.add_argument(
+        "--only-constraints", action="store_true", help="only (4): transformers JSON Schema vs none"
+    )
     parser.add_argument(
         "--torch-threads",
         default="1",

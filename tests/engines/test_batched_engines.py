@@ -5,6 +5,7 @@ on both engines; the last ones are engine-specific."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 import time
@@ -277,6 +278,52 @@ async def test_every_constraint_holds(backend: BatchedEngine, name: str) -> None
         assert validate_output(structured, gen.text) is None, gen.text
     if name != "json_object":  # bounded languages always finish within the budget
         assert len(stopped) == 4
+
+
+FORCING_SCHEMA = JsonSchemaConstraint(
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "size": {"enum": ["small", "medium", "large"]},
+            "count": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["name", "size", "count"],
+        "additionalProperties": False,
+    }
+)
+
+
+async def test_forced_tokens_join_the_rows_next_pass(backend: BatchedEngine) -> None:
+    """Jump-forward on transformers: the tokens a constraint forces after a sampled one are fed
+    with it in the next pass of a row alone (in a batch they would widen every row's pass), and
+    they are the tokens of stepping each (logprobs on: every token needs its logits), alone or
+    batched with others. MLX's batch cache cannot take runs: one token a row a pass there."""
+    structured = StructuredOutput(FORCING_SCHEMA)
+    reqs = [
+        request(prompt=f"Item {i}:", structured_output=structured, stopping=StoppingCriteria(max_tokens=60),
+                sampling=SamplingParams(seed=i, temperature=0.0 if i % 2 else 1.0))
+        for i in range(4)
+    ]  # fmt: skip
+    await wait_idle(backend)
+    stats = backend.stats
+    passes = tokens = 0
+    for req in reqs:  # alone: a row takes its forced runs
+        by_step = (await backend.generate(dataclasses.replace(req, logprobs=0))).generations[0]
+        decodes, made = stats.decode_passes, stats.tokens_generated
+        by_jump = (await backend.generate(req)).generations[0]
+        passes, tokens = passes + stats.decode_passes - decodes, tokens + stats.tokens_generated - made
+        assert (by_jump.text, by_jump.finish_reason) == (by_step.text, by_step.finish_reason)
+        assert by_jump.finish_reason is FinishReason.STOP
+        assert validate_output(structured, by_jump.text) is None, by_jump.text
+    if backend._loaded.scheduler.batch.feeds_runs:  # type: ignore[union-attr]
+        assert passes < tokens - len(reqs) - 5, "forced runs took passes of their own"
+    else:
+        assert passes == tokens - len(reqs)  # a pass per token but the last
+    stepped = await asyncio.gather(*(backend.generate(dataclasses.replace(r, logprobs=0)) for r in reqs))
+    jumped = await asyncio.gather(*(backend.generate(r) for r in reqs))  # together, then the last alone
+    for one, other in zip(stepped, jumped, strict=True):
+        assert one.generations[0].text == other.generations[0].text
 
 
 async def test_validated_constraint_retries_then_validates_or_aborts(

@@ -31,9 +31,12 @@ Logits = npt.NDArray[np.float32]
 
 
 class StepDecoder(Protocol):
-    """Turns one row of logits into the next token (sampling, constraints, stop strings)."""
+    """Turns one row of logits into the next token (sampling, constraints, stop strings); a token
+    the constraint forces needs none (SequenceDecoder.step_forced, for jump-forward)."""
 
     def step(self, logits: Logits) -> Any: ...
+
+    def step_forced(self) -> Any | None: ...
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class Sequence:
     max_total_tokens: int
     deadline: float | None = None
     tokens: list[int] = field(default_factory=list)
+    unfed: int = 1  # the last tokens the model has not seen: the next decode feeds them
     cancelled: bool = False
 
     def cancel(self) -> None:
@@ -123,16 +127,19 @@ class ModelBatch(Protocol):
     """An engine's side of the batch: the model and the KV cache of the active rows.
 
     Rows are in the scheduler's order: `join` appends `joining` after `active`, `keep` selects
-    rows. Both return-logit methods give one float32 row of next-token logits per active row."""
+    rows. Both return-logit methods give one float32 row of next-token logits per active row.
+    `feeds_runs`: decode can feed several tokens (`Sequence.unfed`, the same for every row), so
+    the tokens a constraint forces join the pass of the token before them; else one a pass."""
 
     stats: SchedulerStats
+    feeds_runs: bool
 
     def join(self, active: list[Sequence], joining: list[Sequence]) -> Logits:
         """Adds `joining` after `active`; logits for every row (active first: their next step)."""
         ...
 
     def decode(self, active: list[Sequence]) -> Logits:
-        """Feeds every row its last token."""
+        """Feeds every row its last `unfed` tokens."""
         ...
 
     def keep(self, rows: list[int], active: list[Sequence]) -> None:
@@ -152,6 +159,10 @@ def no_context() -> AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
+# Tokens a row alone takes into one pass at most (a sampled one and those forced after it).
+MAX_RUN = 32
+
+
 class BatchScheduler:
     """Owns the model on one thread; sequences are submitted from any thread."""
 
@@ -164,6 +175,7 @@ class BatchScheduler:
         self._cv = threading.Condition()
         self._stopping = False
         self._active: list[Sequence] = []
+        self._jumps = batch.feeds_runs
         self._thread = threading.Thread(target=self._run, name=f"gengate-{engine}", daemon=True)
         self._thread.start()
 
@@ -249,22 +261,38 @@ class BatchScheduler:
             if seq.cancelled:
                 continue
             try:
-                result = seq.decoder.step(logits[i])
+                finished = self._step(seq, logits[i], at)
             except Exception as exc:
                 log.exception("decoder step failed")
                 seq.sink(seq, Failed(exc))
                 continue
-            if result.token_id is not None:
-                seq.tokens.append(int(result.token_id))
-                self.stats.tokens_generated += 1
-            seq.sink(seq, Stepped(result, at))
-            if result.finished is not None:
+            if finished:
                 continue
             if seq.length >= seq.max_total_tokens:
                 seq.sink(seq, Ended(FinishReason.LENGTH))
                 continue
             keep.append(i)
         self._keep(keep)
+
+    def _step(self, seq: Sequence, logits: Logits, at: float) -> bool:
+        """Steps `seq` on its logits, then takes the tokens its constraint forces after that
+        one, if the batch can feed them with it in the next pass; whether `seq` finished."""
+        result = seq.decoder.step(logits)
+        seq.unfed = 0
+        while result is not None:
+            if result.token_id is not None:
+                seq.tokens.append(int(result.token_id))
+                seq.unfed += 1
+                self.stats.tokens_generated += 1
+            seq.sink(seq, Stepped(result, at))
+            if result.finished is not None:
+                return True
+            if not self._jumps or len(self._active) > 1:
+                return False  # (a run would widen every row's pass with padding: bench/README.md)
+            if seq.unfed >= MAX_RUN or seq.length >= seq.max_total_tokens:
+                return False
+            result = seq.decoder.step_forced()
+        return False
 
     def _keep(self, rows: list[int]) -> None:
         """Keeps only `rows` of the batch, in order."""

@@ -31,6 +31,9 @@ class MlxBatch:
 
         self.model = model
         self.stats = SchedulerStats()
+        # One token a row a pass: mlx-lm's batch cache pads rows on the left only, so a row fed
+        # more tokens than another would need a hole inside its cache.
+        self.feeds_runs = False
         self._make_cache: Any = lambda: make_prompt_cache(model)
         self.batchable = _mergeable(self._make_cache())
         self._cache: list[Any] | None = None  # per layer (batchable)

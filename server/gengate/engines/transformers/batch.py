@@ -7,7 +7,8 @@ as their own left-padded batch and concatenating their cache to the running one 
 left-padded to a common length, masked out). Where the cache has a layer type whose tensors
 cannot be merged or selected that simply, the whole batch is re-prefilled from each row's tokens
 instead: slower, equally correct. Padding only adds masked positions, so a row's logits match a
-solo run up to float noise.
+solo run up to float noise. A decode feeds each row its unfed tokens: one, or, for a row alone,
+a sampled token and those its constraint forced after it (jump-forward).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class TorchBatch:
         self.pad_token_id = pad_token_id
         self.device = torch.device(device)
         self.stats = SchedulerStats()
+        self.feeds_runs = True  # a row alone is fed a sampled token and those forced after it at once
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
         self._keep_last_logits = True
@@ -118,17 +120,17 @@ class TorchBatch:
         return out.logits[:, -1, :], mask, out.past_key_values
 
     def _decode_rows(self, active: list[Sequence]) -> torch.Tensor:
-        """Feeds each active row its last token; next-token logits per row."""
+        """Feeds each active row its `unfed` last tokens; next-token logits per row."""
         if self._cache is None:  # lost by a row selection the cache could not do
             logits, self._mask, self._cache = self._prefill(active)
             self.stats.rebuilds += 1
             return logits
         assert self._mask is not None
-        batch = len(active)
-        ids = torch.tensor([[s.tokens[-1]] for s in active], device=self.device)
-        positions = torch.tensor([[s.length - 1] for s in active], device=self.device)
-        ones = torch.ones((batch, 1), dtype=self._mask.dtype, device=self.device)
-        self._mask = torch.cat([self._mask, ones], dim=1)
+        n = active[0].unfed  # (the same for every row: only a row alone takes a forced run)
+        ids = torch.tensor([s.tokens[-n:] for s in active], device=self.device)
+        positions = torch.tensor([list(range(s.length - n, s.length)) for s in active], device=self.device)
+        fed = torch.ones((len(active), n), dtype=self._mask.dtype, device=self.device)
+        self._mask = torch.cat([self._mask, fed], dim=1)
         out = self._forward(ids, self._mask, positions, self._cache)
         self._cache = out.past_key_values
         self.stats.decode_passes += 1
