@@ -37,6 +37,20 @@ SCHEMA: dict[str, Any] = {
     },
     "required": ["title", "tags", "rating", "summary"],
 }
+# A schema whose keys, enums and boolean are forced and whose values are short, as a trained
+# model's outputs are: most of its tokens are forced (forced_share.py; constrained_step.py,
+# batching.py and bench/run's constraints section run it beside SCHEMA).
+EXTRACTION: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "sentiment": {"enum": ["positive", "negative", "neutral"]},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        "topics": {"type": "array", "items": {"enum": ["price", "quality", "delivery", "support"]}},
+        "needs_follow_up": {"type": "boolean"},
+    },
+    "required": ["sentiment", "confidence", "topics", "needs_follow_up"],
+    "additionalProperties": False,
+}
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Per-token cost of llama.cpp's decode loop, JSON Schema constrained vs not, without the event loop.
 
 Runs the engine's own worker loop (LlamaCppBackend._decode) on this thread for seeded requests
-(bench/common.py's PROMPT and SCHEMA, temperature 1, max_tokens 32; llama.cpp on one thread, so
-the 2-core machine's noise stays out) and reports one of:
+(bench/common.py's PROMPT and SCHEMA, or with `--schema extraction` its EXTRACTION,
+whose enums and boolean are mostly forced; temperature 1, max_tokens 32; llama.cpp on one
+thread, so the 2-core machine's noise stays out) and reports one of:
 
   time       µs per token, constrained and not, rounds interleaved, and their ratio
   steps      µs per token inside SequenceDecoder.step alone, and in the rest of the loop
@@ -31,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from common import PROMPT, SCHEMA
+from common import EXTRACTION, PROMPT, SCHEMA
 
 MAX_TOKENS = 32
 
@@ -54,7 +55,7 @@ class _Sink:
 class Loop:
     """The llama.cpp backend's worker loop for one model, driven on the calling thread."""
 
-    def __init__(self, gguf: str | None) -> None:
+    def __init__(self, gguf: str | None, schema: dict[str, Any] = SCHEMA) -> None:
         from gengate.engines.llamacpp import LlamaCppBackend, LlamaCppOptions
 
         options = (
@@ -66,7 +67,7 @@ class Loop:
         asyncio.run(self.backend.start())
         from gengate.domain import GenerationRequest, JsonSchemaConstraint, StructuredOutput
 
-        self.structured = StructuredOutput(JsonSchemaConstraint(SCHEMA))
+        self.structured = StructuredOutput(JsonSchemaConstraint(schema))
         self.compiled = self.backend._compiler.compile_sync(self.structured)
         self.prompt = self.backend._prompt(GenerationRequest(model="bench", prompt=PROMPT))[0]
 
@@ -112,13 +113,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--which", choices=["both", "constrained", "free"], default="both")
+    parser.add_argument(
+        "--schema",
+        choices=["story", "extraction"],
+        default="story",
+        help="bench/common.py's SCHEMA, or its EXTRACTION (enums, a boolean: mostly forced)",
+    )
     args = parser.parse_args(argv)
     gguf = None
     if args.big:
         from batching import bench_32k_gguf
 
         gguf = bench_32k_gguf()
-    loop = Loop(gguf)
+    loop = Loop(gguf, EXTRACTION if args.schema == "extraction" else SCHEMA)
     seeds = range(1, args.requests + 1)
     loop.many(range(1, 4), True)  # warm-up: caches, first-call costs
     loop.many(range(1, 4), False)

@@ -93,7 +93,11 @@ def test_gguf_counts_schema_outputs_and_gengate_is_always_valid(
 def test_constraints_and_compile_cover_both_models(results: tuple[dict[str, Any], str, Path]) -> None:
     data, _, _ = results
     ratios = data["sections"]["constraints"]["ratios"]
-    assert set(ratios) == {f"constrained ÷ unconstrained tok/s, {m}" for m in ("tiny", "32k")}
+    assert set(ratios) == {
+        f"{which} ÷ unconstrained tok/s, {m}"
+        for m in ("tiny", "32k")
+        for which in ("constrained", "mostly forced schema")
+    }
     compiled = {r["model"]: r for r in data["sections"]["compile"]["rows"]}
     assert set(compiled) == {"tiny", "32k"}
     for r in compiled.values():
