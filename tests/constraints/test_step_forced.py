@@ -57,6 +57,8 @@ CONSTRAINTS: dict[str, Constraint] = {
     # a run long enough to be planned (ConstraintMatcher.plan_forced_run)
     "long literal": JsonSchemaConstraint({"type": "object", "properties": {"note": {"const": "abc " * 90}},
                                           "required": ["note"]}),
+    # complete after "ab", and after each optional part: EOS beside the next token
+    "optional tails": RegexConstraint(r"ab(cdefgh)?(ijklmn)?"),
     # forced bytes whose mask allows more than the canonical token: step_forced must decline
     "no forcing": GrammarConstraint(GrammarSyntax.LARK, '%llguidance {"no_forcing": true}\n'
                                     'start: "hello world, " /[a-z]+/'),
@@ -66,6 +68,7 @@ SAMPLINGS: dict[str, dict[str, Any]] = {
     "temperature 1": {"temperature": 1.0},
     "temperature 0.7 top_p 0.9": {"temperature": 0.7, "top_p": 0.9},  # masks first: no draw first
     "top_k 4": {"temperature": 1.2, "top_k": 4},
+    "min_p 0.2": {"temperature": 1.0, "min_p": 0.2},
     "penalties": {"temperature": 0.9, "repetition_penalty": 1.3, "frequency_penalty": 0.4},
 }
 
@@ -130,7 +133,7 @@ def _decoder(
         logprobs=None,
         matcher=masks.wrap(compiled.new_matcher()),
         prompt_token_ids=(1, 2, 3),
-        vocab_size=ll.vocab_size,
+        vocab_size=kw.pop("vocab", ll.vocab_size),
         options=kw.pop("options", EngineOptions()),
     ), masks
 
@@ -161,11 +164,12 @@ def compiled(ll_tokenizer: LLTokenizer) -> Iterator[dict[str, CompiledConstraint
 def _both(
     compiled: CompiledConstraint, ll: LLTokenizer, sampling: dict[str, Any], seed: int, **kw: Any
 ) -> tuple[Run, Run]:
+    vocab = kw.get("vocab", ll.vocab_size)
     every = _generate(
-        _decoder(compiled, ll, sampling, seed, **dict(kw)), HistoryLogits(ll.vocab_size, seed), jump=False
+        _decoder(compiled, ll, sampling, seed, **dict(kw)), HistoryLogits(vocab, seed), jump=False
     )
     jumped = _generate(
-        _decoder(compiled, ll, sampling, seed, **dict(kw)), HistoryLogits(ll.vocab_size, seed), jump=True
+        _decoder(compiled, ll, sampling, seed, **dict(kw)), HistoryLogits(vocab, seed), jump=True
     )
     return every, jumped
 
@@ -218,13 +222,16 @@ def test_ends_inside_forced_runs_are_the_same(
         assert jumped.finished in (FinishReason.LENGTH, FinishReason.STOP_SEQUENCE)
 
 
+@pytest.mark.parametrize("kind", ["choice", "optional tails", "json schema"])
 def test_held_eos_and_min_tokens_are_the_same(
-    compiled: dict[str, CompiledConstraint], ll_tokenizer: LLTokenizer
+    compiled: dict[str, CompiledConstraint], ll_tokenizer: LLTokenizer, kind: str
 ) -> None:
-    for options in (EngineOptions(min_tokens=30), EngineOptions(ignore_eos=True)):
-        for seed in range(3):
+    """EOS allowed beside the next token (an optional tail), held back by min_tokens or ignore_eos."""
+    texts: dict[EngineOptions, list[str]] = {}
+    for options in (EngineOptions(), EngineOptions(min_tokens=6), EngineOptions(ignore_eos=True)):
+        for seed in range(6):
             every, jumped = _both(
-                compiled["choice"],
+                compiled[kind],
                 ll_tokenizer,
                 SAMPLINGS["temperature 1"],
                 seed,
@@ -232,6 +239,28 @@ def test_held_eos_and_min_tokens_are_the_same(
                 stopping=StoppingCriteria(max_tokens=40),
             )
             assert (jumped.tokens, jumped.text, jumped.finished) == (every.tokens, every.text, every.finished)
+            texts.setdefault(options, []).append(jumped.text)
+    if kind == "optional tails":
+        assert "ab" in texts[EngineOptions()]  # EOS taken where it stood beside the next token
+        assert all(t.endswith("ijklmn") for t in texts[EngineOptions(ignore_eos=True)])  # never taken
+
+
+def test_a_padded_vocabulary_is_the_same(
+    compiled: dict[str, CompiledConstraint], ll_tokenizer: LLTokenizer
+) -> None:
+    """Model logits longer than the grammar's vocabulary: ids past it are never allowed."""
+    for kind in ("json schema", "regex"):
+        for seed in range(3):
+            every, jumped = _both(
+                compiled[kind],
+                ll_tokenizer,
+                SAMPLINGS["temperature 1"],
+                seed,
+                vocab=ll_tokenizer.vocab_size + 37,
+            )
+            assert (jumped.tokens, jumped.text, jumped.finished) == (every.tokens, every.text, every.finished)
+            assert max(jumped.tokens) < ll_tokenizer.vocab_size
+            assert jumped.logits_asked < every.logits_asked
 
 
 def test_no_jump_without_a_constraint_or_with_logprobs(

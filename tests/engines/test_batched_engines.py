@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from gengate import errors
@@ -324,6 +325,99 @@ async def test_forced_tokens_join_the_rows_next_pass(backend: BatchedEngine) -> 
     jumped = await asyncio.gather(*(backend.generate(r) for r in reqs))  # together, then the last alone
     for one, other in zip(stepped, jumped, strict=True):
         assert one.generations[0].text == other.generations[0].text
+
+
+async def test_a_run_cut_at_max_run_and_a_join_after_a_run(
+    tiny_model: TinyModelPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers: a run longer than MAX_RUN goes into several passes; a request joining while
+    the row alone was fed a run (its next decode feeds several tokens) gives the stepped text."""
+    from gengate.engines.batching import scheduler
+
+    engine = make_engine("transformers", "tiny-hf", model=str(tiny_model.hf_dir))
+    await engine.start()
+    try:
+        monkeypatch.setattr(scheduler, "MAX_RUN", 3)
+        literal = {"type": "object", "properties": {"note": {"const": "abc " * 30}}, "required": ["note"]}
+        long_run = request(
+            structured_output=StructuredOutput(JsonSchemaConstraint(literal)),
+            stopping=StoppingCriteria(max_tokens=100),
+            sampling=GREEDY,
+        )
+        stats = engine.stats
+        decodes, made = stats.decode_passes, stats.tokens_generated
+        (alone,) = (await engine.generate(long_run)).generations
+        passes, tokens = stats.decode_passes - decodes, stats.tokens_generated - made
+        assert alone.finish_reason is FinishReason.STOP and tokens >= 30
+        assert tokens / 3 - 1 <= passes < tokens - 1, (passes, tokens)  # runs of at most 3
+
+        monkeypatch.setattr(scheduler, "MAX_RUN", 32)
+        other = request(prompt="Numbers: one two", sampling=GREEDY, stopping=StoppingCriteria(max_tokens=16))
+        solo = [
+            (await engine.generate(dataclasses.replace(r, logprobs=0))).generations[0].text
+            for r in (long_run, other)
+        ]
+        batch = engine._loaded.scheduler.batch  # type: ignore[union-attr]
+        join = batch.join
+        fed_at_join: list[int] = []
+
+        def spied(active: list[Any], joining: list[Any]) -> Any:
+            fed_at_join.extend(s.unfed for s in active)
+            return join(active, joining)
+
+        monkeypatch.setattr(batch, "join", spied)
+        for _ in range(5):
+            stream = engine.generate_stream(long_run)
+            texts: dict[str, str] = {"long": ""}
+            joined: asyncio.Task[Any] | None = None
+            async for event in stream:
+                if isinstance(event, GenerationDelta):
+                    texts["long"] += event.text
+                    if joined is None:
+                        joined = asyncio.create_task(engine.generate(other))
+            assert joined is not None
+            texts["other"] = (await joined).generations[0].text
+            assert [texts["long"], texts["other"]] == solo
+            if any(n > 1 for n in fed_at_join):
+                break
+        assert any(n > 1 for n in fed_at_join), "no request joined while the lone row was fed a run"
+    finally:
+        await engine.aclose()
+
+
+async def test_a_deadline_inside_a_run_ends_it(
+    tiny_model: TinyModelPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers: the deadline is looked at before each forced token of a row's run."""
+    from gengate.engines import decoding
+
+    engine = make_engine("transformers", "tiny-hf", model=str(tiny_model.hf_dir))
+    await engine.start()
+    try:
+        scheduler = engine._loaded.scheduler  # type: ignore[union-attr]
+        step_forced = decoding.SequenceDecoder.step_forced
+        taken = [0]
+
+        def forced_then_late(self: Any) -> Any:
+            taken[0] += 1
+            if taken[0] == 3:  # mid-run, on the scheduler's thread: the row's deadline passes
+                scheduler._active[0].deadline = time.monotonic() - 1.0
+            return step_forced(self)
+
+        monkeypatch.setattr(decoding.SequenceDecoder, "step_forced", forced_then_late)
+        literal = {"type": "object", "properties": {"note": {"const": "abc " * 30}}, "required": ["note"]}
+        result = await engine.generate(
+            request(
+                structured_output=StructuredOutput(JsonSchemaConstraint(literal)),
+                stopping=StoppingCriteria(max_tokens=100),
+                sampling=GREEDY,
+            )
+        )
+        (gen,) = result.generations
+        assert gen.finish_reason is FinishReason.TIME_LIMIT
+        assert gen.output_tokens <= 4, "the run went on past the deadline"
+    finally:
+        await engine.aclose()
 
 
 async def test_validated_constraint_retries_then_validates_or_aborts(

@@ -44,6 +44,7 @@ from gengate.domain import (
     TextPart,
 )
 from gengate.engines.llamacpp import LlamaCppBackend, LlamaCppOptions
+from gengate.engines.options import EngineOptions
 from gengate.models.tiny import TinyModelPaths
 
 PROMPT = "Hello world, the answer is"
@@ -522,11 +523,12 @@ FORCING: dict[str, Constraint] = {
 
 
 @pytest.mark.parametrize("name", FORCING)
-async def test_forced_tokens_share_a_forward_pass_and_keep_their_seeded_ids(
+async def test_forced_tokens_share_a_forward_pass_and_give_the_stepped_text(
     backend: LlamaCppBackend, name: str
 ) -> None:
     """Jump-forward: tokens the constraint forces after a sampled one go into its forward pass.
-    With logprobs every token has its own pass (each needs its logits): the same ids come out."""
+    With logprobs every token has its own pass (each needs its logits): the same text comes out
+    (the logits after a run may differ in their last bits; these seeds meet no near-tie)."""
     structured = StructuredOutput(FORCING[name])
     for sampling in (SamplingParams(seed=3, temperature=0.0), SamplingParams(seed=3, temperature=1.0)):
         request = _request(n=3, structured_output=structured, sampling=sampling,
@@ -544,3 +546,99 @@ async def test_forced_tokens_share_a_forward_pass_and_keep_their_seeded_ids(
             assert plain.text == backend._llm.detokenize(ids).decode("utf-8", "replace")
             if plain.finish_reason is FinishReason.STOP:
                 assert validate_output(structured, plain.text) is None, plain.text
+
+
+async def test_a_run_is_cut_at_n_batch(tiny_model: TinyModelPaths) -> None:
+    """A forced run longer than llama.cpp's batch goes into several passes, none over n_batch."""
+    small = LlamaCppBackend("tiny", LlamaCppOptions(path=str(tiny_model.gguf_path), n_ctx=1024, n_batch=4))
+    await small.start()
+    try:
+        literal = "abc " * 40
+        structured = StructuredOutput(
+            JsonSchemaConstraint(
+                {"type": "object", "properties": {"note": {"const": literal}}, "required": ["note"]}
+            )
+        )
+        sizes: list[int] = []
+        eval_next = LlamaCppBackend._eval_next
+
+        def counted(llm: Any, tokens: int | list[int]) -> None:
+            sizes.append(1 if isinstance(tokens, int) else len(tokens))
+            eval_next(llm, tokens)
+
+        small._eval_next = counted  # type: ignore[method-assign]
+        result = await small.generate(
+            _request(structured_output=structured, stopping=StoppingCriteria(max_tokens=200))
+        )
+        (gen,) = result.generations
+        assert gen.finish_reason is FinishReason.STOP and json.loads(gen.text) == {"note": literal}
+        assert max(sizes) == 4 and len(sizes) < gen.output_tokens // 2, sizes
+    finally:
+        await small.aclose()
+
+
+def test_a_cancel_or_deadline_inside_a_run_ends_it(
+    backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancellation and the deadline are looked at before each forced token of a run, not only
+    before each forward pass: a forced token can cost milliseconds (a long literal re-tokenized)."""
+    import threading
+
+    from gengate.engines import decoding
+    from gengate.engines.llamacpp import _Done, _Job
+
+    literal = "abc " * 100
+    structured = StructuredOutput(
+        JsonSchemaConstraint(
+            {"type": "object", "properties": {"note": {"const": literal}}, "required": ["note"]}
+        )
+    )
+    compiled = backend._compiler.compile_sync(structured)
+    prompt = backend._prompt(_request())[0]
+    step_forced = decoding.SequenceDecoder.step_forced
+    for how in ("cancel", "deadline"):
+        done: list[_Done] = []
+        cancel = threading.Event()
+        job = _Job(
+            index=0,
+            prompt=prompt,
+            sampling=SamplingParams(seed=1, temperature=0.0),
+            stopping=StoppingCriteria(max_tokens=300),
+            logprobs=None,
+            compiled=compiled,
+            options=EngineOptions(),
+            deadline=None,
+            handoff=_Handoff(done),  # type: ignore[arg-type]
+            cancel=cancel,
+        )
+        taken = [0]
+
+        def forced_then_stop(self: Any, how: str = how, job: _Job = job, taken: list[int] = taken) -> Any:
+            taken[0] += 1
+            if taken[0] == 3:  # mid-run
+                if how == "cancel":
+                    job.cancel.set()
+                else:
+                    job.deadline = time.monotonic() - 1.0
+            return step_forced(self)
+
+        monkeypatch.setattr(decoding.SequenceDecoder, "step_forced", forced_then_stop)
+        backend._decode(job)
+        (end,) = done
+        assert end.finish_reason is (FinishReason.CANCELLED if how == "cancel" else FinishReason.TIME_LIMIT)
+        assert end.output_tokens <= 4, "the run went on after the cancel or the deadline"
+
+
+class _Handoff:
+    """Stands in for LoopHandoff when the worker loop runs on the test's thread: keeps the end."""
+
+    def __init__(self, done: list[Any]) -> None:
+        self.done = done
+
+    def put(self, item: Any, *, last: bool = False, more: bool = False) -> None:
+        from gengate.engines.llamacpp import _Done, _Failed
+
+        if isinstance(item, _Failed):
+            raise item.error
+        if isinstance(item, _Done):
+            self.done.append(item)

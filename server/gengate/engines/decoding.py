@@ -220,18 +220,19 @@ class SequenceDecoder:
         a planned forced run), taken as step() would take it, the same random number spent.
 
         An engine evaluates such tokens in one forward pass with the token before them
-        (jump-forward decoding): the tokens are step()'s, the model runs fewer times. Not with
-        logprobs (each token's needs its logits), and a forced token's own logit is not read,
-        so a non-finite one is no error here."""
+        (jump-forward decoding), so the model runs fewer times. From the same logits the tokens
+        are step()'s; the logits after a run may differ from one-token passes in their last bits
+        (another batch shape), which can turn a near-tie. Not with logprobs (each token's needs
+        its logits); a forced token's own logit is not read, so a non-finite one is no error."""
         matcher = self._matcher
         if matcher is None or self._logprobs is not None or self._finished is not None:
             return None  # (jumps_forward is False, or the generation ended)
         if matcher.plan:
             token = matcher.plan[-1]
-            if token >= self._vocab_size or (
-                self._eos_ids and not self._holds_eos() and matcher.is_accepting()
-            ):
-                return None  # (step() masks there)
+            if token >= self._vocab_size or token in self._eos_set:
+                return None  # (step() takes it, or masks)
+            if self._eos_ids and not self._holds_eos() and matcher.is_accepting():
+                return None  # (EOS would be allowed besides: step() masks)
             stopped = matcher.try_advance(token)
             if stopped < 0:
                 return None

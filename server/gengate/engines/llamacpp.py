@@ -520,7 +520,7 @@ class LlamaCppBackend:
             run: list[int] | None = None  # the token and those forced after it: one forward pass
             if forced is not None and finish is None and token is not None:
                 run = [token]
-                while len(run) < n_batch and (taken := forced()) is not None:
+                while len(run) < n_batch and _going(job) and (taken := forced()) is not None:
                     assert taken.token_id is not None  # (a forced step always takes a token)
                     run.append(taken.token_id)
                     text += taken.text_delta
@@ -704,6 +704,12 @@ def _compile_template(source: str) -> Any:
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     return env.from_string(source)
+
+
+def _going(job: _Job) -> bool:
+    """Neither cancelled nor past its deadline: checked before each forced token of a run too (a
+    forced token can cost milliseconds: a long literal without plans re-tokenized at each)."""
+    return not job.cancel.is_set() and (job.deadline is None or time.monotonic() < job.deadline)
 
 
 def load_kwargs(options: LlamaCppOptions, n_gpu_layers: int) -> dict[str, Any]:

@@ -289,8 +289,10 @@ class BatchScheduler:
                 return True
             if not self._jumps or len(self._active) > 1:
                 return False  # (a run would widen every row's pass with padding: bench/README.md)
-            if seq.unfed >= MAX_RUN or seq.length >= seq.max_total_tokens:
+            if seq.unfed >= MAX_RUN or seq.length >= seq.max_total_tokens or seq.cancelled:
                 return False
+            if seq.deadline is not None and time.monotonic() > seq.deadline:
+                return False  # (the next iteration ends it)
             result = seq.decoder.step_forced()
         return False
 
