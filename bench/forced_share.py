@@ -6,8 +6,9 @@ model writes short values between the keys and punctuation its schema forces. Th
 realistic documents through the engines' own decoder (SequenceDecoder, the llguidance matcher,
 the grammar compiled by ConstraintCompiler) on both benchmark tokenizers: a stand-in model whose
 logits favour the longest token that spells the document on (greedy), and counts the steps that
-needed logits (forward passes with jump-forward; every token needs one without). The document
-must come out byte for byte, or the row says so.
+needed logits: the forward passes with jump-forward, the prompt's included (tokens forced before
+the first sampled one join it); without, every token needs one. The document must come out
+byte for byte, or the row says so.
 
     .venv/bin/python bench/forced_share.py
 """
@@ -124,18 +125,16 @@ def replay(compiled: Any, ll: Any, text: bytes) -> tuple[int, int, bool]:
                 out[token] = float(len(piece))
         return out
 
-    step: Any = None
-    while decoder.finished is None:
-        asked += 1
-        step = decoder.step(logits())
-        while step is not None:
-            if step.token_id is not None:
-                tokens += 1
-                if step.token_id != ll.eos_token:
-                    written += pieces[step.token_id]
-            if step.finished is not None:
-                break
-            step = decoder.step_forced()
+    forced = decoder.step_forced()  # those before the first sampled token join the prompt's pass
+    while forced is not None or decoder.finished is None:
+        if forced is None:
+            asked += 1
+        step = forced if forced is not None else decoder.step(logits())
+        if step.token_id is not None:
+            tokens += 1
+            if step.token_id != ll.eos_token:
+                written += pieces[step.token_id]
+        forced = decoder.step_forced() if step.finished is None else None
     return tokens, asked, written == text
 
 

@@ -31,7 +31,7 @@ from gengate.domain import (
     StoppingCriteria,
     StructuredOutput,
 )
-from gengate.engines.decoding import SequenceDecoder, StepResult
+from gengate.engines.decoding import SequenceDecoder
 from gengate.engines.options import EngineOptions
 from llguidance import LLTokenizer
 
@@ -54,6 +54,8 @@ CONSTRAINTS: dict[str, Constraint] = {
     "choice": ChoiceConstraint(("positive outlook", "negative outlook", "neutral")),
     "lark": GrammarConstraint(GrammarSyntax.LARK, 'start: "let " NAME " = " NUMBER ";"\nNAME: /[a-z]+/\n'
                               "NUMBER: /[0-9]+/"),
+    # forced from the first token to the last: no logits needed at all
+    "all forced": JsonSchemaConstraint({"const": {"answer": "forty-two", "sure": True}}),
     # a run long enough to be planned (ConstraintMatcher.plan_forced_run)
     "long literal": JsonSchemaConstraint({"type": "object", "properties": {"note": {"const": "abc " * 90}},
                                           "required": ["note"]}),
@@ -142,15 +144,14 @@ def _generate(made: tuple[SequenceDecoder, CountedMasks], logits: HistoryLogits,
     decoder, masks = made
     tokens: list[int] = []
     text = ""
-    while decoder.finished is None:
-        step: StepResult | None = decoder.step(logits(tokens))
-        while step is not None:
-            if step.token_id is not None:
-                tokens.append(step.token_id)
-            text += step.text_delta
-            if step.finished is not None or not jump:
-                break
-            step = decoder.step_forced()
+    # with jumps, after every step (and before the first: an engine prefills those) the forced tokens
+    forced = decoder.step_forced() if jump else None
+    while forced is not None or decoder.finished is None:
+        step = forced if forced is not None else decoder.step(logits(tokens))
+        if step.token_id is not None:
+            tokens.append(step.token_id)
+        text += step.text_delta
+        forced = decoder.step_forced() if jump and step.finished is None else None
     return Run(tokens, text, decoder.finished, decoder.matched_stop, logits.asked, masks.count)
 
 
@@ -174,6 +175,17 @@ def _both(
     return every, jumped
 
 
+def _alike(
+    compiled: CompiledConstraint, ll: LLTokenizer, sampling: dict[str, Any], seed: int, **kw: Any
+) -> tuple[Run, Run]:
+    """_both, held to the same tokens, text, end and stop."""
+    every, jumped = _both(compiled, ll, sampling, seed, **kw)
+    assert (jumped.tokens, jumped.text, jumped.finished, jumped.stop) == (
+        every.tokens, every.text, every.finished, every.stop
+    ), (seed, ll.decode_bytes(every.tokens))  # fmt: skip
+    return every, jumped
+
+
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize("kind", CONSTRAINTS)
 def test_jumping_forward_gives_the_tokens_of_every_step(
@@ -181,9 +193,7 @@ def test_jumping_forward_gives_the_tokens_of_every_step(
 ) -> None:
     skipped = 0
     for seed in range(3):
-        every, jumped = _both(compiled[kind], ll_tokenizer, SAMPLINGS[sampling], seed)
-        assert jumped.tokens == every.tokens, (seed, ll_tokenizer.decode_bytes(every.tokens))
-        assert (jumped.text, jumped.finished, jumped.stop) == (every.text, every.finished, every.stop)
+        every, jumped = _alike(compiled[kind], ll_tokenizer, SAMPLINGS[sampling], seed)
         assert every.logits_asked == len(every.tokens)
         assert jumped.masks <= every.masks  # a mask step_forced computed but could not use is not redone
         skipped += every.logits_asked - jumped.logits_asked
@@ -196,8 +206,7 @@ def test_jumping_forward_gives_the_tokens_of_every_step(
 def test_planned_runs_are_taken_without_logits(
     compiled: dict[str, CompiledConstraint], ll_tokenizer: LLTokenizer
 ) -> None:
-    every, jumped = _both(compiled["long literal"], ll_tokenizer, SAMPLINGS["temperature 1"], 5)
-    assert jumped.tokens == every.tokens
+    _, jumped = _alike(compiled["long literal"], ll_tokenizer, SAMPLINGS["temperature 1"], 5)
     assert "abc abc" in jumped.text
     assert jumped.logits_asked < len(jumped.tokens) // 4, (jumped.logits_asked, len(jumped.tokens))
 
@@ -214,11 +223,9 @@ def test_ends_inside_forced_runs_are_the_same(
     compiled: dict[str, CompiledConstraint], ll_tokenizer: LLTokenizer, stopping: StoppingCriteria
 ) -> None:
     for seed in range(3):
-        every, jumped = _both(
+        _, jumped = _alike(
             compiled["json schema"], ll_tokenizer, SAMPLINGS["temperature 1"], seed, stopping=stopping
         )
-        assert (jumped.tokens, jumped.text, jumped.finished, jumped.stop) == (
-            every.tokens, every.text, every.finished, every.stop)  # fmt: skip
         assert jumped.finished in (FinishReason.LENGTH, FinishReason.STOP_SEQUENCE)
 
 
@@ -230,7 +237,7 @@ def test_held_eos_and_min_tokens_are_the_same(
     texts: dict[EngineOptions, list[str]] = {}
     for options in (EngineOptions(), EngineOptions(min_tokens=6), EngineOptions(ignore_eos=True)):
         for seed in range(6):
-            every, jumped = _both(
+            _, jumped = _alike(
                 compiled[kind],
                 ll_tokenizer,
                 SAMPLINGS["temperature 1"],
@@ -238,7 +245,6 @@ def test_held_eos_and_min_tokens_are_the_same(
                 options=options,
                 stopping=StoppingCriteria(max_tokens=40),
             )
-            assert (jumped.tokens, jumped.text, jumped.finished) == (every.tokens, every.text, every.finished)
             texts.setdefault(options, []).append(jumped.text)
     if kind == "optional tails":
         assert "ab" in texts[EngineOptions()]  # EOS taken where it stood beside the next token
@@ -251,14 +257,13 @@ def test_a_padded_vocabulary_is_the_same(
     """Model logits longer than the grammar's vocabulary: ids past it are never allowed."""
     for kind in ("json schema", "regex"):
         for seed in range(3):
-            every, jumped = _both(
+            every, jumped = _alike(
                 compiled[kind],
                 ll_tokenizer,
                 SAMPLINGS["temperature 1"],
                 seed,
                 vocab=ll_tokenizer.vocab_size + 37,
             )
-            assert (jumped.tokens, jumped.text, jumped.finished) == (every.tokens, every.text, every.finished)
             assert max(jumped.tokens) < ll_tokenizer.vocab_size
             assert jumped.logits_asked < every.logits_asked
 

@@ -642,3 +642,36 @@ class _Handoff:
             raise item.error
         if isinstance(item, _Done):
             self.done.append(item)
+
+
+async def test_tokens_forced_from_the_start_join_the_prompt(
+    backend: LlamaCppBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokens forced before the first sampled one join the prompt's pass; an output forced to its
+    end (a `const` schema) needs no pass at all, not even the prompt's, and streams whole."""
+    loaded: list[int] = []
+    load = backend._load_prompt
+
+    def spied(llm: Any, prompt: list[int]) -> None:
+        loaded.append(len(prompt))
+        load(llm, prompt)
+
+    monkeypatch.setattr(backend, "_load_prompt", spied)
+    prompt = len(backend._prompt(_request())[0])
+    closed = StructuredOutput(FORCING["json_schema"])  # starts with `{"name":"`, all forced
+    (gen,) = (await backend.generate(_request(structured_output=closed))).generations
+    assert gen.text.startswith('{"name":"') and loaded[-1] > prompt  # with the lead
+
+    structured = StructuredOutput(JsonSchemaConstraint({"const": {"answer": "forty-two", "sure": True}}))
+    counted = _Passes(backend)
+    loads = len(loaded)
+    events = await _events(
+        backend, _request(structured_output=structured, stopping=StoppingCriteria(max_tokens=50))
+    )
+    deltas = [e for e in events if isinstance(e, GenerationDelta)]
+    (end,) = [e for e in events if isinstance(e, GenerationEnd)]
+    assert end.finish_reason is FinishReason.STOP
+    assert json.loads("".join(d.text for d in deltas)) == {"answer": "forty-two", "sure": True}
+    assert sum(d.token_count for d in deltas) == end.usage.output_tokens == counted.tokens() > 3
+    assert counted.passes() == 0 and len(loaded) == loads  # not even the prompt's
+    assert end.timings is not None and end.timings.time_to_first_token_s is not None

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
@@ -78,7 +78,7 @@ from gengate.engines.toolcalls import chat_prompt, template_speaks_tools, tool_e
 from gengate.magpie import PRESET_TOKENS
 
 if TYPE_CHECKING:
-    from gengate.engines.decoding import LoopHandoff
+    from gengate.engines.decoding import LoopHandoff, StepResult
 
 SplitMode = Literal["none", "layer", "row"]
 
@@ -491,14 +491,17 @@ class LlamaCppBackend:
         if job.cancel.is_set():  # cancelled while queued behind other generations
             job.handoff.put(_Done(FinishReason.CANCELLED, None, 0, started, None), last=True)
             return
-        self._load_prompt(llm, job.prompt)
         first_token_at: float | None = None
-        # Tokens the constraint forces after a sampled one join its forward pass (jump-forward).
+        # Tokens the constraint forces after a sampled one join its forward pass (jump-forward);
+        # those it forces before the first one join the prompt's, their text sent with its.
         forced = decoder.step_forced if decoder.jumps_forward else None
         n_batch = llm.n_batch
-        pending_tokens = 0
+        lead, held, finish = _take_forced(forced, job, n_batch) if forced is not None else ([], "", None)
+        self.tokens_generated += len(lead)
+        pending_tokens = len(lead)
         pending_logprobs: list[TokenLogprob] = []
-        finish: FinishReason | None = None
+        if finish is None:
+            self._load_prompt(llm, job.prompt + lead if lead else job.prompt)
         while finish is None:
             if job.cancel.is_set():
                 finish = FinishReason.CANCELLED
@@ -509,7 +512,8 @@ class LlamaCppBackend:
             logits = self._last_logits(llama_cpp.llama_get_logits_ith(llm.ctx, -1), n_vocab)
             step = decoder.step(logits)
             finish = step.finished
-            text = step.text_delta
+            text = held + step.text_delta if held else step.text_delta
+            held = ""
             token = step.token_id
             if token is not None:
                 self.tokens_generated += 1
@@ -519,16 +523,12 @@ class LlamaCppBackend:
                 pending_logprobs.append(step.logprob)
             run: list[int] | None = None  # the token and those forced after it: one forward pass
             if forced is not None and finish is None and token is not None:
-                run = [token]
-                while len(run) < n_batch and _going(job) and (taken := forced()) is not None:
-                    assert taken.token_id is not None  # (a forced step always takes a token)
-                    run.append(taken.token_id)
-                    text += taken.text_delta
-                    finish = taken.finished
-                    if finish is not None:
-                        break
-                self.tokens_generated += len(run) - 1
-                pending_tokens += len(run) - 1
+                more, more_text, finish = _take_forced(forced, job, n_batch - 1)
+                if more:
+                    run = [token, *more]
+                    text += more_text
+                    self.tokens_generated += len(more)
+                    pending_tokens += len(more)
             if text or (finish is not None and pending_tokens):
                 delta = GenerationDelta(
                     index=job.index,
@@ -542,11 +542,11 @@ class LlamaCppBackend:
                 assert token is not None
                 self._eval_next(llm, token if run is None else run)
                 self.forward_passes += 1
-        if not decoder.finished:
-            tail = decoder.finalize()
-            if tail or pending_tokens:
-                logprobs = tuple(pending_logprobs) if job.logprobs is not None else None
-                job.handoff.put(GenerationDelta(job.index, tail, pending_tokens, logprobs), more=True)
+        tail = held if decoder.finished else held + decoder.finalize()  # (held: all forced, or cut)
+        if tail or pending_tokens:
+            first_token_at = first_token_at or time.monotonic()
+            logprobs = tuple(pending_logprobs) if job.logprobs is not None else None
+            job.handoff.put(GenerationDelta(job.index, tail, pending_tokens, logprobs), more=True)
         job.handoff.put(
             _Done(
                 finish_reason=finish,
@@ -704,6 +704,22 @@ def _compile_template(source: str) -> Any:
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     return env.from_string(source)
+
+
+def _take_forced(
+    forced: Callable[[], StepResult | None], job: _Job, room: int
+) -> tuple[list[int], str, FinishReason | None]:
+    """The tokens the constraint forces next (at most `room`; a cancel or the deadline stops
+    them), their text, and the end one of them reached."""
+    tokens: list[int] = []
+    text = ""
+    while len(tokens) < room and _going(job) and (taken := forced()) is not None:
+        assert taken.token_id is not None  # (a forced step always takes a token)
+        tokens.append(taken.token_id)
+        text += taken.text_delta
+        if taken.finished is not None:
+            return tokens, text, taken.finished
+    return tokens, text, None
 
 
 def _going(job: _Job) -> bool:

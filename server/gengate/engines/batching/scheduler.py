@@ -79,7 +79,7 @@ class Sequence:
     max_total_tokens: int
     deadline: float | None = None
     tokens: list[int] = field(default_factory=list)
-    unfed: int = 1  # the last tokens the model has not seen: the next decode feeds them
+    unfed: int = 0  # the last tokens the model has not seen: the next decode feeds them
     cancelled: bool = False
 
     def cancel(self) -> None:
@@ -245,17 +245,23 @@ class BatchScheduler:
         self._keep([i for i, s in enumerate(self._active) if not s.cancelled])
         for seq in joining:
             seq.sink(seq, Admitted(now))
+        held: list[tuple[Sequence, Any]] = []
+        joining = self._leads(joining, now, held)
         if joining:
             logits = self.batch.join(self._active, joining)
             self._active = self._active + joining
         elif self._active:
             logits = self.batch.decode(self._active)
         else:
+            for seq, result in held:  # (every joining row was forced to its end)
+                seq.sink(seq, Stepped(result, now))
             return
         batch = len(self._active)
         self.stats.max_batch_size = max(self.stats.max_batch_size, batch)
         self.stats.active = batch
         at = time.monotonic()
+        for seq, result in held:
+            seq.sink(seq, Stepped(result, at))
         keep: list[int] = []
         for i, seq in enumerate(self._active):
             if seq.cancelled:
@@ -274,27 +280,66 @@ class BatchScheduler:
             keep.append(i)
         self._keep(keep)
 
+    def _leads(self, joining: list[Sequence], at: float, held: list[tuple[Sequence, Any]]) -> list[Sequence]:
+        """Takes the tokens each joining row's constraint forces before its first sampled one:
+        they join its prefill, and are told after it (with the first sampled token, as on
+        llama.cpp) from `held`. The rows still to prefill: not those forced to their end, nor
+        one whose decoder failed."""
+        rows = []
+        for seq in joining:
+            taken: list[tuple[Sequence, Any]] = []
+            try:
+                finished = self._take_forced(seq, at, taken)
+            except Exception as exc:
+                log.exception("decoder step failed")
+                for _, result in taken:
+                    seq.sink(seq, Stepped(result, at))
+                seq.sink(seq, Failed(exc))
+                continue
+            held += taken
+            if not finished:
+                rows.append(seq)
+        return rows
+
     def _step(self, seq: Sequence, logits: Logits, at: float) -> bool:
         """Steps `seq` on its logits, then takes the tokens its constraint forces after that
         one, if the batch can feed them with it in the next pass; whether `seq` finished."""
         result = seq.decoder.step(logits)
         seq.unfed = 0
-        while result is not None:
-            if result.token_id is not None:
-                seq.tokens.append(int(result.token_id))
-                seq.unfed += 1
-                self.stats.tokens_generated += 1
-            seq.sink(seq, Stepped(result, at))
-            if result.finished is not None:
-                return True
-            if not self._jumps or len(self._active) > 1:
-                return False  # (a run would widen every row's pass with padding: bench/README.md)
-            if seq.unfed >= MAX_RUN or seq.length >= seq.max_total_tokens or seq.cancelled:
-                return False
+        if self._took(seq, result, at):
+            return True
+        if not self._jumps or len(self._active) > 1:
+            return False  # (a run would widen every row's pass with padding: bench/README.md)
+        return self._take_forced(seq, at)
+
+    def _take_forced(self, seq: Sequence, at: float, held: list[tuple[Sequence, Any]] | None = None) -> bool:
+        """Takes the tokens `seq`'s constraint forces next (at most MAX_RUN fed at once; a
+        cancel or the deadline stops them), told now or kept in `held`; whether one of them
+        finished `seq`."""
+        while seq.unfed < MAX_RUN and seq.length < seq.max_total_tokens and not seq.cancelled:
             if seq.deadline is not None and time.monotonic() > seq.deadline:
                 return False  # (the next iteration ends it)
             result = seq.decoder.step_forced()
+            if result is None:
+                return False
+            if self._took(seq, result, at, held):
+                return True
         return False
+
+    def _took(
+        self, seq: Sequence, result: Any, at: float, held: list[tuple[Sequence, Any]] | None = None
+    ) -> bool:
+        """Records a step's token (not fed yet) and tells the sink, or keeps it in `held`;
+        whether it finished `seq`."""
+        if result.token_id is not None:
+            seq.tokens.append(int(result.token_id))
+            seq.unfed += 1
+            self.stats.tokens_generated += 1
+        if held is None:
+            seq.sink(seq, Stepped(result, at))
+        else:
+            held.append((seq, result))
+        return result.finished is not None
 
     def _keep(self, rows: list[int]) -> None:
         """Keeps only `rows` of the batch, in order."""
