@@ -319,9 +319,9 @@ async def test_forced_tokens_join_the_rows_next_pass(backend: BatchedEngine) -> 
         assert validate_output(structured, by_jump.text) is None, by_jump.text
     # Both engines prefill the tokens forced before the first sampled one (the schema's `{"name":"`);
     # transformers also feeds a lone row's later runs with the token before them.
-    assert passes < tokens - len(reqs), "forced tokens took passes of their own"
+    assert passes < tokens - len(reqs), "forced tokens had passes of their own"
     if backend._loaded.scheduler.batch.feeds_runs:  # type: ignore[union-attr]
-        assert passes < tokens - len(reqs) - 5 * len(reqs), "forced runs took passes of their own"
+        assert passes < tokens - len(reqs) - 5 * len(reqs), "forced runs had passes of their own"
     stepped = await asyncio.gather(*(backend.generate(dataclasses.replace(r, logprobs=0)) for r in reqs))
     jumped = await asyncio.gather(*(backend.generate(r) for r in reqs))  # together, then the last alone
     for one, other in zip(stepped, jumped, strict=True):
