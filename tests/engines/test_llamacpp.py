@@ -562,8 +562,8 @@ async def test_a_run_is_cut_at_n_batch(tiny_model: TinyModelPaths) -> None:
         sizes: list[int] = []
         eval_next = LlamaCppBackend._eval_next
 
-        def counted(llm: Any, tokens: int | list[int]) -> None:
-            sizes.append(1 if isinstance(tokens, int) else len(tokens))
+        def counted(llm: Any, tokens: list[int]) -> None:
+            sizes.append(len(tokens))
             eval_next(llm, tokens)
 
         small._eval_next = counted  # type: ignore[method-assign]

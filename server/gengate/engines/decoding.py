@@ -28,7 +28,7 @@ import asyncio
 import codecs
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -253,6 +253,20 @@ class SequenceDecoder:
         self._stop_checked = True
         self._tokens.append(token)
         return self._taken(token, taken, None)
+
+    def forced_steps(self, limit: int, going: Callable[[], bool]) -> Iterator[StepResult]:
+        """step_forced's steps, one after another: at most `limit`, each only while `going()`
+        (an engine's cancel and deadline: a forced token can cost milliseconds, a long literal
+        re-tokenized at each without plans), ending with one that finished the generation."""
+        for _ in range(limit):
+            if not going():
+                return
+            step = self.step_forced()
+            if step is None:
+                return
+            yield step
+            if step.finished is not None:
+                return
 
     def _taken(self, token: int, stopped: bool, logprob: TokenLogprob | None) -> StepResult:
         """The rest of a step once `token` (not EOS) is chosen and consumed: its text, stop

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
@@ -78,7 +78,7 @@ from gengate.engines.toolcalls import chat_prompt, template_speaks_tools, tool_e
 from gengate.magpie import PRESET_TOKENS
 
 if TYPE_CHECKING:
-    from gengate.engines.decoding import LoopHandoff, StepResult
+    from gengate.engines.decoding import LoopHandoff, SequenceDecoder
 
 SplitMode = Literal["none", "layer", "row"]
 
@@ -494,9 +494,9 @@ class LlamaCppBackend:
         first_token_at: float | None = None
         # Tokens the constraint forces after a sampled one join its forward pass (jump-forward);
         # those it forces before the first one join the prompt's, their text sent with its.
-        forced = decoder.step_forced if decoder.jumps_forward else None
+        jumps = decoder.jumps_forward
         n_batch = llm.n_batch
-        lead, held, finish = _take_forced(forced, job, n_batch) if forced is not None else ([], "", None)
+        lead, held, finish = _take_forced(decoder, job, n_batch) if jumps else ([], "", None)
         self.tokens_generated += len(lead)
         pending_tokens = len(lead)
         pending_logprobs: list[TokenLogprob] = []
@@ -522,8 +522,8 @@ class LlamaCppBackend:
             if step.logprob is not None:
                 pending_logprobs.append(step.logprob)
             run: list[int] | None = None  # the token and those forced after it: one forward pass
-            if forced is not None and finish is None and token is not None:
-                more, more_text, finish = _take_forced(forced, job, n_batch - 1)
+            if jumps and finish is None and token is not None:
+                more, more_text, finish = _take_forced(decoder, job, n_batch - 1)
                 if more:
                     run = [token, *more]
                     text += more_text
@@ -540,7 +540,7 @@ class LlamaCppBackend:
                 pending_tokens, pending_logprobs = 0, []
             if finish is None:
                 assert token is not None
-                self._eval_next(llm, token if run is None else run)
+                self._eval_next(llm, [token] if run is None else run)
                 self.forward_passes += 1
         tail = held if decoder.finished else held + decoder.finalize()  # (held: all forced, or cut)
         if tail or pending_tokens:
@@ -578,21 +578,18 @@ class LlamaCppBackend:
         return view
 
     @staticmethod
-    def _eval_next(llm: Any, tokens: int | list[int]) -> None:
-        """llm.eval for a token, or up to n_batch tokens (a sampled one and those forced after
-        it), appended after the prompt: the same batch, decode and bookkeeping, without its
-        KV-cache trim (nothing lies past the end here) and its loop."""
-        n_past = llm.n_tokens
-        if isinstance(tokens, int):
-            llm._batch.set_batch(batch=[tokens], n_past=n_past, logits_all=False)
-            llm._ctx.decode(llm._batch)
-            llm.input_ids[n_past] = tokens
-            llm.n_tokens = n_past + 1
-            return
+    def _eval_next(llm: Any, tokens: list[int]) -> None:
+        """llm.eval(tokens) for up to n_batch tokens appended after the prompt (a sampled one and
+        those forced after it): the same batch, decode and bookkeeping, without its KV-cache trim
+        (nothing lies past the end here) and its loop."""
+        n_past, count = llm.n_tokens, len(tokens)
         llm._batch.set_batch(batch=tokens, n_past=n_past, logits_all=False)
         llm._ctx.decode(llm._batch)
-        llm.input_ids[n_past : n_past + len(tokens)] = tokens
-        llm.n_tokens = n_past + len(tokens)
+        if count == 1:  # (a scalar store: a slice from a list costs ~1 µs, every free token)
+            llm.input_ids[n_past] = tokens[0]
+        else:
+            llm.input_ids[n_past : n_past + count] = tokens
+        llm.n_tokens = n_past + count
 
     @staticmethod
     def _load_prompt(llm: Any, prompt: Sequence[int]) -> None:
@@ -707,13 +704,13 @@ def _compile_template(source: str) -> Any:
 
 
 def _take_forced(
-    forced: Callable[[], StepResult | None], job: _Job, room: int
+    decoder: SequenceDecoder, job: _Job, room: int
 ) -> tuple[list[int], str, FinishReason | None]:
-    """The tokens the constraint forces next (at most `room`; a cancel or the deadline stops
-    them), their text, and the end one of them reached."""
+    """The tokens the constraint forces next (at most `room`, while the job is neither cancelled
+    nor past its deadline), their text, and the end one of them reached."""
     tokens: list[int] = []
     text = ""
-    while len(tokens) < room and _going(job) and (taken := forced()) is not None:
+    for taken in decoder.forced_steps(room, lambda: _going(job)):
         assert taken.token_id is not None  # (a forced step always takes a token)
         tokens.append(taken.token_id)
         text += taken.text_delta
@@ -723,8 +720,6 @@ def _take_forced(
 
 
 def _going(job: _Job) -> bool:
-    """Neither cancelled nor past its deadline: checked before each forced token of a run too (a
-    forced token can cost milliseconds: a long literal without plans re-tokenized at each)."""
     return not job.cancel.is_set() and (job.deadline is None or time.monotonic() < job.deadline)
 
 

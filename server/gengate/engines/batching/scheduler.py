@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -31,12 +31,12 @@ Logits = npt.NDArray[np.float32]
 
 
 class StepDecoder(Protocol):
-    """Turns one row of logits into the next token (sampling, constraints, stop strings); a token
-    the constraint forces needs none (SequenceDecoder.step_forced, for jump-forward)."""
+    """Turns one row of logits into the next token (sampling, constraints, stop strings); tokens
+    the constraint forces need none (SequenceDecoder.forced_steps, for jump-forward)."""
 
     def step(self, logits: Logits) -> Any: ...
 
-    def step_forced(self) -> Any | None: ...
+    def forced_steps(self, limit: int, going: Callable[[], bool]) -> Iterator[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,10 @@ def no_context() -> AbstractContextManager[Any]:
 
 # Tokens a row alone takes into one pass at most (a sampled one and those forced after it).
 MAX_RUN = 32
+
+
+def _going(seq: Sequence) -> bool:
+    return not seq.cancelled and (seq.deadline is None or time.monotonic() <= seq.deadline)
 
 
 class BatchScheduler:
@@ -316,15 +320,11 @@ class BatchScheduler:
         """Takes the tokens `seq`'s constraint forces next (at most MAX_RUN fed at once; a
         cancel or the deadline stops them), told now or kept in `held`; whether one of them
         finished `seq`."""
-        while seq.unfed < MAX_RUN and seq.length < seq.max_total_tokens and not seq.cancelled:
-            if seq.deadline is not None and time.monotonic() > seq.deadline:
-                return False  # (the next iteration ends it)
-            result = seq.decoder.step_forced()
-            if result is None:
-                return False
+        room = min(MAX_RUN - seq.unfed, seq.max_total_tokens - seq.length)
+        for result in seq.decoder.forced_steps(room, lambda: _going(seq)):
             if self._took(seq, result, at, held):
                 return True
-        return False
+        return False  # (a cancel or the deadline: the next iteration ends it)
 
     def _took(
         self, seq: Sequence, result: Any, at: float, held: list[tuple[Sequence, Any]] | None = None
